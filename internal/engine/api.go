@@ -1,0 +1,444 @@
+// Package engine is the storage engine behind `lmcache server`: one L1 tier in
+// a (optionally shared-memory) pool, an ordered list of L2 adapters, eviction,
+// quotas, write-behind from L1 to L2 and prefetch from L2 into L1.
+//
+// This file is the engine's public surface. The HTTP API and the ZMQ data path
+// code against it; each of them declares its own narrow interface over
+// *Engine, so keep signatures stable.
+//
+// Concurrency: every exported method is safe for concurrent use. Background
+// work (eviction loops, write-behind uploads, prefetch jobs) is owned by Run
+// and stops when its context is cancelled; Close releases the pool after Run
+// has returned.
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// Sentinel errors. Every error returned by the engine wraps at most one of
+// these so the HTTP layer can map statuses in one place.
+var (
+	// ErrOutOfMemory: an L1 batch allocation could not be satisfied; nothing
+	// was allocated.
+	ErrOutOfMemory = errors.New("l1: out of memory")
+	// ErrNotFound: a key, prefetch job or adapter index does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrLocked: the object is read-locked, being written or uploading.
+	ErrLocked = errors.New("object is locked")
+	// ErrNotReadable: the key is resident but not read-locked by anyone, so
+	// its slot must not be handed out (PREPARE_RETRIEVE without LOOKUP).
+	ErrNotReadable = errors.New("object is not read-locked")
+	// ErrWrongState: a commit for a reservation whose write lease expired or
+	// that was taken over by another writer.
+	ErrWrongState = errors.New("object in wrong state")
+	// ErrNoLayout: no layout is registered for (model_name, world_size).
+	ErrNoLayout = errors.New("no layout registered")
+	// ErrInvalid: a malformed request (bad sizes, mismatched lengths, ...).
+	ErrInvalid = errors.New("invalid request")
+	// ErrUnsupported: the adapter does not implement the operation.
+	ErrUnsupported = errors.New("operation not supported")
+	// ErrClosed: the engine is closed or its Run context was cancelled.
+	ErrClosed = errors.New("engine closed")
+)
+
+// Eviction policy names accepted by Config.EvictionPolicy and
+// EvictionConfig.Policy (upstream spelling).
+const (
+	PolicyLRU         = "LRU"
+	PolicyIsolatedLRU = "IsolatedLRU"
+	PolicyNoop        = "noop"
+)
+
+// Store and prefetch policy names (--l2-store-policy, --l2-prefetch-policy).
+const (
+	StorePolicyDefault    = "default"
+	StorePolicySkipL1     = "skip_l1"
+	PrefetchPolicyDefault = "default"
+	PrefetchPolicyRetain  = "retain"
+)
+
+// GiB is the unit of every *-gb flag (upstream means 2^30).
+const GiB = 1 << 30
+
+// Config configures New. Zero values take the upstream defaults documented on
+// each field, so cmd/lmcache only sets what the user passed.
+type Config struct {
+	// L1SizeBytes is the pool size: int(--l1-size-gb * 2^30). Required.
+	L1SizeBytes int64
+	// L1UseLazy (--l1-use-lazy, default true) and L1InitSizeBytes
+	// (--l1-init-size-gb, default 20) are accepted for compatibility. The
+	// pool is always committed lazily by the kernel on first touch, so the
+	// shared-memory pool works with lazy on (upstream turns SHM off then).
+	L1UseLazy       bool
+	L1InitSizeBytes int64
+	// L1AlignBytes is --l1-align-bytes (default 4096, a power of two): every
+	// slot offset and size is a multiple of it.
+	L1AlignBytes int64
+	// L1ReadTTL is --l1-read-ttl-seconds (default 300 s): a read lease not
+	// renewed within it expires by itself.
+	L1ReadTTL time.Duration
+	// L1WriteTTL is --l1-write-ttl-seconds (default 600 s): an uncommitted
+	// write reservation older than this is reclaimable.
+	L1WriteTTL time.Duration
+
+	// ShmName is --shm-name. Empty: anonymous private pool. Otherwise the
+	// pool is the POSIX shared-memory file <ShmDir>/lmcache_l1_pool_<name>
+	// (prefix added if missing, leading "/" stripped); a stale file of that
+	// name is replaced at start and the file is unlinked by Close.
+	ShmName string
+	// ShmMode is the permission of the shared-memory file (--shm-mode,
+	// default 0600).
+	ShmMode os.FileMode
+	// ShmDir is where POSIX shared memory lives (default /dev/shm; tests
+	// point it at a temporary directory).
+	ShmDir string
+
+	// EvictionPolicy is --eviction-policy: LRU (default), IsolatedLRU, noop.
+	EvictionPolicy string
+	// EvictionTriggerWatermark is --eviction-trigger-watermark (default 0.8).
+	EvictionTriggerWatermark float64
+	// EvictionRatio is --eviction-ratio (default 0.2): the fraction of the
+	// tracked keys evicted per triggered cycle.
+	EvictionRatio float64
+	// EvictionInterval is the eviction loop period (default 1 s; no flag).
+	EvictionInterval time.Duration
+
+	// L2StorePolicy is --l2-store-policy: default (keep L1) or skip_l1
+	// (drop the L1 copy once every adapter holds the object).
+	L2StorePolicy string
+	// L2PrefetchPolicy is --l2-prefetch-policy: default (objects loaded for
+	// a lookup are temporary) or retain.
+	L2PrefetchPolicy string
+	// L2PrefetchMaxInFlight is --l2-prefetch-max-in-flight (default 8):
+	// prefetch jobs running at once; further jobs queue.
+	L2PrefetchMaxInFlight int
+	// L2PrefetchLoadTimeout is --l2-prefetch-load-timeout (0 = none): bound
+	// on one job's L2 lookup+load.
+	L2PrefetchLoadTimeout time.Duration
+	// L2 holds per-adapter options, index-aligned with the adapters passed
+	// to New (missing entries mean defaults).
+	L2 []AdapterConfig
+
+	// StoreMaxAttempts bounds write-behind attempts per (object, adapter)
+	// (default 8). After the last failure the upload is abandoned, counted,
+	// and the L1 copy becomes evictable again.
+	StoreMaxAttempts int
+	// StoreRetryBase and StoreRetryMax shape the exponential retry backoff
+	// (defaults 100 ms and 30 s).
+	StoreRetryBase time.Duration
+	StoreRetryMax  time.Duration
+}
+
+// AdapterConfig holds the engine-side options of one --l2-adapter JSON.
+type AdapterConfig struct {
+	// Eviction is the adapter's "eviction" block; nil disables L2 eviction.
+	Eviction *EvictionConfig
+	// Shared is the adapter's "shared" flag (reported, not acted upon).
+	Shared bool
+}
+
+// EvictionConfig is an L2 adapter's "eviction" block.
+type EvictionConfig struct {
+	Policy           string  `json:"eviction_policy"`
+	TriggerWatermark float64 `json:"trigger_watermark"`
+	Ratio            float64 `json:"eviction_ratio"`
+}
+
+// Slot is a byte range of the L1 pool: what the data path hands to vLLM
+// workers as (offset, length) into the shared-memory file.
+type Slot struct {
+	Offset int64
+	Size   int64
+}
+
+// Valid reports whether the slot refers to pool memory (a zero Slot marks a
+// key that needs no transfer).
+func (s Slot) Valid() bool { return s.Size > 0 }
+
+// PoolInfo describes the L1 pool for vLLM workers.
+type PoolInfo struct {
+	// Name is the POSIX shm name without a leading "/" (e.g.
+	// "lmcache_l1_pool_a"), "" when the pool is not shared.
+	Name string
+	// Path is the file backing the pool ("" when not shared).
+	Path string
+	// Size is the pool size in bytes (the file is already this long).
+	Size int64
+}
+
+// Layout is a registered model layout: how big one chunk's object is for a
+// (model_name, world_size) pair. Needed to size L1 buffers for L2 loads.
+type Layout struct {
+	ModelName string
+	WorldSize int
+	// ObjectBytes is the size of one chunk object of one rank.
+	ObjectBytes int64
+	// GroupObjectBytes optionally overrides ObjectBytes per object group id.
+	GroupObjectBytes []int64
+	// Meta is opaque data reported by Status (the data path's KV layout).
+	Meta map[string]any
+}
+
+// SizeOf returns the object size for an object group.
+func (l Layout) SizeOf(group int64) int64 {
+	if group >= 0 && group < int64(len(l.GroupObjectBytes)) && l.GroupObjectBytes[group] > 0 {
+		return l.GroupObjectBytes[group]
+	}
+	return l.ObjectBytes
+}
+
+// PrefetchRequest starts a lookup/prefetch job (LOOKUP or HTTP warm
+// prefetch).
+type PrefetchRequest struct {
+	// ID identifies the job (vLLM request id, or a generated uuid for warm
+	// prefetch). A new job with the ID of an unconsumed one replaces it.
+	ID string
+	// Chunks are the keys per chunk (all ranks and groups of that chunk),
+	// in token order.
+	Chunks [][]objkey.Key
+	// Readers is the number of read locks taken per object of the hit
+	// prefix (num_kv_readers). 0 = warm prefetch: nothing stays locked.
+	Readers int
+	// Sparse loads every missing chunk (warm prefetch). Otherwise only the
+	// run after the leading L1 hits is considered and the result is the
+	// leading run of complete chunks (LOOKUP).
+	Sparse bool
+	// Retain keeps objects loaded from L2 resident after the last reader
+	// leaves; otherwise they are temporary (Config.L2PrefetchPolicy retain
+	// forces this on).
+	Retain bool
+}
+
+// PrefetchResult is the outcome of a prefetch job.
+type PrefetchResult struct {
+	// Done is false while the job runs.
+	Done bool
+	// PrefixChunks is the leading run of chunks whose every key is resident
+	// (and, with Readers > 0, read-locked on behalf of the job's ID).
+	PrefixChunks int
+	// TotalKeys is the number of keys requested.
+	TotalKeys int
+	// L1Keys were already resident; L2Keys were loaded from L2 by this job.
+	L1Keys int
+	L2Keys int
+	// Err is set when the job failed as a whole (it still counts as done).
+	Err error
+}
+
+// AdapterInfo describes one configured L2 adapter.
+type AdapterInfo struct {
+	Index    int
+	TypeName string
+	Shared   bool
+	// Reconfigurable: the adapter implements Reconfigurer.
+	Reconfigurable bool
+}
+
+// Reconfigurer is implemented by adapters that support runtime
+// reconfiguration (DAX). The engine passes calls through unchanged.
+type Reconfigurer interface {
+	// Reconfigure applies op ("add", "remove", "resize", ...) with args.
+	Reconfigure(ctx context.Context, op string, args map[string]any) (map[string]any, error)
+	// ReconfigureStatus reports the adapter's reconfigurable state.
+	ReconfigureStatus() map[string]any
+}
+
+// L1Listener observes L1 events (coordinator event reporting). Calls are
+// made synchronously outside engine locks and must not block.
+type L1Listener interface {
+	// OnL1Stored: objects were committed (by a store or an L2 load).
+	OnL1Stored(keys []objkey.Key, sizes []int64)
+	// OnL1Accessed: objects were read-locked by a lookup.
+	OnL1Accessed(keys []objkey.Key)
+	// OnL1Deleted: objects left L1 (eviction, delete, clear).
+	OnL1Deleted(keys []objkey.Key)
+}
+
+// ClearResult reports what Clear removed.
+type ClearResult struct {
+	Objects int
+	Bytes   int64
+}
+
+// New builds an engine over the given adapters (index order = cascade
+// order). It maps the pool but starts nothing; call Run.
+func New(cfg Config, adapters []l2.Adapter, logger *slog.Logger) (*Engine, error) {
+	return newEngine(cfg, adapters, logger)
+}
+
+// Run owns every background goroutine (eviction loops, write-behind,
+// prefetch workers). It returns nil when ctx is cancelled, after all of them
+// have stopped. Ready reports true while Run is active.
+func (e *Engine) Run(ctx context.Context) error { return e.run(ctx) }
+
+// Close unmaps the pool and unlinks the shared-memory file. Call it after
+// Run has returned; adapters are not closed (their owner closes them).
+func (e *Engine) Close() error { return e.close() }
+
+// Ready reports whether Run is serving (readiness probe).
+func (e *Engine) Ready() bool { return e.ready.Load() }
+
+// Pool describes the L1 pool for the data path's registration reply.
+func (e *Engine) Pool() PoolInfo { return e.poolInfo() }
+
+// Bytes returns the pool memory of a slot. The slice aliases the pool: it is
+// valid only while the caller holds the write reservation or a read lock
+// that produced the slot. It panics on a slot outside the pool.
+func (e *Engine) Bytes(s Slot) []byte { return e.pool.Bytes(s.Offset, s.Size) }
+
+// RegisterLayout records (or replaces) the layout of (ModelName, WorldSize).
+func (e *Engine) RegisterLayout(l Layout) error { return e.registerLayout(l) }
+
+// Layout returns the registered layout or an error wrapping ErrNoLayout.
+func (e *Engine) Layout(modelName string, worldSize int) (Layout, error) {
+	return e.layout(modelName, worldSize)
+}
+
+// Layouts lists the registered layouts, sorted by model name then world
+// size.
+func (e *Engine) Layouts() []Layout { return e.layouts() }
+
+// Prefetch starts a job: L1 hits are read-locked at once (Readers > 0), L2
+// hits are loaded into L1 in the background. Observe it with PollPrefetch
+// or WaitPrefetch. Only ErrInvalid/ErrClosed are returned synchronously.
+func (e *Engine) Prefetch(req PrefetchRequest) error { return e.prefetch(req) }
+
+// PollPrefetch returns the job's state. A done result is returned exactly
+// once: the job is forgotten and the next poll returns ErrNotFound.
+func (e *Engine) PollPrefetch(id string) (PrefetchResult, error) { return e.pollPrefetch(id) }
+
+// WaitPrefetch blocks until the job is done (consuming it, exactly once) or
+// ctx ends (the job is kept; the error wraps ctx.Err()).
+func (e *Engine) WaitPrefetch(ctx context.Context, id string) (PrefetchResult, error) {
+	return e.waitPrefetch(ctx, id)
+}
+
+// ReserveWrite (PREPARE_STORE) reserves one private staging slot per key
+// that is not already resident, on behalf of writer tag. slots[i] is the
+// zero Slot for a key that is resident or already being staged by tag with
+// a live lease. All-or-nothing: on ErrOutOfMemory nothing is reserved.
+// sizes[i] is the byte size of keys[i].
+func (e *Engine) ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]Slot, error) {
+	return e.reserveWrite(tag, keys, sizes)
+}
+
+// CommitWrite (COMMIT_STORE) publishes tag's staged objects for keys and
+// queues them for write-behind to every L2 adapter. Keys tag does not stage
+// are skipped; committed reports how many were published (a key that became
+// resident meanwhile counts, its staged copy is dropped). An expired
+// reservation yields an error wrapping ErrWrongState after the others are
+// committed.
+func (e *Engine) CommitWrite(tag string, keys []objkey.Key) (committed int, err error) {
+	return e.commitWrite(tag, keys)
+}
+
+// AbortWrite drops tag's staged objects for keys (a failed transfer).
+func (e *Engine) AbortWrite(tag string, keys []objkey.Key) { e.abortWrite(tag, keys) }
+
+// ReadSlots (PREPARE_RETRIEVE) returns the slots of resident keys. Every
+// key must be read-locked (by a lookup); otherwise nothing is returned and
+// the error wraps ErrNotFound or ErrNotReadable.
+func (e *Engine) ReadSlots(keys []objkey.Key) ([]Slot, error) { return e.readSlots(keys) }
+
+// ReleaseRead (COMMIT_RETRIEVE, FREE_LOOKUP_LOCKS) drops up to n read locks
+// per key that owner's prefetch job took and still holds; locks owner never
+// took, already released or expired are ignored, so over-release is
+// impossible. It returns the number of locks released.
+func (e *Engine) ReleaseRead(owner string, keys []objkey.Key, n int) int {
+	return e.releaseRead(owner, keys, n)
+}
+
+// Touch marks keys as recently used (END_SESSION).
+func (e *Engine) Touch(keys []objkey.Key) { e.touch(keys) }
+
+// Clear (CLEAR, POST /cache/clear) removes every L1 object, locked and
+// staging ones included. Memory still referenced by a reader, a writer or an
+// upload is reclaimed only when that reference ends, so no byte in use is
+// overwritten.
+func (e *Engine) Clear() ClearResult { return e.clear() }
+
+// Put stores whole objects by value (POST /api/kv/store): keys already
+// resident are skipped. It reserves, copies and commits as one batch and
+// returns how many keys were written.
+func (e *Engine) Put(keys []objkey.Key, data [][]byte) (stored int, err error) {
+	return e.put(keys, data)
+}
+
+// Get copies resident objects out (/api/kv/retrieve, checksums). out[i] is
+// nil for a key not resident in L1.
+func (e *Engine) Get(keys []objkey.Key) (out [][]byte, err error) { return e.get(keys) }
+
+// DeleteL1 removes resident keys. Locked keys are skipped unless force.
+func (e *Engine) DeleteL1(keys []objkey.Key, force bool) (deleted, skipped int) {
+	return e.deleteL1(keys, force)
+}
+
+// Adapters lists the configured L2 adapters in index order.
+func (e *Engine) Adapters() []AdapterInfo { return e.adapterInfos() }
+
+// ListL2 pages through adapter index's keys (GET /cache/objects). Errors
+// wrap ErrNotFound (bad index) or l2.ErrListUnsupported.
+func (e *Engine) ListL2(ctx context.Context, index int, modelName string, pageSize int, pageToken string) (l2.Page, error) {
+	return e.listL2(ctx, index, modelName, pageSize, pageToken)
+}
+
+// DeleteL2 deletes keys from adapter index (DELETE /cache/objects) and
+// returns those actually removed.
+func (e *Engine) DeleteL2(ctx context.Context, index int, keys []objkey.Key) ([]objkey.Key, error) {
+	return e.deleteL2(ctx, index, keys)
+}
+
+// Reconfigure passes op through to adapter index; ErrUnsupported if it is
+// not a Reconfigurer.
+func (e *Engine) Reconfigure(ctx context.Context, index int, op string, args map[string]any) (map[string]any, error) {
+	return e.reconfigure(ctx, index, op, args)
+}
+
+// ReconfigureStatus is adapter index's ReconfigureStatus.
+func (e *Engine) ReconfigureStatus(index int) (map[string]any, error) {
+	return e.reconfigureStatus(index)
+}
+
+// SetQuota sets cache_salt's limit in bytes (negative → ErrInvalid). The
+// HTTP "_default" sentinel must already be mapped to "" (see quota.FromPath).
+func (e *Engine) SetQuota(salt string, limitBytes int64) error { return e.quotas.Set(salt, limitBytes) }
+
+// DeleteQuota removes salt's limit and reports whether it existed.
+func (e *Engine) DeleteQuota(salt string) bool { return e.quotas.Delete(salt) }
+
+// Quota returns salt's limit (0 when unregistered) and whether it exists.
+func (e *Engine) Quota(salt string) (limitBytes int64, exists bool) { return e.quotas.Get(salt) }
+
+// Quotas lists the registered limits.
+func (e *Engine) Quotas() map[string]int64 { return e.quotas.List() }
+
+// QuotaUsage is salt's usage in bytes as /quota reports it: the sum over L2
+// adapters (upstream counts L2 only).
+func (e *Engine) QuotaUsage(salt string) int64 { return e.quotaUsage(salt) }
+
+// L1UsageBySalt is the live L1 bytes per cache_salt.
+func (e *Engine) L1UsageBySalt() map[string]int64 { return e.l1UsageBySalt() }
+
+// Status is the storage_manager section of GET /status.
+func (e *Engine) Status() map[string]any { return e.status() }
+
+// Counters returns a snapshot of every counter and gauge.
+func (e *Engine) Counters() Counters { return e.counters() }
+
+// AddL2Listener attaches l to every adapter (coordinator event reporting).
+func (e *Engine) AddL2Listener(l l2.Listener) {
+	for _, a := range e.adapters {
+		a.AddListener(l)
+	}
+}
+
+// AddL1Listener registers l for L1 events. Register before Run.
+func (e *Engine) AddL1Listener(l L1Listener) { e.addL1Listener(l) }

@@ -1,0 +1,142 @@
+package engine
+
+import (
+	"maps"
+	"sync"
+	"sync/atomic"
+)
+
+// Counters is a point-in-time snapshot of the engine's counters (monotonic,
+// "Total" in Prometheus terms) and gauges. Per-salt maps are keyed by
+// cache_salt ("" for unsalted). The metrics endpoint renders them under
+// upstream's names (research mp_server.md section 6); the comment on each
+// field names the upstream instrument it feeds.
+type Counters struct {
+	// L1 gauges.
+	L1UsedBytes      int64 // l1_memory_usage_bytes
+	L1TotalBytes     int64 // l1_usage_ratio = used/total
+	L1StagingBytes   int64 // l1_staging_bytes
+	L1Objects        int64 // resident objects
+	L1StagingObjects int64
+	L1ReadLocked     int64
+	L1Temporary      int64
+	L1PendingUpload  int64 // resident objects with a write-behind upload outstanding
+
+	// L1 counters (chunks).
+	L1Read    map[string]int64 // l1_read{cache_salt}: objects read-locked
+	L1Write   map[string]int64 // l1_write{cache_salt}: objects committed
+	L1Evicted map[string]int64 // l1_evicted{cache_salt}
+
+	L1EvictionLoopTicks     int64 // l1_eviction_loop_ticks
+	L1EvictionLoopTriggered int64 // l1_eviction_loop_triggered
+
+	// health: l1_allocation_failure{during}.
+	L1AllocFailuresStore    int64 // during=l1_store
+	L1AllocFailuresPrefetch int64 // during=l2_prefetch
+	// health: l1_read_failure{reason=not_found} during l1_retrieve.
+	L1ReadFailuresNotFound int64
+	// Leases that expired (a crashed or slow client): read and write.
+	L1ReadLeasesExpired  int64
+	L1WriteLeasesExpired int64
+
+	// Prefetch jobs.
+	ActivePrefetchJobs   int64            // active_prefetch_jobs gauge
+	PrefetchRequests     int64            // prefetch_requests
+	PrefetchHitChunksL1  int64            // prefetch_hit_chunks{tier=l1}
+	PrefetchHitChunksL2  int64            // prefetch_hit_chunks{tier=l2}
+	PrefetchMissChunks   int64            // prefetch_miss_chunks
+	L2PrefetchLookup     int64            // l2_prefetch_lookup (requests sent to L2)
+	L2PrefetchLookupObj  map[string]int64 // l2_prefetch_lookup_objects{cache_salt}
+	L2PrefetchLoadSub    int64            // l2_prefetch_load_submitted
+	L2PrefetchLoadSubObj map[string]int64 // l2_prefetch_load_submitted_objects{cache_salt}
+	L2PrefetchLoadDone   map[string]int64 // l2_prefetch_load_completed{cache_salt}
+	L2PrefetchFailOOM    int64            // health l2_prefetch_failure{reason=l1_oom}
+
+	// Write-behind, per salt (all adapters together).
+	L2StoreSubmittedObj map[string]int64 // l2_store_submitted_objects{cache_salt}
+	L2StoreCompletedObj map[string]int64 // l2_store_completed_objects{cache_salt}
+	L2EvictedObj        map[string]int64 // l2_evicted_objects{cache_salt}
+	// StoreQueueDropped counts keys not queued for write-behind because the
+	// object was gone before its upload started (evicted under skip policy,
+	// deleted or cleared). Never incremented for a resident object.
+	StoreQueueDropped int64
+
+	// L2 holds one entry per adapter, in index order.
+	L2 []L2Counters
+}
+
+// L2Counters are one adapter's counters ({l2_name} labels upstream).
+type L2Counters struct {
+	Index    int
+	TypeName string
+
+	StoreSubmitted int64 // l2_store_submitted (tasks)
+	StoreCompleted int64 // l2_store_completed (successful tasks)
+	StoreFailed    int64 // failed attempts (each retry counts)
+	StoreRetried   int64 // attempts after the first
+	StoreAbandoned int64 // objects given up on after StoreMaxAttempts
+	StoreObjects   int64 // objects uploaded
+	StoreBytes     int64
+	LoadCompleted  int64 // l2_load_completed (tasks)
+	LoadObjects    int64
+	LoadBytes      int64
+	LoadFailed     int64
+	EvictedObjects int64
+	EvictionTicks  int64
+
+	InflightStores int64 // num_inflight_l2_stores
+	InflightLoads  int64 // num_inflight_l2_loads
+	PendingStores  int64 // objects queued or backing off for this adapter
+	UsageBytes     int64 // l2_usage_bytes
+}
+
+// saltCounts is a small concurrent per-salt counter.
+type saltCounts struct {
+	mu sync.Mutex
+	m  map[string]int64
+}
+
+func (s *saltCounts) add(salt string, n int64) {
+	if n == 0 {
+		return
+	}
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[string]int64{}
+	}
+	s.m[salt] += n
+	s.mu.Unlock()
+}
+
+func (s *saltCounts) snapshot() map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		return map[string]int64{}
+	}
+	return maps.Clone(s.m)
+}
+
+// adapterStats are the live counters of one adapter.
+type adapterStats struct {
+	storeSubmitted, storeCompleted, storeFailed, storeRetried, storeAbandoned atomic.Int64
+	storeObjects, storeBytes                                                  atomic.Int64
+	loadCompleted, loadObjects, loadBytes, loadFailed                         atomic.Int64
+	evicted, evictionTicks                                                    atomic.Int64
+	inflightStores, inflightLoads, pendingStores                              atomic.Int64
+}
+
+// stats are the engine-wide live counters.
+type stats struct {
+	l1Read, l1Write, l1Evicted              saltCounts
+	evictTicks, evictTriggered              atomic.Int64
+	allocFailStore, allocFailPrefetch       atomic.Int64
+	readFailNotFound                        atomic.Int64
+	activeJobs, prefetchRequests            atomic.Int64
+	hitL1, hitL2, miss                      atomic.Int64
+	l2Lookup, l2LoadSub, prefetchOOM        atomic.Int64
+	l2LookupObj, l2LoadSubObj, l2LoadDone   saltCounts
+	storeSubObj, storeDoneObj, l2EvictedObj saltCounts
+	storeDropped                            atomic.Int64
+	adapters                                []*adapterStats
+}
