@@ -1,0 +1,213 @@
+package wire
+
+import (
+	"fmt"
+
+	"github.com/tinylib/msgp/msgp"
+)
+
+// Canonical single-value response frames.
+var (
+	// Nil is the response frame of a void request (None). Older clients need
+	// a frame; newer ones accept an explicit nil.
+	Nil = []byte{0xc0}
+	// True and False are msgpack booleans.
+	True  = []byte{0xc3}
+	False = []byte{0xc2}
+	// OK is NOOP's "OK".
+	OK = []byte{0xa2, 'O', 'K'}
+	// EmptyList is GET_EXPERIMENTAL's reply: no experimental capabilities.
+	EmptyList = []byte{0x90}
+	// EmptyMap is an empty context.
+	EmptyMap = []byte{0x80}
+)
+
+// EncodeInt is a response frame holding one integer.
+func EncodeInt(v int64) []byte { return AppendInt(nil, v) }
+
+// EncodeBool is a response frame holding one bool.
+func EncodeBool(v bool) []byte {
+	if v {
+		return True
+	}
+	return False
+}
+
+// Marshal encodes one msgp value into a fresh frame.
+func Marshal(v msgp.Marshaler) []byte {
+	b, err := v.MarshalMsg(nil)
+	if err != nil {
+		// Generated marshalers only fail on values that cannot be encoded
+		// (none of ours hold such values).
+		panic(fmt.Sprintf("wire: marshal %T: %v", v, err))
+	}
+	return b
+}
+
+// Unmarshal decodes exactly one msgp value from frame; trailing bytes are an
+// error because a frame holds one value.
+func Unmarshal(frame []byte, v msgp.Unmarshaler) error {
+	rest, err := v.UnmarshalMsg(frame)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 0 {
+		return fmt.Errorf("%d trailing bytes after %T", len(rest), v)
+	}
+	return nil
+}
+
+// EncodeStoreReply builds a PREPARE_STORE reply with SHM slots.
+func EncodeStoreReply(slots []Slot, chunkIndices []Int) []byte {
+	if slots == nil {
+		slots = []Slot{}
+	}
+	if chunkIndices == nil {
+		chunkIndices = []Int{}
+	}
+	ctx := Marshal(&StoreContext{Slots: slots, ChunkIndices: chunkIndices})
+	return Marshal(&PrepareStoreResponse{Context: ctx})
+}
+
+// EncodeRetrieveReply builds a successful PREPARE_RETRIEVE reply.
+func EncodeRetrieveReply(slots []Slot) []byte {
+	ctx := Marshal(&RetrieveContext{Slots: slots})
+	return Marshal(&PrepareRetrieveResponse{Success: true, Data: []byte{}, Context: ctx})
+}
+
+// NegativeReply is the well-formed refusal of op, of the type its client
+// expects: the client sees a failure instead of waiting for a timeout.
+func NegativeReply(op Op) []byte {
+	switch op {
+	case OpStore, OpRetrieve:
+		return Marshal(&TransferReply{Handle: []byte{}, OK: false})
+	case OpCommitStore, OpCommitRetrieve, OpPing:
+		return False
+	case OpPrepareStore:
+		return Marshal(&PrepareStoreResponse{Context: EmptyMap})
+	case OpPrepareRetrieve:
+		return Marshal(&PrepareRetrieveResponse{Success: false, Data: []byte{}, Context: EmptyMap})
+	case OpQueryPrefetchStatus, OpQueryPrefetchLookupHits, OpWaitPrefetchStatus:
+		return EncodeInt(0)
+	case OpNoop:
+		return OK
+	case OpGetExperimental:
+		return EmptyList
+	}
+	return Nil
+}
+
+// EncodeError is the reply to a request whose operation is unknown or whose
+// op frame cannot be decoded.
+func EncodeError(errType, msg string) []byte {
+	const maxMsg = 4096 // upstream's cap on the error text
+	if len(msg) > maxMsg {
+		msg = msg[:maxMsg]
+	}
+	return Marshal(&ErrorReply{ErrorType: errType, Message: msg})
+}
+
+// AppendOptString encodes a `str | None` into a raw value.
+func AppendOptString(b []byte, s string, present bool) []byte {
+	if !present {
+		return msgp.AppendNil(b)
+	}
+	return msgp.AppendString(b, s)
+}
+
+// IsNilOrAbsent reports whether a raw optional field was not sent or was nil.
+func IsNilOrAbsent(r msgp.Raw) bool { return len(r) == 0 || msgp.IsNil(r) }
+
+// ArrayLen is the length of a raw array value; nil or absent counts as 0.
+func ArrayLen(r msgp.Raw) (int, error) {
+	if IsNilOrAbsent(r) {
+		return 0, nil
+	}
+	n, _, err := msgp.ReadArrayHeaderBytes(r)
+	return int(n), err
+}
+
+// MapLen is the number of entries of a raw map value; nil or absent counts as 0.
+func MapLen(r msgp.Raw) (int, error) {
+	if IsNilOrAbsent(r) {
+		return 0, nil
+	}
+	n, _, err := msgp.ReadMapHeaderBytes(r)
+	return int(n), err
+}
+
+// NullChunkMask decodes the key's null_chunk_mask (per KV group, per chunk;
+// true = the chunk is backed only by the engine's null block). Absent or nil
+// means every chunk is real.
+func (k *Key) NullChunks() ([][]bool, error) {
+	if IsNilOrAbsent(k.NullChunkMask) {
+		return nil, nil
+	}
+	b := []byte(k.NullChunkMask)
+	ng, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, fmt.Errorf("null_chunk_mask: %w", err)
+	}
+	out := make([][]bool, ng)
+	for g := range out {
+		if msgp.IsNil(b) {
+			b = b[1:]
+			continue
+		}
+		var n uint32
+		n, b, err = msgp.ReadArrayHeaderBytes(b)
+		if err != nil {
+			return nil, fmt.Errorf("null_chunk_mask[%d]: %w", g, err)
+		}
+		out[g] = make([]bool, n)
+		for i := range out[g] {
+			out[g][i], b, err = msgp.ReadBoolBytes(b)
+			if err != nil {
+				return nil, fmt.Errorf("null_chunk_mask[%d][%d]: %w", g, i, err)
+			}
+		}
+	}
+	return out, nil
+}
+
+// Tokens returns the key's token ids as int64s.
+func (k *Key) Tokens() []int64 {
+	out := make([]int64, len(k.TokenIDs))
+	for i, t := range k.TokenIDs {
+		out[i] = int64(t)
+	}
+	return out
+}
+
+// Readers is num_kv_readers with 0 (field absent, older client) read as 1.
+func (k *Key) Readers() int {
+	if k.NumKVReaders < 1 {
+		return 1
+	}
+	return int(k.NumKVReaders)
+}
+
+// Hybrid reports whether a registration describes a multi-group model,
+// which this server does not serve (research datapath.md 10.2).
+func (p *RegisterPayload) Hybrid() (bool, string) {
+	if n, err := ArrayLen(p.EngineGroupInfos); err != nil || n > 1 {
+		return true, fmt.Sprintf("%d engine_group_infos", n)
+	}
+	if p.EnableL1KVWeaveQuant {
+		return true, "enable_l1_kvweave_quant"
+	}
+	if !IsNilOrAbsent(p.GroupLayoutDescs) {
+		b := []byte(p.GroupLayoutDescs)
+		n, b, err := msgp.ReadArrayHeaderBytes(b)
+		if err != nil {
+			return true, "undecodable group_layout_descs"
+		}
+		for i := uint32(0); i < n; i++ {
+			if !msgp.IsNil(b) {
+				return true, "group_layout_descs"
+			}
+			b = b[1:]
+		}
+	}
+	return false, ""
+}

@@ -1,0 +1,127 @@
+package wire
+
+//go:generate go run github.com/tinylib/msgp -file types.go -o types_gen.go -io=false -tests=false
+
+import "github.com/tinylib/msgp/msgp"
+
+// The structs below are LMCache's msgspec dataclasses/Structs. msgspec encodes
+// them as maps keyed by field name in declaration order with every field
+// present; decoding is by name, ignores unknown keys and leaves missing keys at
+// their zero value, which is what the generated code does too. Optional fields
+// whose Python type is `X | None` are kept as msgp.Raw so nil survives.
+
+// Key is IPCCacheServerKey, the key of every data request. Fields 9-11 were
+// added over time; older clients omit them.
+type Key struct {
+	ModelName      string   `msg:"model_name"`
+	WorldSize      Int      `msg:"world_size"`
+	WorkerID       OptInt   `msg:"worker_id"`
+	TokenIDs       []Int    `msg:"token_ids"`
+	Start          Int      `msg:"start"`
+	End            Int      `msg:"end"`
+	RequestID      string   `msg:"request_id"`
+	CacheSalt      string   `msg:"cache_salt"`
+	RequestConfigs msgp.Raw `msg:"request_configs"`
+	NumKVReaders   Int      `msg:"num_kv_readers"`
+	NullChunkMask  msgp.Raw `msg:"null_chunk_mask"`
+}
+
+// RegisterPayload is RegisterEngineDrivenContextPayload. The first eight
+// fields are stable across versions; the rest are optional and only inspected
+// to recognise hybrid (multi-group) models.
+type RegisterPayload struct {
+	InstanceID           Int      `msg:"instance_id"`
+	ModelName            string   `msg:"model_name"`
+	WorldSize            Int      `msg:"world_size"`
+	BlockSize            Int      `msg:"block_size"`
+	NumLayers            Int      `msg:"num_layers"`
+	HiddenDimSize        Int      `msg:"hidden_dim_size"`
+	DtypeStr             string   `msg:"dtype_str"`
+	UseMLA               bool     `msg:"use_mla"`
+	NumPhysicalSlots     msgp.Raw `msg:"num_physical_slots"`
+	EngineGroupInfos     msgp.Raw `msg:"engine_group_infos"`
+	GroupHiddenDimSizes  msgp.Raw `msg:"group_hidden_dim_sizes"`
+	GroupLayoutDescs     msgp.Raw `msg:"group_layout_descs"`
+	EnableL1KVWeaveQuant bool     `msg:"enable_l1_kvweave_quant"`
+}
+
+// EngineGroupInfo is one KV cache group of the engine (mainline group_view).
+type EngineGroupInfo struct {
+	EngineGroupID Int   `msg:"engine_group_id"`
+	LayerIndices  []Int `msg:"layer_indices"`
+}
+
+// RegisterResponse is RegisterEngineDrivenContextResponse. Clients read only
+// shm_name and pool_size; the rest is sent for the newest schema.
+type RegisterResponse struct {
+	ShmName       string   `msg:"shm_name"`
+	PoolSize      Int      `msg:"pool_size"`
+	ScratchOffset Int      `msg:"scratch_offset"`
+	ScratchSize   Int      `msg:"scratch_size"`
+	Error         msgp.Raw `msg:"error"`
+}
+
+// Slot is one chunk object's place in the shared-memory pool.
+type Slot struct {
+	Offset Int    `msg:"offset"`
+	Length Int    `msg:"length"`
+	Shape  []Int  `msg:"shape"`
+	Dtype  string `msg:"dtype"`
+}
+
+// StoreContext is the SHM context of a PREPARE_STORE reply.
+type StoreContext struct {
+	Slots        []Slot `msg:"slots"`
+	ChunkIndices []Int  `msg:"chunk_indices"`
+}
+
+// RetrieveContext is the SHM context of a PREPARE_RETRIEVE reply.
+type RetrieveContext struct {
+	Slots []Slot `msg:"slots"`
+}
+
+// PrepareStoreResponse is PrepareStoreResponse; Context holds an encoded
+// StoreContext, or an empty map when the server refuses the store (an empty
+// map and a map with empty slots mean different things to the client).
+type PrepareStoreResponse struct {
+	Context msgp.Raw `msg:"context"`
+}
+
+// PrepareRetrieveResponse is PrepareRetrieveResponse; Context holds an
+// encoded RetrieveContext or an empty map.
+type PrepareRetrieveResponse struct {
+	Success bool     `msg:"success"`
+	Data    []byte   `msg:"data"`
+	Context msgp.Raw `msg:"context"`
+}
+
+// TransferReply is the (event_handle, success) tuple STORE and RETRIEVE
+// answer with.
+//
+//msgp:tuple TransferReply
+type TransferReply struct {
+	Handle []byte
+	OK     bool
+}
+
+// BlockAllocationRecord is one entry of REPORT_BLOCK_ALLOCATION.
+type BlockAllocationRecord struct {
+	ReqID       string `msg:"req_id"`
+	NewBlockIDs []Int  `msg:"new_block_ids"`
+	NewTokenIDs []Int  `msg:"new_token_ids"`
+}
+
+// SessionEndInfo is END_SESSION's optional second payload (newest clients).
+type SessionEndInfo struct {
+	FinishReason string `msg:"finish_reason"`
+	StopTokenID  Int    `msg:"stop_token_id"`
+}
+
+// ErrorReply is the single response frame for a request whose operation the
+// server cannot identify (unknown op, undecodable op frame). It has the shape
+// of upstream's RemoteHandlerError payload so a human reading a capture
+// recognises it; no client decodes it as a success value.
+type ErrorReply struct {
+	ErrorType string `msg:"error_type"`
+	Message   string `msg:"message"`
+}
