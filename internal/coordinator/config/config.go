@@ -1,0 +1,363 @@
+// Package config holds the coordinator's settings: defaults, the
+// LMCACHE_MP_COORDINATOR_* environment variables and the CLI flags, applied
+// in that order of increasing precedence, then validated as a whole.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/tokenhash"
+)
+
+// EnvPrefix prefixes every environment variable the coordinator reads.
+const EnvPrefix = "LMCACHE_MP_COORDINATOR_"
+
+// MaxResyncPageSize is the MP server's ceiling for GET /cache/objects
+// page_size; larger configured values are clamped to it.
+const MaxResyncPageSize = 5000
+
+// ErrHelp is returned by Load when --help was requested.
+var ErrHelp = flag.ErrHelp
+
+// ErrInvalid wraps every configuration error.
+var ErrInvalid = errors.New("invalid configuration")
+
+// Config is the complete coordinator configuration. Durations are kept as
+// seconds (float64) like upstream, with helpers that convert.
+type Config struct {
+	Host                  string
+	Port                  int
+	InstanceTimeout       float64
+	HealthCheckInterval   float64
+	EvictionCheckInterval float64
+	EvictionRatio         float64
+	TriggerWatermark      float64
+	ChunkSize             int
+	HashAlgorithm         string
+	BlendProbeStride      int
+	TimeoutKeepAlive      int
+	EnableStartupResync   bool
+	ResyncPollInterval    float64
+	ResyncMaxWait         float64
+	ResyncPageSize        int
+
+	// Beyond upstream.
+
+	// StateFile, when set, persists quotas, the default limit and pins.
+	StateFile string
+	// MetricsTopSalts bounds the per-salt metric series to the N salts with
+	// the most tracked bytes; 0 disables per-salt series.
+	MetricsTopSalts int
+	// InflightTTL is how long dispatched eviction victims are withheld from
+	// later plans while their delete events are awaited.
+	InflightTTL float64
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+}
+
+// Default returns the documented defaults.
+func Default() Config {
+	return Config{
+		Host:                  "0.0.0.0",
+		Port:                  9300,
+		InstanceTimeout:       30,
+		HealthCheckInterval:   10,
+		EvictionCheckInterval: 5,
+		EvictionRatio:         0.2,
+		TriggerWatermark:      1.0,
+		ChunkSize:             256,
+		HashAlgorithm:         tokenhash.Blake3,
+		BlendProbeStride:      1,
+		TimeoutKeepAlive:      10,
+		EnableStartupResync:   true,
+		ResyncPollInterval:    1,
+		ResyncMaxWait:         60,
+		ResyncPageSize:        1000,
+		MetricsTopSalts:       20,
+		InflightTTL:           30,
+		LogLevel:              "info",
+	}
+}
+
+// Seconds converts a seconds setting into a time.Duration.
+func Seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// Addr is the listen address host:port.
+func (c Config) Addr() string {
+	h := c.Host
+	if strings.Contains(h, ":") && !strings.HasPrefix(h, "[") {
+		h = "[" + h + "]"
+	}
+	return h + ":" + strconv.Itoa(c.Port)
+}
+
+// field describes one setting: its flag (empty when env-only), env suffix,
+// help text and how to parse and check it. Every setting lives in this one
+// table so flags, env vars, help and validation cannot drift apart.
+type field struct {
+	flag  string
+	env   string
+	usage string
+	kind  string // "float", "int", "string", "bool"
+	f     func(*Config) *float64
+	i     func(*Config) *int
+	s     func(*Config) *string
+	b     func(*Config) *bool
+	check func(Config) string // "" when valid, else the rule broken
+}
+
+func fieldsTable() []field {
+	return []field{
+		{flag: "host", env: "HOST", kind: "string", usage: "host the HTTP server binds to", s: func(c *Config) *string { return &c.Host }},
+		{flag: "port", env: "PORT", kind: "int", usage: "port the HTTP server binds to", i: func(c *Config) *int { return &c.Port },
+			check: func(c Config) string { return rangeInt(c.Port, 0, 65535) }},
+		{flag: "instance-timeout", env: "INSTANCE_TIMEOUT", kind: "float", usage: "seconds without a heartbeat after which a server is dropped", f: func(c *Config) *float64 { return &c.InstanceTimeout },
+			check: func(c Config) string { return gt0(c.InstanceTimeout) }},
+		{flag: "health-check-interval", env: "HEALTH_CHECK_INTERVAL", kind: "float", usage: "seconds between health-check sweeps (0 disables the sweep)", f: func(c *Config) *float64 { return &c.HealthCheckInterval },
+			check: func(c Config) string { return ge0(c.HealthCheckInterval) }},
+		{flag: "eviction-check-interval", env: "EVICTION_CHECK_INTERVAL", kind: "float", usage: "seconds between L2 eviction sweeps (0 disables the loop)", f: func(c *Config) *float64 { return &c.EvictionCheckInterval },
+			check: func(c Config) string { return ge0(c.EvictionCheckInterval) }},
+		{flag: "eviction-ratio", env: "EVICTION_RATIO", kind: "float", usage: "fraction of tracked keys (by count) to evict per cycle, 0.0 to 1.0", f: func(c *Config) *float64 { return &c.EvictionRatio },
+			check: func(c Config) string {
+				if !finite(c.EvictionRatio) || c.EvictionRatio < 0 || c.EvictionRatio > 1 {
+					return "must be between 0.0 and 1.0 inclusive"
+				}
+				return ""
+			}},
+		{flag: "trigger-watermark", env: "TRIGGER_WATERMARK", kind: "float", usage: "eviction fires when usage reaches this fraction of the quota, (0.0, 1.0]", f: func(c *Config) *float64 { return &c.TriggerWatermark },
+			check: func(c Config) string {
+				if !finite(c.TriggerWatermark) || c.TriggerWatermark <= 0 || c.TriggerWatermark > 1 {
+					return "must be greater than 0.0 and at most 1.0"
+				}
+				return ""
+			}},
+		{flag: "chunk-size", env: "CHUNK_SIZE", kind: "int", usage: "tokens per KV chunk; must equal the MP servers' --chunk-size", i: func(c *Config) *int { return &c.ChunkSize },
+			check: func(c Config) string { return minInt(c.ChunkSize, 1) }},
+		{flag: "hash-algorithm", env: "HASH_ALGORITHM", kind: "string", usage: "token hash algorithm for pin key resolution (blake3, sha256_cbor)", s: func(c *Config) *string { return &c.HashAlgorithm },
+			check: func(c Config) string {
+				if strings.TrimSpace(c.HashAlgorithm) == "" {
+					return "must be non-empty"
+				}
+				if _, err := tokenhash.New(c.HashAlgorithm, 1); err != nil {
+					return "must be blake3 or sha256_cbor (got " + strconv.Quote(c.HashAlgorithm) + ")"
+				}
+				return ""
+			}},
+		{flag: "blend-probe-stride", env: "BLEND_PROBE_STRIDE", kind: "int", usage: "positions between CacheBlend match probes", i: func(c *Config) *int { return &c.BlendProbeStride },
+			check: func(c Config) string { return minInt(c.BlendProbeStride, 1) }},
+		{flag: "timeout-keep-alive", env: "TIMEOUT_KEEP_ALIVE", kind: "int", usage: "seconds idle HTTP connections are kept open", i: func(c *Config) *int { return &c.TimeoutKeepAlive },
+			check: func(c Config) string { return minInt(c.TimeoutKeepAlive, 1) }},
+		{env: "ENABLE_STARTUP_RESYNC", kind: "bool", b: func(c *Config) *bool { return &c.EnableStartupResync }},
+		{env: "RESYNC_POLL_INTERVAL", kind: "float", f: func(c *Config) *float64 { return &c.ResyncPollInterval },
+			check: func(c Config) string { return gt0(c.ResyncPollInterval) }},
+		{env: "RESYNC_MAX_WAIT", kind: "float", f: func(c *Config) *float64 { return &c.ResyncMaxWait },
+			check: func(c Config) string { return ge0(c.ResyncMaxWait) }},
+		{env: "RESYNC_PAGE_SIZE", kind: "int", i: func(c *Config) *int { return &c.ResyncPageSize },
+			check: func(c Config) string { return minInt(c.ResyncPageSize, 1) }},
+		{flag: "state-file", env: "STATE_FILE", kind: "string", usage: "persist quotas, the default limit and pins to this file (empty: memory only)", s: func(c *Config) *string { return &c.StateFile }},
+		{flag: "metrics-top-salts", env: "METRICS_TOP_SALTS", kind: "int", usage: "per-salt metric series for the N salts with most tracked bytes (0: none)", i: func(c *Config) *int { return &c.MetricsTopSalts },
+			check: func(c Config) string { return rangeInt(c.MetricsTopSalts, 0, 10000) }},
+		{flag: "inflight-ttl", env: "INFLIGHT_TTL", kind: "float", usage: "seconds dispatched eviction victims are not re-sent while their delete events are awaited", f: func(c *Config) *float64 { return &c.InflightTTL },
+			check: func(c Config) string { return ge0(c.InflightTTL) }},
+		{flag: "log-level", env: "LOG_LEVEL", kind: "string", usage: "log level: debug, info, warn or error", s: func(c *Config) *string { return &c.LogLevel },
+			check: func(c Config) string {
+				switch strings.ToLower(c.LogLevel) {
+				case "debug", "info", "warn", "warning", "error":
+					return ""
+				}
+				return "must be one of debug, info, warn, error"
+			}},
+	}
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+func gt0(v float64) string {
+	if !finite(v) || v <= 0 {
+		return "must be > 0"
+	}
+	return ""
+}
+
+func ge0(v float64) string {
+	if !finite(v) || v < 0 {
+		return "must be >= 0"
+	}
+	return ""
+}
+
+func minInt(v, lo int) string {
+	if v < lo {
+		return fmt.Sprintf("must be >= %d", lo)
+	}
+	return ""
+}
+
+func rangeInt(v, lo, hi int) string {
+	if v < lo || v > hi {
+		return fmt.Sprintf("must be between %d and %d", lo, hi)
+	}
+	return ""
+}
+
+// ParseEnvBool reads a boolean the way upstream does: true iff the trimmed,
+// lower-cased value is 1, true, yes or on.
+func ParseEnvBool(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "1", "true", "yes", "on":
+		return true
+	}
+	return false
+}
+
+// Load builds the configuration from defaults, then env (looked up with
+// getenv), then args. Help goes to out. The returned error is one line naming
+// the flag or env var and the rule it broke; it wraps ErrHelp after --help.
+func Load(args []string, getenv func(string) (string, bool), out io.Writer) (Config, error) {
+	cfg := Default()
+	table := fieldsTable()
+	source := map[int]string{}
+
+	for idx, fd := range table {
+		raw, ok := getenv(EnvPrefix + fd.env)
+		if !ok {
+			continue
+		}
+		name := EnvPrefix + fd.env
+		if err := setValue(&cfg, fd, raw); err != nil {
+			return cfg, fmt.Errorf("%w: %s=%q: %v", ErrInvalid, name, raw, err)
+		}
+		source[idx] = name
+	}
+
+	fs := flag.NewFlagSet("lmcache coordinator", flag.ContinueOnError)
+	fs.SetOutput(out)
+	def := Default()
+	flagIdx := map[string]int{}
+	for idx, fd := range table {
+		if fd.flag == "" {
+			continue
+		}
+		flagIdx[fd.flag] = idx
+		usage := fd.usage + " (env " + EnvPrefix + fd.env + ")"
+		switch fd.kind {
+		case "float":
+			fs.Float64(fd.flag, *fd.f(&def), usage)
+		case "int":
+			fs.Int(fd.flag, *fd.i(&def), usage)
+		case "string":
+			fs.String(fd.flag, *fd.s(&def), usage)
+		}
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: lmcache coordinator [flags]\n\nRuns the LMCache MP fleet coordinator. Flags override LMCACHE_MP_COORDINATOR_* env vars.\n\nFlags:\n")
+		fs.PrintDefaults()
+		fmt.Fprintf(out, "\nEnvironment only:\n")
+		for _, fd := range table {
+			if fd.flag == "" {
+				fmt.Fprintf(out, "  %s%s (default %s)\n", EnvPrefix, fd.env, valueString(def, fd))
+			}
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return cfg, err
+		}
+		return cfg, fmt.Errorf("%w: %v", ErrInvalid, firstLine(err.Error()))
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("%w: unexpected argument %q", ErrInvalid, fs.Arg(0))
+	}
+	var setErr error
+	fs.Visit(func(f *flag.Flag) {
+		idx := flagIdx[f.Name]
+		if err := setValue(&cfg, table[idx], f.Value.String()); err != nil && setErr == nil {
+			setErr = fmt.Errorf("%w: --%s: %v", ErrInvalid, f.Name, err)
+		}
+		source[idx] = "--" + f.Name
+	})
+	if setErr != nil {
+		return cfg, setErr
+	}
+	for idx, fd := range table {
+		if fd.check == nil {
+			continue
+		}
+		if rule := fd.check(cfg); rule != "" {
+			name, ok := source[idx]
+			if !ok {
+				name = "--" + fd.flag
+				if fd.flag == "" {
+					name = EnvPrefix + fd.env
+				}
+			}
+			return cfg, fmt.Errorf("%w: %s %s (got %s)", ErrInvalid, name, rule, valueString(cfg, fd))
+		}
+	}
+	return cfg, nil
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func setValue(cfg *Config, fd field, raw string) error {
+	switch fd.kind {
+	case "float":
+		v, err := strconv.ParseFloat(strings.TrimSpace(raw), 64)
+		if err != nil {
+			return fmt.Errorf("not a number")
+		}
+		*fd.f(cfg) = v
+	case "int":
+		v, err := strconv.Atoi(strings.TrimSpace(raw))
+		if err != nil {
+			return fmt.Errorf("not an integer")
+		}
+		*fd.i(cfg) = v
+	case "string":
+		*fd.s(cfg) = raw
+	case "bool":
+		*fd.b(cfg) = ParseEnvBool(raw)
+	}
+	return nil
+}
+
+func valueString(cfg Config, fd field) string {
+	switch fd.kind {
+	case "float":
+		return strconv.FormatFloat(*fd.f(&cfg), 'g', -1, 64)
+	case "int":
+		return strconv.Itoa(*fd.i(&cfg))
+	case "string":
+		return strconv.Quote(*fd.s(&cfg))
+	case "bool":
+		if *fd.b(&cfg) {
+			return "True"
+		}
+		return "False"
+	}
+	return ""
+}
+
+// Names lists every flag (with its leading dashes) and env var, for the
+// compatibility table and tests.
+func Names() (flags, envs []string) {
+	for _, fd := range fieldsTable() {
+		if fd.flag != "" {
+			flags = append(flags, "--"+fd.flag)
+		}
+		envs = append(envs, EnvPrefix+fd.env)
+	}
+	return flags, envs
+}

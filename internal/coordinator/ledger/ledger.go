@@ -1,0 +1,767 @@
+// Package ledger is the coordinator's L2 accounting: per-key sizes, per-salt
+// usage, a per-salt LRU order, pin reference counts and the eviction planner.
+//
+// It is built for tens of millions of keys: model names and salts are
+// interned to 32-bit ids, chunk hashes of up to 32 bytes are stored inline,
+// entries live in fixed-size pages (no giant reallocations) linked into
+// per-salt LRU lists by 32-bit indices, and the key index is an
+// open-addressing table of 32-bit slots. One mutex guards everything: every
+// operation is short, and a whole event batch is applied under one
+// acquisition.
+package ledger
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+const (
+	nilIdx    = math.MaxUint32
+	pageBits  = 16
+	pageSize  = 1 << pageBits
+	inlineMax = 32
+	longHash  = 0xFF // hlen marker: hash[0:4] holds an id into Ledger.longs
+)
+
+// ckey is the compact, comparable identity of an object key.
+type ckey struct {
+	hash  [inlineMax]byte
+	rank  int64
+	model uint32
+	salt  uint32
+	group uint32
+	hlen  uint8
+}
+
+type entry struct {
+	k          ckey
+	size       int64
+	prev, next uint32
+	// sent is the in-flight mark: seconds since the ledger epoch, plus one,
+	// of the last dispatch of this key as an eviction victim; 0 when none.
+	sent uint32
+}
+
+type saltState struct {
+	name       string
+	head, tail uint32 // LRU: head is least recently used
+	count      int
+	bytes      int64
+}
+
+// Op is a usage event type.
+type Op uint8
+
+// Event types, as the wire's "store", "lookup" and "delete".
+const (
+	OpStore Op = iota + 1
+	OpLookup
+	OpDelete
+)
+
+// ParseOp maps a wire type name to an Op.
+func ParseOp(s string) (Op, bool) {
+	switch s {
+	case "store":
+		return OpStore, true
+	case "lookup":
+		return OpLookup, true
+	case "delete":
+		return OpDelete, true
+	}
+	return 0, false
+}
+
+// String is the wire name.
+func (o Op) String() string {
+	switch o {
+	case OpStore:
+		return "store"
+	case OpLookup:
+		return "lookup"
+	case OpDelete:
+		return "delete"
+	}
+	return "unknown"
+}
+
+// Key is a validated object key prepared for the ledger without taking its
+// lock: the hash is decoded, the invariants are checked.
+type Key struct {
+	hash  [inlineMax]byte
+	hlen  int
+	long  string // the raw hash when longer than inlineMax
+	Model string
+	Salt  string
+	Rank  int64
+	Group int64
+}
+
+// Prepare validates an encoded key (Python bytes.fromhex rules and the
+// ObjectKey invariants) into a Key.
+func Prepare(e *objkey.Encoded) (Key, error) {
+	var k Key
+	h := e.ChunkHashHex
+	if len(h) <= 2*inlineMax && len(h)%2 == 0 {
+		if _, err := hex.Decode(k.hash[:len(h)/2], []byte(h)); err == nil {
+			k.hlen = len(h) / 2
+		} else {
+			k.hlen = -1
+		}
+	} else {
+		k.hlen = -1
+	}
+	if k.hlen < 0 {
+		raw, err := objkey.FromHex(h)
+		if err != nil {
+			return Key{}, err
+		}
+		if len(raw) <= inlineMax {
+			k.hlen = copy(k.hash[:], raw)
+		} else {
+			k.long = string(raw)
+		}
+	}
+	k.Model, k.Salt, k.Rank, k.Group = e.ModelName, e.CacheSalt, e.KVRank, e.ObjectGroupID
+	if strings.IndexByte(k.Model, '@') >= 0 || k.Group < 0 {
+		return Key{}, (objkey.Key{ModelName: k.Model, ObjectGroupID: k.Group}).Validate()
+	}
+	if err := objkey.ValidateSalt(k.Salt); err != nil {
+		return Key{}, err
+	}
+	return k, nil
+}
+
+// FromObjectKey converts an already-validated objkey.Key.
+func FromObjectKey(o objkey.Key) Key {
+	k := Key{Model: o.ModelName, Salt: o.CacheSalt, Rank: o.KVRank, Group: o.ObjectGroupID}
+	if len(o.ChunkHash) <= inlineMax {
+		k.hlen = copy(k.hash[:], o.ChunkHash)
+	} else {
+		k.long = o.ChunkHash
+	}
+	return k
+}
+
+// Event is one prepared usage event.
+type Event struct {
+	Op    Op
+	Key   Key
+	Bytes int64
+}
+
+// Ledger is the accounting state. Safe for concurrent use.
+type Ledger struct {
+	mu    sync.Mutex
+	seed  uint64
+	epoch time.Time
+
+	pages [][]entry
+	n     uint32   // entries ever allocated (high-water mark)
+	free  []uint32 // reusable entry slots
+	live  int
+	index []uint32 // open addressing; 0 empty, else entry index + 1
+	mask  uint64
+
+	models   []string
+	modelIDs map[string]uint32
+	salts    []*saltState
+	saltIDs  map[string]uint32
+	longs    []string
+	longIDs  map[string]uint32
+
+	total int64
+	pins  map[ckey]int32
+}
+
+// New returns an empty ledger.
+func New() *Ledger {
+	l := &Ledger{
+		seed:     rand.Uint64() | 1,
+		epoch:    time.Now(),
+		modelIDs: map[string]uint32{},
+		saltIDs:  map[string]uint32{},
+		longIDs:  map[string]uint32{},
+		pins:     map[ckey]int32{},
+	}
+	l.index = make([]uint32, 1024)
+	l.mask = 1023
+	return l
+}
+
+func (l *Ledger) at(i uint32) *entry { return &l.pages[i>>pageBits][i&(pageSize-1)] }
+
+func mix(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
+}
+
+func (l *Ledger) hashOf(k *ckey) uint64 {
+	h := l.seed
+	h = mix(h ^ binary.LittleEndian.Uint64(k.hash[0:8]))
+	h = mix(h ^ binary.LittleEndian.Uint64(k.hash[8:16]))
+	h = mix(h ^ binary.LittleEndian.Uint64(k.hash[16:24]))
+	h = mix(h ^ binary.LittleEndian.Uint64(k.hash[24:32]))
+	h = mix(h ^ uint64(k.rank))
+	h = mix(h ^ (uint64(k.model)<<32 | uint64(k.salt)))
+	return mix(h ^ (uint64(k.group)<<8 | uint64(k.hlen)))
+}
+
+func (l *Ledger) find(k *ckey) (slot uint64, idx uint32, ok bool) {
+	slot = l.hashOf(k) & l.mask
+	for {
+		v := l.index[slot]
+		if v == 0 {
+			return slot, 0, false
+		}
+		if l.at(v-1).k == *k {
+			return slot, v - 1, true
+		}
+		slot = (slot + 1) & l.mask
+	}
+}
+
+func (l *Ledger) grow() {
+	old := l.index
+	l.index = make([]uint32, len(old)*2)
+	l.mask = uint64(len(l.index) - 1)
+	for _, v := range old {
+		if v == 0 {
+			continue
+		}
+		s := l.hashOf(&l.at(v-1).k) & l.mask
+		for l.index[s] != 0 {
+			s = (s + 1) & l.mask
+		}
+		l.index[s] = v
+	}
+}
+
+// unindex removes the slot with backward-shift deletion so probes stay short
+// without tombstones.
+func (l *Ledger) unindex(slot uint64) {
+	for {
+		l.index[slot] = 0
+		next := slot
+		for {
+			next = (next + 1) & l.mask
+			v := l.index[next]
+			if v == 0 {
+				return
+			}
+			home := l.hashOf(&l.at(v-1).k) & l.mask
+			// Move v back into the hole when its home is not in (slot, next].
+			if (next > slot && (home <= slot || home > next)) || (next < slot && home <= slot && home > next) {
+				l.index[slot] = v
+				slot = next
+				break
+			}
+		}
+	}
+}
+
+func (l *Ledger) intern(ids map[string]uint32, names *[]string, s string) uint32 {
+	if id, ok := ids[s]; ok {
+		return id
+	}
+	id := uint32(len(*names))
+	*names = append(*names, s)
+	ids[s] = id
+	return id
+}
+
+func (l *Ledger) saltID(s string) uint32 {
+	if id, ok := l.saltIDs[s]; ok {
+		return id
+	}
+	id := uint32(len(l.salts))
+	l.salts = append(l.salts, &saltState{name: s, head: nilIdx, tail: nilIdx})
+	l.saltIDs[s] = id
+	return id
+}
+
+// compact interns the key's strings; must hold mu.
+func (l *Ledger) compact(k *Key) ckey {
+	c := ckey{rank: k.Rank, model: l.intern(l.modelIDs, &l.models, k.Model), salt: l.saltID(k.Salt)}
+	if k.long == "" && k.Group <= math.MaxUint32 {
+		c.hash, c.hlen, c.group = k.hash, uint8(k.hlen), uint32(k.Group)
+		return c
+	}
+	// Rare: a hash longer than 32 bytes or a huge group id; intern both.
+	raw := k.long
+	if raw == "" {
+		raw = string(k.hash[:k.hlen])
+	}
+	var g [8]byte
+	binary.LittleEndian.PutUint64(g[:], uint64(k.Group))
+	id := l.intern(l.longIDs, &l.longs, string(g[:])+raw)
+	binary.LittleEndian.PutUint32(c.hash[:4], id)
+	c.hlen = longHash
+	return c
+}
+
+// lookup finds a key without interning new strings; must hold mu.
+func (l *Ledger) lookupKey(k *Key) (ckey, bool) {
+	m, ok := l.modelIDs[k.Model]
+	if !ok {
+		return ckey{}, false
+	}
+	s, ok := l.saltIDs[k.Salt]
+	if !ok {
+		return ckey{}, false
+	}
+	c := ckey{rank: k.Rank, model: m, salt: s}
+	if k.long == "" && k.Group <= math.MaxUint32 {
+		c.hash, c.hlen, c.group = k.hash, uint8(k.hlen), uint32(k.Group)
+		return c, true
+	}
+	raw := k.long
+	if raw == "" {
+		raw = string(k.hash[:k.hlen])
+	}
+	var g [8]byte
+	binary.LittleEndian.PutUint64(g[:], uint64(k.Group))
+	id, ok := l.longIDs[string(g[:])+raw]
+	if !ok {
+		return ckey{}, false
+	}
+	binary.LittleEndian.PutUint32(c.hash[:4], id)
+	c.hlen = longHash
+	return c, true
+}
+
+func (l *Ledger) alloc() uint32 {
+	if n := len(l.free); n > 0 {
+		i := l.free[n-1]
+		l.free = l.free[:n-1]
+		return i
+	}
+	i := l.n
+	if i>>pageBits >= uint32(len(l.pages)) {
+		l.pages = append(l.pages, make([]entry, pageSize))
+	}
+	l.n++
+	return i
+}
+
+func (l *Ledger) unlink(s *saltState, i uint32, e *entry) {
+	if e.prev != nilIdx {
+		l.at(e.prev).next = e.next
+	} else {
+		s.head = e.next
+	}
+	if e.next != nilIdx {
+		l.at(e.next).prev = e.prev
+	} else {
+		s.tail = e.prev
+	}
+	e.prev, e.next = nilIdx, nilIdx
+}
+
+func (l *Ledger) pushTail(s *saltState, i uint32, e *entry) {
+	e.prev, e.next = s.tail, nilIdx
+	if s.tail != nilIdx {
+		l.at(s.tail).next = i
+	} else {
+		s.head = i
+	}
+	s.tail = i
+}
+
+// store records a key's size and moves it to the MRU end (a re-store
+// replaces the size, it never double-counts); must hold mu.
+func (l *Ledger) store(k *Key, size int64) {
+	c := l.compact(k)
+	slot, i, ok := l.find(&c)
+	s := l.salts[c.salt]
+	if ok {
+		e := l.at(i)
+		delta := size - e.size
+		e.size = size
+		s.bytes += delta
+		l.total += delta
+		if s.tail != i {
+			l.unlink(s, i, e)
+			l.pushTail(s, i, e)
+		}
+		return
+	}
+	i = l.alloc()
+	e := l.at(i)
+	*e = entry{k: c, size: size}
+	l.index[slot] = i + 1
+	l.pushTail(s, i, e)
+	s.count++
+	s.bytes += size
+	l.total += size
+	l.live++
+	if uint64(l.live)*4 > uint64(len(l.index))*3 {
+		l.grow()
+	}
+}
+
+func (l *Ledger) touch(k *Key) {
+	c, ok := l.lookupKey(k)
+	if !ok {
+		return
+	}
+	if _, i, ok := l.find(&c); ok {
+		s := l.salts[c.salt]
+		if s.tail != i {
+			e := l.at(i)
+			l.unlink(s, i, e)
+			l.pushTail(s, i, e)
+		}
+	}
+}
+
+func (l *Ledger) remove(k *Key) {
+	c, ok := l.lookupKey(k)
+	if !ok {
+		return
+	}
+	slot, i, ok := l.find(&c)
+	if !ok {
+		return
+	}
+	e := l.at(i)
+	s := l.salts[c.salt]
+	l.unlink(s, i, e)
+	s.count--
+	s.bytes -= e.size
+	if s.bytes < 0 {
+		s.bytes = 0
+	}
+	l.total -= e.size
+	if l.total < 0 {
+		l.total = 0
+	}
+	l.unindex(slot)
+	*e = entry{}
+	l.free = append(l.free, i)
+	l.live--
+}
+
+// Counts tallies applied events by type.
+type Counts struct{ Store, Lookup, Delete int }
+
+// Apply applies a prepared batch in order under one lock acquisition.
+func (l *Ledger) Apply(events []Event) Counts {
+	var c Counts
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range events {
+		ev := &events[i]
+		switch ev.Op {
+		case OpStore:
+			l.store(&ev.Key, ev.Bytes)
+			c.Store++
+		case OpLookup:
+			l.touch(&ev.Key)
+			c.Lookup++
+		case OpDelete:
+			l.remove(&ev.Key)
+			c.Delete++
+		}
+	}
+	return c
+}
+
+// Store records one stored key (resync).
+func (l *Ledger) Store(k Key, size int64) {
+	l.mu.Lock()
+	l.store(&k, size)
+	l.mu.Unlock()
+}
+
+// SaltUsage is one salt's tracked bytes.
+func (l *Ledger) SaltUsage(salt string) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if id, ok := l.saltIDs[salt]; ok {
+		return l.salts[id].bytes
+	}
+	return 0
+}
+
+// Usage returns every salt with positive usage, and the total.
+func (l *Ledger) Usage() (map[string]int64, int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := map[string]int64{}
+	for _, s := range l.salts {
+		if s.bytes > 0 {
+			m[s.name] = s.bytes
+		}
+	}
+	return m, l.total
+}
+
+// Stats is a summary for metrics.
+type Stats struct {
+	Keys       int
+	Bytes      int64
+	PinnedKeys int
+}
+
+// Stats returns counts.
+func (l *Ledger) Stats() Stats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return Stats{Keys: l.live, Bytes: l.total, PinnedKeys: len(l.pins)}
+}
+
+// Pin adds delta (+1 pin, -1 unpin) to each key's reference count. An unpin
+// never goes below zero and an unknown key is ignored.
+func (l *Ledger) Pin(keys []objkey.Key, delta int32) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, o := range keys {
+		k := FromObjectKey(o)
+		if delta > 0 {
+			c := l.compact(&k)
+			l.pins[c] += delta
+			continue
+		}
+		c, ok := l.lookupKey(&k)
+		if !ok {
+			continue
+		}
+		if n, ok := l.pins[c]; ok {
+			if n+delta <= 0 {
+				delete(l.pins, c)
+			} else {
+				l.pins[c] = n + delta
+			}
+		}
+	}
+}
+
+// PinCount is one pinned key with its count.
+type PinCount struct {
+	Key   objkey.Key
+	Count int32
+}
+
+// Pins lists every pinned key (for the state file).
+func (l *Ledger) Pins() []PinCount {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]PinCount, 0, len(l.pins))
+	for c, n := range l.pins {
+		out = append(out, PinCount{Key: l.expand(&c, l.models, l.salts, l.longs), Count: n})
+	}
+	return out
+}
+
+// RestorePins sets pin counts (state file load).
+func (l *Ledger) RestorePins(pins []PinCount) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range pins {
+		if p.Count <= 0 {
+			continue
+		}
+		k := FromObjectKey(p.Key)
+		l.pins[l.compact(&k)] = p.Count
+	}
+}
+
+func (l *Ledger) expand(c *ckey, models []string, salts []*saltState, longs []string) objkey.Key {
+	k := objkey.Key{ModelName: models[c.model], CacheSalt: salts[c.salt].name, KVRank: c.rank, ObjectGroupID: int64(c.group)}
+	if c.hlen == longHash {
+		raw := longs[binary.LittleEndian.Uint32(c.hash[:4])]
+		k.ObjectGroupID = int64(binary.LittleEndian.Uint64([]byte(raw[:8])))
+		k.ChunkHash = raw[8:]
+	} else {
+		k.ChunkHash = string(c.hash[:c.hlen])
+	}
+	return k
+}
+
+// PlanOptions are the eviction knobs.
+type PlanOptions struct {
+	Ratio     float64
+	Watermark float64
+	// InflightTTL withholds keys dispatched less than this long ago; 0
+	// disables the in-flight set (upstream behaviour: re-send every cycle).
+	InflightTTL time.Duration
+	// Now is the planning time; zero means time.Now().
+	Now time.Time
+	// Mark records the chosen victims as in flight.
+	Mark bool
+}
+
+// Victim is one planned key.
+type Victim struct {
+	idx uint32
+	k   ckey
+}
+
+// Plan is the result of one planning pass: victims per salt in LRU order.
+type Plan struct {
+	Salts   []string
+	Victims [][]Victim
+	// InFlight counts keys that would have been chosen but were withheld
+	// because an earlier dispatch is still awaiting their delete events.
+	InFlight int
+	models   []string
+	salts    []*saltState
+	longs    []string
+}
+
+// Len is the number of victims.
+func (p *Plan) Len() int {
+	n := 0
+	for _, v := range p.Victims {
+		n += len(v)
+	}
+	return n
+}
+
+// Keys expands the victims (in plan order) into object keys. It runs without
+// the ledger lock: the interned name tables are append-only and the plan
+// captured their headers.
+func (p *Plan) Keys() []objkey.Key {
+	out := make([]objkey.Key, 0, p.Len())
+	var l Ledger
+	for _, vs := range p.Victims {
+		for i := range vs {
+			out = append(out, l.expand(&vs[i].k, p.models, p.salts, p.longs))
+		}
+	}
+	return out
+}
+
+// BySalt returns the victims' keys grouped by salt.
+func (p *Plan) BySalt() map[string][]objkey.Key {
+	out := map[string][]objkey.Key{}
+	var l Ledger
+	for si, vs := range p.Victims {
+		ks := make([]objkey.Key, 0, len(vs))
+		for i := range vs {
+			ks = append(ks, l.expand(&vs[i].k, p.models, p.salts, p.longs))
+		}
+		out[p.Salts[si]] = ks
+	}
+	return out
+}
+
+func (l *Ledger) stamp(now time.Time) uint32 {
+	d := now.Sub(l.epoch)
+	if d < 0 {
+		d = 0
+	}
+	return uint32(d/time.Second) + 1
+}
+
+// ComputePlan selects victims: for each salt whose usage reaches
+// watermark × limit, ratio of its tracked keys by count (all of them when
+// the limit is 0), oldest first, never a pinned key. Keys still in flight
+// count toward the target but are not chosen again.
+func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
+	now := o.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	stamp := l.stamp(now)
+	ttl := uint32(math.Ceil(o.InflightTTL.Seconds()))
+	p := &Plan{models: l.models, salts: l.salts, longs: l.longs}
+	for _, s := range l.salts {
+		if s.bytes <= 0 || s.count == 0 {
+			continue
+		}
+		limit, ok := limits.Effective(s.name)
+		if !ok {
+			continue
+		}
+		if float64(s.bytes) < o.Watermark*float64(limit) {
+			continue
+		}
+		ratio := o.Ratio
+		if limit == 0 {
+			ratio = 1
+		}
+		target := int(math.Floor(float64(s.count) * ratio))
+		if ratio > 0 && target == 0 {
+			target = 1
+		}
+		if target == 0 {
+			continue
+		}
+		var vs []Victim
+		taken := 0
+		for i := s.head; i != nilIdx && taken < target; {
+			e := l.at(i)
+			next := e.next
+			if len(l.pins) > 0 && l.pins[e.k] > 0 {
+				i = next
+				continue
+			}
+			taken++
+			if ttl > 0 && e.sent != 0 && stamp-e.sent < ttl {
+				p.InFlight++
+			} else {
+				vs = append(vs, Victim{idx: i, k: e.k})
+				if o.Mark {
+					e.sent = stamp
+				}
+			}
+			i = next
+		}
+		if len(vs) > 0 {
+			p.Salts = append(p.Salts, s.name)
+			p.Victims = append(p.Victims, vs)
+		}
+	}
+	return p
+}
+
+// Unmark clears the in-flight mark of victims whose dispatch failed, so the
+// next cycle sends them again.
+func (l *Ledger) Unmark(vs []Victim) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, v := range vs {
+		if v.idx < l.n {
+			if e := l.at(v.idx); e.k == v.k {
+				e.sent = 0
+			}
+		}
+	}
+}
+
+// ErrBadKey wraps per-event validation failures.
+var ErrBadKey = errors.New("invalid key")
+
+// PrepareEvent validates one wire event.
+func PrepareEvent(typ string, key *objkey.Encoded, bytes int64) (Event, error) {
+	op, ok := ParseOp(typ)
+	if !ok {
+		return Event{}, fmt.Errorf("type must be one of 'store', 'lookup', 'delete'")
+	}
+	if bytes < 0 {
+		return Event{}, fmt.Errorf("bytes must be >= 0")
+	}
+	k, err := Prepare(key)
+	if err != nil {
+		return Event{}, fmt.Errorf("%w: %v", ErrBadKey, err)
+	}
+	return Event{Op: op, Key: k, Bytes: bytes}, nil
+}

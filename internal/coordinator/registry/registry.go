@@ -1,0 +1,174 @@
+// Package registry is the coordinator's fleet membership: registered MP
+// servers, their heartbeats and the staleness sweep. It is safe for
+// concurrent use; one mutex guards all state because every operation is
+// short.
+package registry
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Instance is one registered MP server as reported by GET /instances.
+type Instance struct {
+	InstanceID       string            `json:"instance_id"`
+	IP               string            `json:"ip"`
+	HTTPPort         int               `json:"http_port"`
+	RegistrationTime float64           `json:"registration_time"`
+	Metadata         map[string]string `json:"metadata"`
+	P2PAdvertisedURL string            `json:"p2p_advertised_url"`
+	MQPort           int               `json:"mq_port"`
+}
+
+type entry struct {
+	inst          Instance
+	lastHeartbeat time.Time // carries a monotonic reading
+}
+
+// Registry holds the fleet. The order slice keeps first-registration order,
+// which GET /instances reports (upstream iterates a Python dict).
+type Registry struct {
+	mu    sync.Mutex
+	byID  map[string]*entry
+	order []string
+	now   func() time.Time
+}
+
+// New returns an empty registry. now may be nil (time.Now).
+func New(now func() time.Time) *Registry {
+	if now == nil {
+		now = time.Now
+	}
+	return &Registry{byID: map[string]*entry{}, now: now}
+}
+
+// NewID mints an id like upstream: "mp-" and 32 lowercase hex digits.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	// Mark it as a version-4 UUID so it has the same shape as uuid4().hex.
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return "mp-" + hex.EncodeToString(b[:])
+}
+
+// Register inserts or replaces inst (generating an id when empty) and counts
+// as a heartbeat. It reports the id and whether it replaced an entry.
+func (r *Registry) Register(inst Instance) (string, bool) {
+	if inst.InstanceID == "" {
+		inst.InstanceID = NewID()
+	}
+	if inst.Metadata == nil {
+		inst.Metadata = map[string]string{}
+	}
+	now := r.now()
+	inst.RegistrationTime = float64(now.UnixNano()) / 1e9
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, existed := r.byID[inst.InstanceID]
+	if !existed {
+		r.order = append(r.order, inst.InstanceID)
+	}
+	r.byID[inst.InstanceID] = &entry{inst: inst, lastHeartbeat: now}
+	return inst.InstanceID, existed
+}
+
+// Heartbeat records liveness; false for an unknown id.
+func (r *Registry) Heartbeat(id string) bool {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.byID[id]
+	if ok {
+		e.lastHeartbeat = now
+	}
+	return ok
+}
+
+// Deregister removes id and reports whether it was present.
+func (r *Registry) Deregister(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.removeLocked(id)
+}
+
+func (r *Registry) removeLocked(id string) bool {
+	if _, ok := r.byID[id]; !ok {
+		return false
+	}
+	delete(r.byID, id)
+	for i, o := range r.order {
+		if o == id {
+			r.order = append(r.order[:i], r.order[i+1:]...)
+			break
+		}
+	}
+	return true
+}
+
+// Get returns a copy of one instance.
+func (r *Registry) Get(id string) (Instance, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.byID[id]
+	if !ok {
+		return Instance{}, false
+	}
+	return copyInst(e.inst), true
+}
+
+// List returns a snapshot in first-registration order.
+func (r *Registry) List() []Instance {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Instance, 0, len(r.order))
+	for _, id := range r.order {
+		out = append(out, copyInst(r.byID[id].inst))
+	}
+	return out
+}
+
+// Len is the number of registered instances.
+func (r *Registry) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.order)
+}
+
+// Random returns a uniformly random instance, false when the fleet is empty.
+func (r *Registry) Random() (Instance, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.order) == 0 {
+		return Instance{}, false
+	}
+	return copyInst(r.byID[r.order[mrand.IntN(len(r.order))]].inst), true
+}
+
+// SweepStale deregisters every instance silent for strictly longer than
+// timeout and returns their ids.
+func (r *Registry) SweepStale(timeout time.Duration) []string {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var gone []string
+	for _, id := range append([]string(nil), r.order...) {
+		if now.Sub(r.byID[id].lastHeartbeat) > timeout {
+			r.removeLocked(id)
+			gone = append(gone, id)
+		}
+	}
+	return gone
+}
+
+func copyInst(in Instance) Instance {
+	md := make(map[string]string, len(in.Metadata))
+	for k, v := range in.Metadata {
+		md[k] = v
+	}
+	in.Metadata = md
+	return in
+}
