@@ -1,0 +1,316 @@
+// Package mpmetrics renders the MP server's Prometheus metrics under
+// upstream's names (research mp_server.md section 6) on a private registry.
+//
+// Engine counters live in the engine as atomics; this package reads a
+// snapshot at scrape time (a custom Collector) instead of double-counting.
+// POST /metrics/reset cannot zero the engine's atomics, so Reset records the
+// current snapshot as a baseline and later scrapes report counters relative
+// to it; gauges are live state and are never reset.
+package mpmetrics
+
+import (
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/lmcache-go/lmcache/internal/engine"
+)
+
+// Namespace prefixes every LMCache metric, as upstream's "lmcache_mp." meter
+// after the OTel→Prometheus translation.
+const Namespace = "lmcache_mp"
+
+// Source returns the engine's counters; nil (or a nil func) means no engine
+// yet, and only the metrics this package owns are exported.
+type Source func() engine.Counters
+
+// Metrics owns the private registry.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	// Lookup counters fed by whoever serves lookups (the ZMQ data path and
+	// POST /api/kv/lookup), labelled {model_name, cache_salt}, in tokens
+	// unless the name says keys.
+	LookupRequestedTokens *prometheus.CounterVec
+	LookupHitTokens       *prometheus.CounterVec
+	LookupHitL1Tokens     *prometheus.CounterVec
+	LookupHitL2Tokens     *prometheus.CounterVec
+	LookupHitL1Keys       *prometheus.CounterVec
+	LookupHitL2Keys       *prometheus.CounterVec
+	Lookups               *prometheus.CounterVec
+	LookupEarlyExit       *prometheus.CounterVec
+
+	// Coordinator event reporting (no upstream equivalent; Go additions).
+	CoordEventsQueued  *Counter
+	CoordEventsDropped *Counter
+	CoordBatchesSent   *Counter
+	CoordBatchesFailed *Counter
+	CoordRegistrations *Counter
+
+	vecs     []interface{ Reset() }
+	resets   []*Counter
+	engine   *engineCollector
+	instance string
+}
+
+// New builds the registry. instanceID is reported on target_info as
+// service_instance_id (upstream's OTel resource attribute).
+func New(instanceID string, src Source) *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry(), instance: instanceID}
+	lookupLabels := []string{"model_name", "cache_salt"}
+	cv := func(name, help string, labels ...string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+		m.reg.MustRegister(v)
+		m.vecs = append(m.vecs, v)
+		return v
+	}
+	m.LookupRequestedTokens = cv(Namespace+"_lookup_requested_tokens_total", "Chunk-aligned tokens asked for by lookups.", lookupLabels...)
+	m.LookupHitTokens = cv(Namespace+"_lookup_hit_tokens_total", "Tokens of the hit prefix.", lookupLabels...)
+	m.LookupHitL1Tokens = cv(Namespace+"_lookup_hit_l1_tokens_total", "Hit-prefix tokens served from L1.", lookupLabels...)
+	m.LookupHitL2Tokens = cv(Namespace+"_lookup_hit_l2_tokens_total", "Hit-prefix tokens loaded from L2.", lookupLabels...)
+	m.LookupHitL1Keys = cv(Namespace+"_lookup_hit_l1_keys_total", "Hit-prefix keys served from L1.", lookupLabels...)
+	m.LookupHitL2Keys = cv(Namespace+"_lookup_hit_l2_keys_total", "Hit-prefix keys loaded from L2.", lookupLabels...)
+	m.Lookups = cv(Namespace+"_lookups_requests_total", "Lookup requests.", lookupLabels...)
+	m.LookupEarlyExit = cv(Namespace+"_lookup_early_exit_requests_total", "Lookups answered without touching storage.", "model_name", "cache_salt", "reason")
+
+	c := func(name, help string) *Counter {
+		rc := &Counter{desc: prometheus.NewDesc(name, help, nil, nil)}
+		m.reg.MustRegister(rc)
+		m.resets = append(m.resets, rc)
+		return rc
+	}
+	m.CoordEventsQueued = c(Namespace+"_coordinator_events_queued_total", "L2 events queued for the coordinator.")
+	m.CoordEventsDropped = c(Namespace+"_coordinator_events_dropped_total", "L2 events dropped because the reporting queue was full or a batch failed.")
+	m.CoordBatchesSent = c(Namespace+"_coordinator_batches_sent_total", "Event batches the coordinator accepted.")
+	m.CoordBatchesFailed = c(Namespace+"_coordinator_batches_failed_total", "Event batches that failed to reach the coordinator.")
+	m.CoordRegistrations = c(Namespace+"_coordinator_registrations_total", "Successful (re-)registrations with the coordinator.")
+
+	m.engine = &engineCollector{src: src}
+	m.reg.MustRegister(m.engine)
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ti := prometheus.NewGauge(prometheus.GaugeOpts{Name: "target_info", Help: "Target metadata.",
+		ConstLabels: prometheus.Labels{"service_name": "lmcache-mp", "service_instance_id": instanceID}})
+	ti.Set(1)
+	m.reg.MustRegister(ti)
+	return m
+}
+
+// SetSource replaces the engine counter source (when the engine becomes ready).
+func (m *Metrics) SetSource(src Source) { m.engine.setSource(src) }
+
+// Registry is the private registry (for tests and extra collectors).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Reset zeroes every counter this package owns and rebases the engine's
+// counters on their current values (POST /metrics/reset).
+func (m *Metrics) Reset() {
+	for _, v := range m.vecs {
+		v.Reset()
+	}
+	for _, c := range m.resets {
+		c.reset()
+	}
+	m.engine.rebase()
+}
+
+// Counter is a counter that can go back to zero, which prometheus.Counter
+// cannot. It is safe for concurrent use.
+type Counter struct {
+	desc *prometheus.Desc
+	mu   sync.Mutex
+	v    float64
+}
+
+// Inc adds one.
+func (c *Counter) Inc() { c.Add(1) }
+
+// Add adds f, which must not be negative.
+func (c *Counter) Add(f float64) {
+	if f < 0 {
+		panic("counter cannot decrease")
+	}
+	c.mu.Lock()
+	c.v += f
+	c.mu.Unlock()
+}
+func (c *Counter) reset() {
+	c.mu.Lock()
+	c.v = 0
+	c.mu.Unlock()
+}
+
+// Value is the current value.
+func (c *Counter) Value() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.v
+}
+func (c *Counter) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *Counter) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, c.Value())
+}
+
+// engineCollector exports engine.Counters snapshots.
+type engineCollector struct {
+	mu   sync.Mutex
+	src  Source
+	base *engine.Counters
+}
+
+func (e *engineCollector) setSource(s Source) {
+	e.mu.Lock()
+	e.src = s
+	e.base = nil
+	e.mu.Unlock()
+}
+
+func (e *engineCollector) rebase() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.src == nil {
+		return
+	}
+	c := e.src()
+	e.base = &c
+}
+
+// Describe sends nothing: the collector is unchecked because the label
+// values (salts, adapters) are only known at scrape time.
+func (e *engineCollector) Describe(chan<- *prometheus.Desc) {}
+
+type desc struct {
+	name, help string
+	labels     []string
+}
+
+var (
+	dL1Used       = desc{"l1_memory_usage_bytes", "L1 bytes in use.", nil}
+	dL1Ratio      = desc{"l1_usage_ratio", "L1 used/total (0 when total is 0).", nil}
+	dL1Staging    = desc{"l1_staging_bytes", "L1 bytes held by uncommitted writes.", nil}
+	dL1Read       = desc{"l1_read_chunks_total", "L1 objects read-locked.", []string{"cache_salt"}}
+	dL1Write      = desc{"l1_write_chunks_total", "L1 objects committed.", []string{"cache_salt"}}
+	dL1Evicted    = desc{"l1_evicted_chunks_total", "L1 objects evicted.", []string{"cache_salt"}}
+	dTicks        = desc{"l1_eviction_loop_ticks_total", "L1 eviction loop cycles.", nil}
+	dTriggered    = desc{"l1_eviction_loop_triggered_total", "L1 eviction cycles that evicted.", nil}
+	dAllocFail    = desc{"l1_allocation_failure_total", "L1 allocation failures.", []string{"during"}}
+	dReadFail     = desc{"l1_read_failure_total", "L1 read failures.", []string{"during", "reason"}}
+	dPrefFail     = desc{"l2_prefetch_failure_total", "L2 prefetch failures.", []string{"reason"}}
+	dActiveJobs   = desc{"active_prefetch_jobs", "Prefetch jobs in flight.", nil}
+	dPrefReq      = desc{"prefetch_requests_total", "Prefetch jobs submitted.", nil}
+	dPrefHit      = desc{"prefetch_hit_chunks_total", "Prefetched chunks found, by tier.", []string{"tier"}}
+	dPrefMiss     = desc{"prefetch_miss_chunks_total", "Prefetched chunks not found.", nil}
+	dL2Lookup     = desc{"l2_prefetch_lookup_requests_total", "Lookup requests sent to L2.", nil}
+	dL2LookupObj  = desc{"l2_prefetch_lookup_objects_chunks_total", "Objects looked up in L2.", []string{"cache_salt"}}
+	dL2LoadSub    = desc{"l2_prefetch_load_submitted_requests_total", "L2 load requests submitted.", nil}
+	dL2LoadSubObj = desc{"l2_prefetch_load_submitted_objects_chunks_total", "Objects submitted for L2 load.", []string{"cache_salt"}}
+	dL2LoadDone   = desc{"l2_prefetch_load_completed_chunks_total", "Objects loaded from L2.", []string{"cache_salt"}}
+	dStoreSubObj  = desc{"l2_store_submitted_objects_chunks_total", "Objects submitted for L2 store.", []string{"cache_salt"}}
+	dStoreDoneObj = desc{"l2_store_completed_objects_chunks_total", "Objects stored to L2.", []string{"cache_salt"}}
+	dL2EvictedObj = desc{"l2_evicted_objects_chunks_total", "Objects evicted from L2.", []string{"cache_salt"}}
+	dStoreSub     = desc{"l2_store_submitted_requests_total", "L2 store tasks submitted.", []string{"l2_name"}}
+	dStoreDone    = desc{"l2_store_completed_requests_total", "L2 store tasks completed.", []string{"l2_name"}}
+	dLoadDone     = desc{"l2_load_completed_requests_total", "L2 load tasks completed.", []string{"l2_name"}}
+	dL2Usage      = desc{"l2_usage_bytes", "L2 bytes in use.", []string{"l2_name"}}
+	dInflightSt   = desc{"num_inflight_l2_stores", "L2 store tasks in flight.", []string{"l2_name", "adapter_index"}}
+	dInflightLd   = desc{"num_inflight_l2_loads", "L2 load tasks in flight.", []string{"l2_name", "adapter_index"}}
+)
+
+func (d desc) prom() *prometheus.Desc {
+	return prometheus.NewDesc(Namespace+"_"+d.name, d.help, d.labels, nil)
+}
+
+func (e *engineCollector) Collect(ch chan<- prometheus.Metric) {
+	e.mu.Lock()
+	src, base := e.src, e.base
+	e.mu.Unlock()
+	if src == nil {
+		return
+	}
+	c := src()
+	var b engine.Counters
+	if base != nil {
+		b = *base
+	}
+	gauge := func(d desc, v float64, lv ...string) {
+		ch <- prometheus.MustNewConstMetric(d.prom(), prometheus.GaugeValue, v, lv...)
+	}
+	counter := func(d desc, v, base int64, lv ...string) {
+		n := v - base
+		if n < 0 { // the engine was replaced; report raw
+			n = v
+		}
+		ch <- prometheus.MustNewConstMetric(d.prom(), prometheus.CounterValue, float64(n), lv...)
+	}
+	salted := func(d desc, cur, old map[string]int64) {
+		for _, s := range sortedKeys(cur) {
+			counter(d, cur[s], old[s], s)
+		}
+	}
+	gauge(dL1Used, float64(c.L1UsedBytes))
+	ratio := 0.0
+	if c.L1TotalBytes > 0 {
+		ratio = float64(c.L1UsedBytes) / float64(c.L1TotalBytes)
+	}
+	gauge(dL1Ratio, ratio)
+	gauge(dL1Staging, float64(c.L1StagingBytes))
+	salted(dL1Read, c.L1Read, b.L1Read)
+	salted(dL1Write, c.L1Write, b.L1Write)
+	salted(dL1Evicted, c.L1Evicted, b.L1Evicted)
+	counter(dTicks, c.L1EvictionLoopTicks, b.L1EvictionLoopTicks)
+	counter(dTriggered, c.L1EvictionLoopTriggered, b.L1EvictionLoopTriggered)
+	counter(dAllocFail, c.L1AllocFailuresStore, b.L1AllocFailuresStore, "l1_store")
+	counter(dAllocFail, c.L1AllocFailuresPrefetch, b.L1AllocFailuresPrefetch, "l2_prefetch")
+	counter(dReadFail, c.L1ReadFailuresNotFound, b.L1ReadFailuresNotFound, "l1_retrieve", "not_found")
+	counter(dPrefFail, c.L2PrefetchFailOOM, b.L2PrefetchFailOOM, "l1_oom")
+	gauge(dActiveJobs, float64(c.ActivePrefetchJobs))
+	counter(dPrefReq, c.PrefetchRequests, b.PrefetchRequests)
+	counter(dPrefHit, c.PrefetchHitChunksL1, b.PrefetchHitChunksL1, "l1")
+	counter(dPrefHit, c.PrefetchHitChunksL2, b.PrefetchHitChunksL2, "l2")
+	counter(dPrefMiss, c.PrefetchMissChunks, b.PrefetchMissChunks)
+	counter(dL2Lookup, c.L2PrefetchLookup, b.L2PrefetchLookup)
+	salted(dL2LookupObj, c.L2PrefetchLookupObj, b.L2PrefetchLookupObj)
+	counter(dL2LoadSub, c.L2PrefetchLoadSub, b.L2PrefetchLoadSub)
+	salted(dL2LoadSubObj, c.L2PrefetchLoadSubObj, b.L2PrefetchLoadSubObj)
+	salted(dL2LoadDone, c.L2PrefetchLoadDone, b.L2PrefetchLoadDone)
+	salted(dStoreSubObj, c.L2StoreSubmittedObj, b.L2StoreSubmittedObj)
+	salted(dStoreDoneObj, c.L2StoreCompletedObj, b.L2StoreCompletedObj)
+	salted(dL2EvictedObj, c.L2EvictedObj, b.L2EvictedObj)
+	seen := map[string]bool{}
+	for i, a := range c.L2 {
+		var ob engine.L2Counters
+		if i < len(b.L2) {
+			ob = b.L2[i]
+		}
+		name := a.TypeName
+		if seen[name] { // duplicate type names would collide as label sets
+			name += "_" + strconv.Itoa(a.Index)
+		}
+		seen[name] = true
+		idx := strconv.Itoa(a.Index)
+		counter(dStoreSub, a.StoreSubmitted, ob.StoreSubmitted, name)
+		counter(dStoreDone, a.StoreCompleted, ob.StoreCompleted, name)
+		counter(dLoadDone, a.LoadCompleted, ob.LoadCompleted, name)
+		gauge(dL2Usage, float64(a.UsageBytes), name)
+		gauge(dInflightSt, float64(a.InflightStores), name, idx)
+		gauge(dInflightLd, float64(a.InflightLoads), name, idx)
+	}
+}
+
+func sortedKeys(m map[string]int64) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
