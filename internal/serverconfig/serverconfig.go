@@ -1,0 +1,265 @@
+// Package serverconfig holds every flag of `lmcache server`, with upstream's
+// names, defaults and environment fallbacks, its validation, and the
+// grouped view GET /config reports (mp, storage_manager, observability,
+// http, coordinator).
+//
+// Precedence is upstream's: flag > deprecated flag > environment > default.
+package serverconfig
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+)
+
+// GiB is what upstream means by GB in flags: 2^30 bytes.
+const GiB = 1 << 30
+
+// DefaultL1SizeGB is the embedded default L1 size. Upstream requires
+// --l1-size-gb; a bare `lmcache server` here starts with a modest pool.
+const DefaultL1SizeGB = 1.0
+
+// Config is the parsed command line of `lmcache server`.
+type Config struct {
+	// mp group: the request (ZMQ) server.
+	Host                     string
+	Port                     int
+	InstanceID               string
+	ChunkSize                int
+	HashAlgorithm            string
+	HashRootHex              string
+	EngineType               string
+	SupportedTransferMode    string
+	WireProfile              string
+	Transport                string
+	SHMName                  string
+	MaxWorkers               int
+	ScriptAllowedImports     []string
+	RunScriptAPIEnabled      bool
+	WorkerReapTimeoutSeconds float64
+	WorkerRegistrationGrace  float64
+	SessionTTLSeconds        float64
+	SeparateObjectGroups     bool
+
+	// http group.
+	HTTPHost      string
+	HTTPPort      int
+	HTTPAuthToken string
+	RegisterModel []string
+	LogFormat     string
+	LogLevel      string
+	EnvShowSecret bool
+
+	// storage_manager group.
+	L1SizeGB                float64
+	L1UseLazy               bool
+	L1InitSizeGB            float64
+	L1AlignBytes            int
+	L1UseHugepages          bool
+	SHMMode                 string
+	L1WriteTTLSeconds       float64
+	L1ReadTTLSeconds        float64
+	EvictionPolicy          string
+	EvictionWatermark       float64
+	EvictionRatio           float64
+	L2StorePolicy           string
+	L2PrefetchPolicy        string
+	L2PrefetchMaxInFlight   int
+	L2PrefetchLoadTimeout   float64
+	PeriodicNotifierMS      int
+	L2Adapters              []string
+	L2StoreMaxRetries       int
+	L2StoreRetryBackoffSecs float64
+
+	// observability group.
+	DisableObservability bool
+	DisableMetrics       bool
+	DisableLogging       bool
+	EnableTracing        bool
+	OTLPEndpoint         string
+	EventBusQueueSize    int
+	MetricsSampleRate    float64
+	PrometheusPort       int
+	TraceLevel           string
+
+	// coordinator group.
+	CoordinatorURL                string
+	CoordinatorAdvertiseIP        string
+	CoordinatorHeartbeatInterval  float64
+	CoordinatorEventReporting     bool
+	CoordinatorEventFlushInterval float64
+
+	reg *registry
+}
+
+// Group names as GET /config reports them.
+const (
+	GroupMP            = "mp"
+	GroupHTTP          = "http"
+	GroupStorage       = "storage_manager"
+	GroupObservability = "observability"
+	GroupCoordinator   = "coordinator"
+)
+
+// ErrHelp is returned by Parse when --help was asked for; the help text has
+// been written and the binary exits 0.
+var ErrHelp = flag.ErrHelp
+
+// Parse parses args (without the subcommand) with the process environment.
+func Parse(args []string, help io.Writer) (*Config, error) {
+	return ParseEnv(args, osLookupEnv, help)
+}
+
+// ParseEnv is Parse with an explicit environment, for tests.
+func ParseEnv(args []string, lookupEnv func(string) (string, bool), help io.Writer) (*Config, error) {
+	c := &Config{}
+	r := c.register()
+	err := r.parse(args, lookupEnv)
+	if errors.Is(err, flag.ErrHelp) {
+		r.printHelp(help, "Usage: lmcache server [flags]\n\nThe LMCache multiprocess KV-cache server.")
+		return nil, ErrHelp
+	}
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Groups is the configuration as GET /config shows it.
+func (c *Config) Groups() map[string]map[string]any { return c.reg.groups() }
+
+// L1SizeBytes is --l1-size-gb in bytes, truncated as upstream's int(gb*2^30).
+func (c *Config) L1SizeBytes() int64 { return int64(c.L1SizeGB * GiB) }
+
+// L1InitSizeBytes is --l1-init-size-gb in bytes, capped at the L1 size.
+func (c *Config) L1InitSizeBytes() int64 {
+	return min(int64(c.L1InitSizeGB*GiB), c.L1SizeBytes())
+}
+
+func (c *Config) register() *registry {
+	r := newRegistry("server")
+	c.reg = r
+	mp, h, sm, ob, co := GroupMP, GroupHTTP, GroupStorage, GroupObservability, GroupCoordinator
+
+	// mp
+	r.str(&c.Host, "host", "host", mp, "", "localhost", "host the ZMQ request server binds")
+	r.intv(&c.Port, "port", "port", mp, "", 5555, "port of the ZMQ request server").validate = port(&c.Port)
+	r.str(&c.InstanceID, "instance-id", "instance_id", mp, "", "", "instance id for the coordinator (empty: a random UUID)")
+	r.intv(&c.ChunkSize, "chunk-size", "chunk_size", mp, "", 256, "tokens per chunk").validate = atLeast(&c.ChunkSize, 1)
+	r.str(&c.HashAlgorithm, "hash-algorithm", "hash_algorithm", mp, "", "blake3", "token hash algorithm: blake3 or sha256_cbor").validate = oneOf(&c.HashAlgorithm, "blake3", "sha256_cbor", "sha256_cbor_64bit")
+	r.str(&c.HashRootHex, "hash-root-hex", "hash_root_hex", mp, "LMCACHE_HASH_ROOT_HEX", "", "override the root (none) hash, hex; empty: upstream's fallback H(0,[0])").validate = func() error {
+		for _, ch := range strings.ToLower(c.HashRootHex) {
+			if !strings.ContainsRune("0123456789abcdef", ch) {
+				return fmt.Errorf("must be hex (got %q)", c.HashRootHex)
+			}
+		}
+		if len(c.HashRootHex)%2 != 0 {
+			return fmt.Errorf("must have an even number of hex digits (got %d)", len(c.HashRootHex))
+		}
+		return nil
+	}
+	r.str(&c.EngineType, "engine-type", "engine_type", mp, "", "default", "engine type: default (blend is not supported)").validate = oneOf(&c.EngineType, "default")
+	r.str(&c.SupportedTransferMode, "supported-transfer-mode", "supported_transfer_mode", mp, "", "auto", "auto, engine_driven or lmcache_driven; this server serves engine_driven (auto behaves as engine_driven)").validate = oneOf(&c.SupportedTransferMode, "auto", "engine_driven", "lmcache_driven")
+	r.str(&c.WireProfile, "wire-profile", "wire_profile", mp, "", "auto", "ZMQ RequestType numbering: auto (per connection), gen2m or gen3").validate = oneOf(&c.WireProfile, "auto", "gen2m", "gen3")
+	r.str(&c.Transport, "transport", "transport", mp, "", "zmq", "request transport (only zmq)").validate = oneOf(&c.Transport, "zmq")
+	r.str(&c.SHMName, "shm-name", "shm_name", mp, "", "", "name of the L1 shared-memory pool under /dev/shm (prefixed lmcache_l1_pool_); empty: private memory")
+	r.intv(&c.MaxWorkers, "max-workers", "max_workers", mp, "", 1, "request worker goroutines per transfer kind").validate = atLeast(&c.MaxWorkers, 1)
+	r.list(&c.ScriptAllowedImports, "script-allowed-imports", "script_allowed_imports", mp, "modules POST /run_script may load", true)
+	r.boolFlag(&c.RunScriptAPIEnabled, "run-script-api-enabled", "run_script_api_enabled", mp, "", "enable POST /run_script")
+	r.float(&c.WorkerReapTimeoutSeconds, "worker-reap-timeout-seconds", "worker_reap_timeout_seconds", mp, "", 120, "reap workers silent this long; 0 disables").validate = func() error {
+		v := c.WorkerReapTimeoutSeconds
+		if v != 0 && (v < 30 || math.IsInf(v, 0) || math.IsNaN(v)) {
+			return fmt.Errorf("must be 0 or finite and >= 30 (got %v)", v)
+		}
+		return nil
+	}
+	r.float(&c.WorkerRegistrationGrace, "worker-registration-grace-seconds", "worker_registration_grace_seconds", mp, "", 3600, "grace before an idle registration may be reaped").validate = func() error {
+		if c.WorkerRegistrationGrace < c.WorkerReapTimeoutSeconds {
+			return fmt.Errorf("must be >= --worker-reap-timeout-seconds (got %v < %v)", c.WorkerRegistrationGrace, c.WorkerReapTimeoutSeconds)
+		}
+		return nil
+	}
+	r.float(&c.SessionTTLSeconds, "session-ttl-seconds", "session_ttl_seconds", mp, "", 600, "drop lookup sessions idle this long").validate = positiveFinite(&c.SessionTTLSeconds)
+	r.boolPair(&c.SeparateObjectGroups, "separate-object-groups", "separate_object_groups", mp, "", false, "store hybrid-model object groups separately")
+
+	// http
+	r.str(&c.HTTPHost, "http-host", "http_host", h, "", "127.0.0.1", "host the HTTP API binds (upstream's older default was 0.0.0.0)")
+	r.intv(&c.HTTPPort, "http-port", "http_port", h, "", 8080, "port of the HTTP API").validate = port(&c.HTTPPort)
+	r.str(&c.HTTPAuthToken, "http-auth-token", "", h, "LMCACHE_HTTP_AUTH_TOKEN", "", "bearer token required by mutating and sensitive routes; empty: no auth").def = `""`
+	r.list(&c.RegisterModel, "register-model", "register_model", h, `static model layout JSON {"model_name","world_size","num_layers","hidden_size","dtype"} (repeatable)`, false)
+	r.str(&c.LogFormat, "log-format", "log_format", h, "LMCACHE_LOG_FORMAT", "text", "log format: text or json").validate = oneOf(&c.LogFormat, "text", "json")
+	r.str(&c.LogLevel, "log-level", "log_level", h, "LMCACHE_LOG_LEVEL", "INFO", "log level: DEBUG, INFO, WARNING, ERROR").validate = func() error {
+		c.LogLevel = strings.ToUpper(c.LogLevel)
+		return oneOf(&c.LogLevel, "DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL")()
+	}
+	r.boolFlag(&c.EnvShowSecret, "env-show-secrets", "env_show_secrets", h, "", "GET /env shows values whose names look secret")
+
+	// storage_manager
+	r.float(&c.L1SizeGB, "l1-size-gb", "l1_size_gb", sm, "", DefaultL1SizeGB, "L1 size in GiB").validate = positiveFinite(&c.L1SizeGB)
+	r.boolPair(&c.L1UseLazy, "l1-use-lazy", "l1_use_lazy", sm, "", true, "grow the L1 pool on demand (ignored with --shm-name, which maps it whole)")
+	r.float(&c.L1InitSizeGB, "l1-init-size-gb", "l1_init_size_gb", sm, "", 20, "initial lazy L1 size in GiB (capped at --l1-size-gb)").validate = positiveFinite(&c.L1InitSizeGB)
+	r.intv(&c.L1AlignBytes, "l1-align-bytes", "l1_align_bytes", sm, "", 4096, "L1 allocation alignment (power of two)").validate = func() error {
+		if a := c.L1AlignBytes; a <= 0 || a&(a-1) != 0 {
+			return fmt.Errorf("must be a power of two (got %d)", a)
+		}
+		return nil
+	}
+	r.boolFlag(&c.L1UseHugepages, "l1-use-hugepages", "l1_use_hugepages", sm, "", "back L1 with 2 MiB huge pages")
+	r.str(&c.SHMMode, "shm-mode", "shm_mode", sm, "", "0600", "file mode of the shared-memory pool (octal)").validate = func() error {
+		if _, err := c.SHMModeBits(); err != nil {
+			return err
+		}
+		return nil
+	}
+	r.float(&c.L1WriteTTLSeconds, "l1-write-ttl-seconds", "l1_write_ttl_seconds", sm, "", 600, "write lease of an L1 object").validate = positiveFinite(&c.L1WriteTTLSeconds)
+	r.float(&c.L1ReadTTLSeconds, "l1-read-ttl-seconds", "l1_read_ttl_seconds", sm, "", 300, "read lease of an L1 object").validate = positiveFinite(&c.L1ReadTTLSeconds)
+	r.str(&c.EvictionPolicy, "eviction-policy", "eviction_policy", sm, "", "LRU", "L1 eviction policy: LRU, IsolatedLRU or noop").validate = oneOf(&c.EvictionPolicy, "LRU", "IsolatedLRU", "noop")
+	r.float(&c.EvictionWatermark, "eviction-trigger-watermark", "eviction_trigger_watermark", sm, "", 0.8, "L1 usage that triggers eviction").validate = inRange(&c.EvictionWatermark, 0, 1, true)
+	r.float(&c.EvictionRatio, "eviction-ratio", "eviction_ratio", sm, "", 0.2, "fraction of tracked keys evicted per cycle").validate = inRange(&c.EvictionRatio, 0, 1, false)
+	r.str(&c.L2StorePolicy, "l2-store-policy", "l2_store_policy", sm, "", "default", "default or skip_l1").validate = oneOf(&c.L2StorePolicy, "default", "skip_l1")
+	r.str(&c.L2PrefetchPolicy, "l2-prefetch-policy", "l2_prefetch_policy", sm, "", "default", "default (temporary) or retain").validate = oneOf(&c.L2PrefetchPolicy, "default", "retain")
+	r.intv(&c.L2PrefetchMaxInFlight, "l2-prefetch-max-in-flight", "l2_prefetch_max_in_flight", sm, "", 8, "concurrent L2 prefetch requests").validate = atLeast(&c.L2PrefetchMaxInFlight, 1)
+	r.float(&c.L2PrefetchLoadTimeout, "l2-prefetch-load-timeout", "l2_prefetch_load_timeout", sm, "", 0, "seconds before an L2 load is abandoned; 0: none").validate = func() error {
+		if v := c.L2PrefetchLoadTimeout; v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+			return fmt.Errorf("must be finite and >= 0 (got %v)", v)
+		}
+		return nil
+	}
+	r.intv(&c.PeriodicNotifierMS, "periodic-notifier-interval-ms", "periodic_notifier_interval_ms", sm, "", 5, "accepted for compatibility").validate = atLeast(&c.PeriodicNotifierMS, 1)
+	r.list(&c.L2Adapters, "l2-adapter", "l2_adapter", sm, `L2 adapter JSON, e.g. {"type":"s3",...} (repeatable; order = cascade order)`, false)
+	r.intv(&c.L2StoreMaxRetries, "l2-store-max-retries", "l2_store_max_retries", sm, "", 5, "attempts of a failed write-behind upload before it is dropped and counted").validate = atLeast(&c.L2StoreMaxRetries, 1)
+	r.float(&c.L2StoreRetryBackoffSecs, "l2-store-retry-backoff-seconds", "l2_store_retry_backoff_seconds", sm, "", 1, "first retry delay of a failed upload; doubles per attempt").validate = positiveFinite(&c.L2StoreRetryBackoffSecs)
+
+	// observability
+	r.boolFlag(&c.DisableObservability, "disable-observability", "disable_observability", ob, "", "disable metrics and event reporting")
+	r.boolFlag(&c.DisableMetrics, "disable-metrics", "disable_metrics", ob, "", "disable GET /metrics collection")
+	r.boolFlag(&c.DisableLogging, "disable-logging", "disable_logging", ob, "", "accepted for compatibility")
+	r.boolFlag(&c.EnableTracing, "enable-tracing", "enable_tracing", ob, "", "accepted for compatibility (tracing is not implemented)")
+	r.str(&c.OTLPEndpoint, "otlp-endpoint", "otlp_endpoint", ob, "", "", "accepted for compatibility")
+	r.intv(&c.EventBusQueueSize, "event-bus-queue-size", "event_bus_queue_size", ob, "", 10000, "bound of the coordinator event queue").validate = atLeast(&c.EventBusQueueSize, 1)
+	r.float(&c.MetricsSampleRate, "metrics-sample-rate", "metrics_sample_rate", ob, "", 0.01, "accepted for compatibility").validate = inRange(&c.MetricsSampleRate, 0, 1, false)
+	r.intv(&c.PrometheusPort, "prometheus-port", "prometheus_port", ob, "", 9090, "ignored by lmcache server (metrics are on the HTTP port), as upstream")
+	r.str(&c.TraceLevel, "trace-level", "trace_level", ob, "", "storage", "accepted for compatibility").validate = oneOf(&c.TraceLevel, "storage", "events")
+
+	// coordinator: flag > deprecated flag > env > default.
+	r.str(&c.CoordinatorURL, "coordinator-url", "coordinator_url", co, "LMCACHE_COORDINATOR_URL", "", "coordinator base URL; empty: not registered")
+	r.str(&c.CoordinatorAdvertiseIP, "coordinator-advertise-ip", "coordinator_advertise_ip", co, "LMCACHE_COORDINATOR_ADVERTISE_IP", "", "IP the coordinator uses to reach this server (empty: the outbound IP)")
+	r.float(&c.CoordinatorHeartbeatInterval, "coordinator-heartbeat-interval", "coordinator_heartbeat_interval", co, "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL", 5, "seconds between heartbeats").validate = positiveFinite(&c.CoordinatorHeartbeatInterval)
+	r.boolFlag(&c.CoordinatorEventReporting, "coordinator-event-reporting", "coordinator_event_reporting", co, "LMCACHE_COORDINATOR_EVENT_REPORTING", "report L2 store, lookup and delete events to the coordinator")
+	r.float(&c.CoordinatorEventFlushInterval, "coordinator-event-flush-interval", "coordinator_event_flush_interval", co, "LMCACHE_COORDINATOR_EVENT_FLUSH_INTERVAL", 1, "seconds between event flushes").validate = positiveFinite(&c.CoordinatorEventFlushInterval)
+	r.alias("coordinator-l2-event-reporting", "coordinator-event-reporting", "LMCACHE_COORDINATOR_L2_EVENT_REPORTING")
+	r.alias("coordinator-l2-event-flush-interval", "coordinator-event-flush-interval", "LMCACHE_COORDINATOR_L2_EVENT_FLUSH_INTERVAL")
+	return r
+}
+
+// SHMModeBits parses --shm-mode as an octal file mode.
+func (c *Config) SHMModeBits() (uint32, error) {
+	var m uint32
+	if _, err := fmt.Sscanf(c.SHMMode, "%o", &m); err != nil || m > 0o777 {
+		return 0, fmt.Errorf("must be an octal file mode such as 0600 (got %q)", c.SHMMode)
+	}
+	return m, nil
+}

@@ -1,0 +1,138 @@
+package serverconfig
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := ParseEnv(nil, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HTTPHost != "127.0.0.1" || c.HTTPPort != 8080 || c.Host != "localhost" || c.Port != 5555 ||
+		c.ChunkSize != 256 || c.HashAlgorithm != "blake3" || c.L1SizeGB != DefaultL1SizeGB ||
+		c.EvictionPolicy != "LRU" || c.EvictionWatermark != 0.8 || c.EvictionRatio != 0.2 ||
+		c.L1ReadTTLSeconds != 300 || c.L1WriteTTLSeconds != 600 || c.L1AlignBytes != 4096 ||
+		!c.L1UseLazy || c.CoordinatorHeartbeatInterval != 5 || len(c.L2Adapters) != 0 {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if c.L1SizeBytes() != 1<<30 || c.L1InitSizeBytes() != 1<<30 {
+		t.Errorf("sizes %d %d", c.L1SizeBytes(), c.L1InitSizeBytes())
+	}
+	g := c.Groups()
+	if g[GroupMP]["chunk_size"] != 256 || g[GroupStorage]["l1_size_gb"] != 1.0 || g[GroupObservability]["event_bus_queue_size"] != 10000 {
+		t.Errorf("groups: %v", g)
+	}
+	if _, leaked := g[GroupHTTP]["http_auth_token"]; leaked {
+		t.Error("auth token must not appear in /config")
+	}
+}
+
+func TestUpstreamCommandLine(t *testing.T) {
+	args := strings.Fields(`--l1-size-gb 100 --eviction-policy IsolatedLRU --chunk-size 512 --http-host 0.0.0.0 --http-port 9000
+		--no-l1-use-lazy --script-allowed-imports math json --run-script-api-enabled
+		--l2-adapter {"type":"fs","base_path":"/tmp/x"} --l2-adapter {"type":"s3"}`)
+	c, err := ParseEnv(args, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.L1SizeBytes() != 100<<30 || c.EvictionPolicy != "IsolatedLRU" || c.ChunkSize != 512 || c.HTTPHost != "0.0.0.0" ||
+		c.HTTPPort != 9000 || c.L1UseLazy || !c.RunScriptAPIEnabled {
+		t.Fatalf("parsed %+v", c)
+	}
+	if strings.Join(c.ScriptAllowedImports, ",") != "math,json" || len(c.L2Adapters) != 2 || c.L2Adapters[1] != `{"type":"s3"}` {
+		t.Fatalf("lists: %q %q", c.ScriptAllowedImports, c.L2Adapters)
+	}
+}
+
+func TestCoordinatorPrecedence(t *testing.T) {
+	e := env(map[string]string{
+		"LMCACHE_COORDINATOR_URL":                     "http://env:9300",
+		"LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL":      "2.5",
+		"LMCACHE_COORDINATOR_L2_EVENT_FLUSH_INTERVAL": "7",
+		"LMCACHE_COORDINATOR_EVENT_REPORTING":         "yes",
+	})
+	c, err := ParseEnv(nil, e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.CoordinatorURL != "http://env:9300" || c.CoordinatorHeartbeatInterval != 2.5 || c.CoordinatorEventFlushInterval != 7 || !c.CoordinatorEventReporting {
+		t.Fatalf("env: %+v", c)
+	}
+	// flag > deprecated flag > env.
+	c, err = ParseEnv([]string{"--coordinator-l2-event-flush-interval", "3", "--coordinator-url", "http://flag"}, e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.CoordinatorEventFlushInterval != 3 || c.CoordinatorURL != "http://flag" {
+		t.Fatalf("deprecated flag: %+v", c)
+	}
+	c, err = ParseEnv([]string{"--coordinator-l2-event-flush-interval", "3", "--coordinator-event-flush-interval", "4"}, e, nil)
+	if err != nil || c.CoordinatorEventFlushInterval != 4 {
+		t.Fatalf("new flag must win: %v %+v", err, c)
+	}
+	c, err = ParseEnv([]string{"--coordinator-l2-event-reporting"}, env(nil), nil)
+	if err != nil || !c.CoordinatorEventReporting {
+		t.Fatalf("deprecated bool flag: %v", err)
+	}
+}
+
+func TestInvalidValuesNameTheFlag(t *testing.T) {
+	cases := []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--eviction-ratio", "2"}, nil, "--eviction-ratio: must satisfy 0 <= x <= 1 (got 2)"},
+		{[]string{"--eviction-trigger-watermark", "0"}, nil, "--eviction-trigger-watermark: must satisfy 0 < x <= 1 (got 0)"},
+		{[]string{"--l1-align-bytes", "3000"}, nil, "--l1-align-bytes: must be a power of two (got 3000)"},
+		{[]string{"--eviction-policy", "FIFO"}, nil, `--eviction-policy: must be one of LRU, IsolatedLRU, noop (got "FIFO")`},
+		{[]string{"--worker-reap-timeout-seconds", "10"}, nil, "--worker-reap-timeout-seconds: must be 0 or finite and >= 30 (got 10)"},
+		{[]string{"--chunk-size", "x"}, nil, `invalid value "x" for flag -chunk-size`},
+		{nil, map[string]string{"LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL": "0"}, "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL: must be finite and > 0 (got 0)"},
+		{nil, map[string]string{"LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL": "abc"}, `environment variable LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL="abc"`},
+		{[]string{"--hash-root-hex", "abc"}, nil, "--hash-root-hex: must have an even number of hex digits (got 3)"},
+		{[]string{"stray"}, nil, `unexpected argument "stray"`},
+		{[]string{"--no-such-flag"}, nil, "flag provided but not defined: -no-such-flag"},
+	}
+	for _, c := range cases {
+		_, err := ParseEnv(c.args, env(c.env), nil)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%v %v: err = %v, want one line containing %q", c.args, c.env, err, c.want)
+		}
+	}
+}
+
+func TestHelpListsEveryFlagWithDefault(t *testing.T) {
+	var buf bytes.Buffer
+	_, err := ParseEnv([]string{"--help"}, env(nil), &buf)
+	if !errors.Is(err, ErrHelp) {
+		t.Fatalf("err = %v", err)
+	}
+	out := buf.String()
+	c := &Config{}
+	r := c.register()
+	for _, e := range r.entries {
+		if e.hidden {
+			if strings.Contains(out, "--"+e.name+"\n") {
+				t.Errorf("deprecated --%s listed", e.name)
+			}
+			continue
+		}
+		if !strings.Contains(out, "--"+e.name) {
+			t.Errorf("--help misses --%s", e.name)
+		}
+	}
+	for _, want := range []string{"--l1-size-gb\n      L1 size in GiB (default 1)", "--l1-use-lazy / --no-l1-use-lazy", `(default "127.0.0.1")`, "env LMCACHE_COORDINATOR_URL"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--help lacks %q", want)
+		}
+	}
+}
