@@ -1,0 +1,220 @@
+// Package bookkeep holds the state every L2 adapter keeps beside its data:
+// adapter-side lock refcounts, keys being deleted, the sizes of objects this
+// process knows about (for usage accounting), and listener fan-out. It is
+// upstream's base-class accounting, shared so each adapter only moves bytes.
+package bookkeep
+
+import (
+	"sync"
+
+	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// Book is safe for concurrent use. One mutex guards locks, sizes and usage;
+// it is never held across I/O. Listeners have their own lock so that a
+// listener registering while events fire does not block the data path.
+type Book struct {
+	mu       sync.Mutex
+	locks    map[objkey.Key]int      // LookupAndLock refcounts
+	deleting map[objkey.Key]struct{} // keys between BeginDelete and EndDelete
+	sizes    map[objkey.Key]int64    // objects counted in usage
+	used     int64
+	bySalt   map[string]int64
+	capacity int64
+
+	lmu       sync.RWMutex
+	listeners []l2.Listener
+}
+
+// New returns a Book with the given capacity (<= 0: unbounded).
+func New(capacity int64) *Book {
+	return &Book{
+		locks:    map[objkey.Key]int{},
+		deleting: map[objkey.Key]struct{}{},
+		sizes:    map[objkey.Key]int64{},
+		bySalt:   map[string]int64{},
+		capacity: capacity,
+	}
+}
+
+// SetCapacity changes the capacity (DAX resize, add, remove).
+func (b *Book) SetCapacity(c int64) {
+	b.mu.Lock()
+	b.capacity = c
+	b.mu.Unlock()
+}
+
+// TryLock takes one lock reference on k unless k is being deleted; a key
+// being deleted must look like a miss so nobody loads a vanishing object.
+func (b *Book) TryLock(k objkey.Key) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, gone := b.deleting[k]; gone {
+		return false
+	}
+	b.locks[k]++
+	return true
+}
+
+// Unlock drops one lock reference per key; extra unlocks are ignored.
+func (b *Book) Unlock(keys []objkey.Key) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, k := range keys {
+		if n := b.locks[k]; n > 1 {
+			b.locks[k] = n - 1
+		} else {
+			delete(b.locks, k)
+		}
+	}
+}
+
+// LockCount is the number of lock references on k.
+func (b *Book) LockCount(k objkey.Key) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.locks[k]
+}
+
+// LockedKeys is the number of distinct locked keys.
+func (b *Book) LockedKeys() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.locks)
+}
+
+// BeginDelete picks the keys of keys that are not locked (nor already being
+// deleted, nor duplicated) and marks them as being deleted. The caller
+// removes them from storage and then calls EndDelete.
+func (b *Book) BeginDelete(keys []objkey.Key) []objkey.Key {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]objkey.Key, 0, len(keys))
+	for _, k := range keys {
+		if b.locks[k] > 0 {
+			continue
+		}
+		if _, dup := b.deleting[k]; dup {
+			continue
+		}
+		b.deleting[k] = struct{}{}
+		out = append(out, k)
+	}
+	return out
+}
+
+// EndDelete clears the deleting marks of all victims and forgets the sizes
+// of those actually removed.
+func (b *Book) EndDelete(victims, removed []objkey.Key) {
+	b.mu.Lock()
+	for _, k := range victims {
+		delete(b.deleting, k)
+	}
+	b.mu.Unlock()
+	b.Forget(removed)
+}
+
+// Stored counts keys[i] with sizes[i]; keys already known are not counted
+// twice (objects are content-addressed).
+func (b *Book) Stored(keys []objkey.Key, sizes []int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, k := range keys {
+		if _, known := b.sizes[k]; known {
+			continue
+		}
+		b.sizes[k] = sizes[i]
+		b.used += sizes[i]
+		b.bySalt[k.CacheSalt] += sizes[i]
+	}
+}
+
+// Forget removes keys from usage, clamping at zero and dropping empty salt
+// buckets, as upstream.
+func (b *Book) Forget(keys []objkey.Key) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, k := range keys {
+		sz, known := b.sizes[k]
+		if !known {
+			continue
+		}
+		delete(b.sizes, k)
+		b.used = max(0, b.used-sz)
+		if left := b.bySalt[k.CacheSalt] - sz; left > 0 {
+			b.bySalt[k.CacheSalt] = left
+		} else {
+			delete(b.bySalt, k.CacheSalt)
+		}
+	}
+}
+
+// Size returns the remembered size of k.
+func (b *Book) Size(k objkey.Key) (int64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, ok := b.sizes[k]
+	return s, ok
+}
+
+// Known returns how many keys are counted in usage.
+func (b *Book) Known() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.sizes)
+}
+
+// Usage is the current accounting.
+func (b *Book) Usage() l2.Usage {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	by := make(map[string]int64, len(b.bySalt))
+	for s, n := range b.bySalt {
+		by[s] = n
+	}
+	return l2.Usage{TotalBytesUsed: b.used, TotalCapacityBytes: b.capacity, BytesByCacheSalt: by}
+}
+
+// AddListener registers l.
+func (b *Book) AddListener(l l2.Listener) {
+	b.lmu.Lock()
+	b.listeners = append(b.listeners, l)
+	b.lmu.Unlock()
+}
+
+func (b *Book) snapshot() []l2.Listener {
+	b.lmu.RLock()
+	defer b.lmu.RUnlock()
+	return b.listeners
+}
+
+// FireStored notifies listeners of stored keys.
+func (b *Book) FireStored(keys []objkey.Key, sizes []int64) {
+	if len(keys) == 0 {
+		return
+	}
+	for _, l := range b.snapshot() {
+		l.OnStored(keys, sizes)
+	}
+}
+
+// FireAccessed notifies listeners of lookup hits.
+func (b *Book) FireAccessed(keys []objkey.Key) {
+	if len(keys) == 0 {
+		return
+	}
+	for _, l := range b.snapshot() {
+		l.OnAccessed(keys)
+	}
+}
+
+// FireDeleted notifies listeners of removed keys.
+func (b *Book) FireDeleted(keys []objkey.Key) {
+	if len(keys) == 0 {
+		return
+	}
+	for _, l := range b.snapshot() {
+		l.OnDeleted(keys)
+	}
+}

@@ -1,0 +1,383 @@
+// Package fs is the "fs" L2 adapter: one file per object under a base
+// directory, named by upstream's FS codec (objkey.Key.FSName) and holding the
+// raw object bytes, so a directory can be shared with Python servers.
+//
+// Writes go to a hidden temp file and are renamed into place, so a crash
+// never leaves a torn object under a real name. Concurrency: every public
+// method may run concurrently; file operations take no adapter lock, and the
+// bookkeeping (locks, usage) lives in a bookkeep.Book. closeMu is held for
+// reading by every operation so Close waits for in-flight calls.
+package fs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/l2/bookkeep"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// tmpPrefix marks our temp files; they never end in ".data", so neither we
+// nor upstream mistake them for objects.
+const tmpPrefix = ".lmcache-tmp-"
+
+// staleTmpAge is how old a temp file must be before recovery deletes it;
+// younger ones may belong to another live server sharing the directory.
+const staleTmpAge = time.Hour
+
+// Adapter is the fs adapter.
+type Adapter struct {
+	cfg    Config
+	tmpDir string
+	book   *bookkeep.Book
+
+	closeMu sync.RWMutex
+	closed  bool
+
+	recoveredKeys  []objkey.Key
+	recoveredSizes []int64
+}
+
+var _ l2.Adapter = (*Adapter)(nil)
+
+// New creates the directories and, with RecoverOnStart, scans BasePath so
+// files left by earlier runs (or other servers) count toward usage.
+func New(cfg Config) (*Adapter, error) {
+	if cfg.BasePath == "" {
+		return nil, errors.New("fs: base_path is required")
+	}
+	if err := os.MkdirAll(cfg.BasePath, 0o755); err != nil {
+		return nil, fmt.Errorf("fs: create base_path: %w", err)
+	}
+	a := &Adapter{cfg: cfg, tmpDir: cfg.BasePath, book: bookkeep.New(cfg.MaxCapacityBytes)}
+	if cfg.RelativeTmpDir != "" {
+		a.tmpDir = filepath.Join(cfg.BasePath, cfg.RelativeTmpDir)
+		if err := os.MkdirAll(a.tmpDir, 0o755); err != nil {
+			return nil, fmt.Errorf("fs: create relative_tmp_dir: %w", err)
+		}
+	}
+	if cfg.RecoverOnStart {
+		if err := a.recover(); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+func (a *Adapter) recover() error {
+	ents, err := os.ReadDir(a.cfg.BasePath)
+	if err != nil {
+		return fmt.Errorf("fs: scan base_path: %w", err)
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		k, err := objkey.ParseFSName(e.Name())
+		if err != nil {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue
+		}
+		a.recoveredKeys = append(a.recoveredKeys, k)
+		a.recoveredSizes = append(a.recoveredSizes, info.Size())
+	}
+	a.book.Stored(a.recoveredKeys, a.recoveredSizes)
+	a.removeStaleTemps()
+	return nil
+}
+
+func (a *Adapter) removeStaleTemps() {
+	ents, err := os.ReadDir(a.tmpDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), tmpPrefix) {
+			continue
+		}
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > staleTmpAge {
+			_ = os.Remove(filepath.Join(a.tmpDir, e.Name()))
+		}
+	}
+}
+
+// Recovered returns the objects found by the start-up scan, for seeding an
+// eviction policy (upstream seeds eviction listeners only, not reporting).
+func (a *Adapter) Recovered() ([]objkey.Key, []int64) { return a.recoveredKeys, a.recoveredSizes }
+
+// Path is the file that holds k.
+func (a *Adapter) Path(k objkey.Key) string { return filepath.Join(a.cfg.BasePath, k.FSName()) }
+
+// TypeName implements l2.Adapter.
+func (a *Adapter) TypeName() string { return TypeName }
+
+func (a *Adapter) enter() error {
+	a.closeMu.RLock()
+	if a.closed {
+		a.closeMu.RUnlock()
+		return fmt.Errorf("fs: %w: closed", l2.ErrUnavailable)
+	}
+	return nil
+}
+
+func (a *Adapter) leave() { a.closeMu.RUnlock() }
+
+// Store implements l2.Adapter; it stops at the first failure.
+func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) error {
+	if len(keys) != len(objs) {
+		return fmt.Errorf("fs: store: %d keys but %d objects", len(keys), len(objs))
+	}
+	if err := a.enter(); err != nil {
+		return err
+	}
+	defer a.leave()
+	sizes := make([]int64, len(keys))
+	for i, k := range keys {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("fs: store: %w", err)
+		}
+		if err := a.writeAtomic(a.Path(k), objs[i]); err != nil {
+			return err
+		}
+		sizes[i] = int64(len(objs[i]))
+	}
+	a.book.Stored(keys, sizes)
+	a.book.FireStored(keys, sizes)
+	return nil
+}
+
+func (a *Adapter) writeAtomic(dst string, data []byte) error {
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := filepath.Join(a.tmpDir, tmpPrefix+hex.EncodeToString(rnd[:]))
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("fs: store: %w", err)
+	}
+	_, werr := f.Write(data)
+	if werr == nil && a.cfg.Fsync {
+		werr = f.Sync()
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(tmp, dst)
+	}
+	if werr != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("fs: store %s: %w", filepath.Base(dst), werr)
+	}
+	return nil
+}
+
+// LookupAndLock implements l2.Adapter: a hit is a non-empty file.
+func (a *Adapter) LookupAndLock(ctx context.Context, keys []objkey.Key) ([]bool, error) {
+	hits := make([]bool, len(keys))
+	if err := a.enter(); err != nil {
+		return hits, err
+	}
+	defer a.leave()
+	var accessed []objkey.Key
+	for i, k := range keys {
+		info, err := os.Stat(a.Path(k))
+		if err != nil || !info.Mode().IsRegular() || info.Size() == 0 {
+			continue
+		}
+		if a.book.TryLock(k) {
+			hits[i] = true
+			accessed = append(accessed, k)
+		}
+	}
+	a.book.FireAccessed(accessed)
+	return hits, nil
+}
+
+// Unlock implements l2.Adapter.
+func (a *Adapter) Unlock(keys []objkey.Key) { a.book.Unlock(keys) }
+
+// Load implements l2.Adapter. A file whose size differs from the destination
+// buffer is reported as not loaded rather than half-filling the buffer.
+func (a *Adapter) Load(ctx context.Context, keys []objkey.Key, dst [][]byte) ([]bool, error) {
+	ok := make([]bool, len(keys))
+	if len(keys) != len(dst) {
+		return ok, fmt.Errorf("fs: load: %d keys but %d buffers", len(keys), len(dst))
+	}
+	if err := a.enter(); err != nil {
+		return ok, err
+	}
+	defer a.leave()
+	for i, k := range keys {
+		if err := ctx.Err(); err != nil {
+			return ok, fmt.Errorf("fs: load: %w", err)
+		}
+		ok[i] = a.loadOne(a.Path(k), dst[i])
+	}
+	return ok, nil
+}
+
+func (a *Adapter) loadOne(path string, dst []byte) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil || info.Size() != int64(len(dst)) {
+		return false
+	}
+	_, err = io.ReadFull(f, dst)
+	return err == nil
+}
+
+// Delete implements l2.Adapter. A file that is already gone is not
+// reported as deleted.
+func (a *Adapter) Delete(ctx context.Context, keys []objkey.Key) ([]objkey.Key, error) {
+	if err := a.enter(); err != nil {
+		return nil, err
+	}
+	defer a.leave()
+	victims := a.book.BeginDelete(keys)
+	removed := make([]objkey.Key, 0, len(victims))
+	var firstErr error
+	for _, k := range victims {
+		err := os.Remove(a.Path(k))
+		switch {
+		case err == nil:
+			removed = append(removed, k)
+		case errors.Is(err, fs.ErrNotExist):
+		default:
+			if firstErr == nil {
+				firstErr = fmt.Errorf("fs: delete: %w", err)
+			}
+		}
+	}
+	a.book.EndDelete(victims, removed)
+	a.book.FireDeleted(removed)
+	return removed, firstErr
+}
+
+// List implements l2.Adapter (upstream's fs adapter cannot list; this one
+// can because names decode to keys). The page token is the last file name
+// returned, base64url-encoded; pages are in file-name order.
+func (a *Adapter) List(ctx context.Context, modelName string, pageSize int, pageToken string) (l2.Page, error) {
+	if err := a.enter(); err != nil {
+		return l2.Page{}, err
+	}
+	defer a.leave()
+	if pageSize <= 0 {
+		pageSize = 1000
+	}
+	after := ""
+	if pageToken != "" {
+		b, err := base64.RawURLEncoding.DecodeString(pageToken)
+		if err != nil {
+			return l2.Page{}, fmt.Errorf("fs: list: invalid page token: %w", err)
+		}
+		after = string(b)
+	}
+	ents, err := os.ReadDir(a.cfg.BasePath) // sorted by name
+	if err != nil {
+		return l2.Page{}, fmt.Errorf("fs: list: %w", err)
+	}
+	var page l2.Page
+	last := ""
+	for _, e := range ents {
+		if e.Name() <= after || !e.Type().IsRegular() {
+			continue
+		}
+		k, err := objkey.ParseFSName(e.Name())
+		if err != nil || (modelName != "" && k.ModelName != modelName) {
+			continue
+		}
+		if len(page.Entries) == pageSize {
+			page.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(last))
+			break
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue // deleted since ReadDir
+		}
+		page.Entries = append(page.Entries, l2.Entry{Key: k, SizeBytes: info.Size()})
+		last = e.Name()
+	}
+	return page, nil
+}
+
+// Usage implements l2.Adapter.
+func (a *Adapter) Usage() l2.Usage { return a.book.Usage() }
+
+// Status implements l2.Adapter.
+func (a *Adapter) Status() map[string]any {
+	a.closeMu.RLock()
+	closed := a.closed
+	a.closeMu.RUnlock()
+	u := a.book.Usage()
+	return map[string]any{
+		"is_healthy":         !closed,
+		"type":               "FSL2Adapter",
+		"base_path":          a.cfg.BasePath,
+		"current_size_bytes": u.TotalBytesUsed,
+		"max_capacity_bytes": u.TotalCapacityBytes,
+		"num_objects":        a.book.Known(),
+		"locked_key_count":   a.book.LockedKeys(),
+	}
+}
+
+// AddListener implements l2.Adapter.
+func (a *Adapter) AddListener(l l2.Listener) { a.book.AddListener(l) }
+
+// Close waits for in-flight calls. With persist_enabled false it removes the
+// files this process knows about (stored or recovered), as upstream does at
+// shutdown.
+func (a *Adapter) Close() error {
+	a.closeMu.Lock()
+	defer a.closeMu.Unlock()
+	if a.closed {
+		return nil
+	}
+	a.closed = true
+	if a.cfg.PersistEnabled {
+		return nil
+	}
+	var errs []error
+	for _, e := range a.knownNames() {
+		if err := os.Remove(filepath.Join(a.cfg.BasePath, e)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (a *Adapter) knownNames() []string {
+	ents, err := os.ReadDir(a.cfg.BasePath)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		k, err := objkey.ParseFSName(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, known := a.book.Size(k); known {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
