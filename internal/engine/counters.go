@@ -40,11 +40,17 @@ type Counters struct {
 	L1WriteLeasesExpired int64
 
 	// Prefetch jobs.
-	ActivePrefetchJobs   int64            // active_prefetch_jobs gauge
-	PrefetchRequests     int64            // prefetch_requests
-	PrefetchHitChunksL1  int64            // prefetch_hit_chunks{tier=l1}
-	PrefetchHitChunksL2  int64            // prefetch_hit_chunks{tier=l2}
-	PrefetchMissChunks   int64            // prefetch_miss_chunks
+	ActivePrefetchJobs  int64 // active_prefetch_jobs gauge
+	PrefetchRequests    int64 // prefetch_requests
+	PrefetchHitChunksL1 int64 // prefetch_hit_chunks{tier=l1}
+	PrefetchHitChunksL2 int64 // prefetch_hit_chunks{tier=l2}
+	PrefetchMissChunks  int64 // prefetch_miss_chunks
+	// PrefetchDropped counts jobs whose L2 phase never ran because the job
+	// queue was full (they complete with the L1 result only);
+	// PrefetchReaped counts finished jobs nobody polled within
+	// prefetchResultTTL, discarded to bound memory.
+	PrefetchDropped      int64
+	PrefetchReaped       int64
 	L2PrefetchLookup     int64            // l2_prefetch_lookup (requests sent to L2)
 	L2PrefetchLookupObj  map[string]int64 // l2_prefetch_lookup_objects{cache_salt}
 	L2PrefetchLoadSub    int64            // l2_prefetch_load_submitted
@@ -135,6 +141,7 @@ type stats struct {
 	activeJobs, prefetchRequests            atomic.Int64
 	hitL1, hitL2, miss                      atomic.Int64
 	l2Lookup, l2LoadSub, prefetchOOM        atomic.Int64
+	prefetchDropped, prefetchReaped         atomic.Int64
 	l2LookupObj, l2LoadSubObj, l2LoadDone   saltCounts
 	storeSubObj, storeDoneObj, l2EvictedObj saltCounts
 	storeDropped                            atomic.Int64

@@ -1,90 +1,608 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/lmcache-go/lmcache/internal/eviction"
 	"github.com/lmcache-go/lmcache/internal/l1"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/quota"
 )
 
-var errNotImplemented = errors.New("engine: not implemented yet")
+// Defaults (upstream's unless noted).
+const (
+	DefaultAlignBytes       = 4096
+	DefaultReadTTL          = 300 * time.Second
+	DefaultWriteTTL         = 600 * time.Second
+	DefaultWatermark        = 0.8
+	DefaultEvictionRatio    = 0.2
+	DefaultEvictionInterval = time.Second
+	DefaultMaxInFlight      = 8
+	DefaultInitSizeBytes    = 20 * GiB
+	// Ours: bounded write-behind retries (upstream does not retry).
+	DefaultStoreMaxAttempts = 8
+	DefaultStoreRetryBase   = 100 * time.Millisecond
+	DefaultStoreRetryMax    = 30 * time.Second
+)
 
 // Engine is the storage manager. Build it with New.
 type Engine struct {
 	cfg      Config
 	log      *slog.Logger
 	pool     *l1.Pool
+	table    *l1.Table
 	quotas   *quota.Manager
 	adapters []l2.Adapter
-	ready    atomic.Bool
-	st       stats
+	l2pol    []*eviction.Locked // per adapter; nil = no L2 eviction
+
+	running atomic.Bool // Run was called
+	ready   atomic.Bool // Run is serving
+	stopped atomic.Bool // Run returned; no new background work
+
+	st stats
+
+	layoutMu sync.RWMutex
+	layoutsM map[layoutKey]Layout
+
+	listenMu  sync.RWMutex
+	listeners []L1Listener
+
+	store *storeCtl
+	pf    *prefetchCtl
+	seq   atomic.Uint64 // unique writer tags for Put/Get
+}
+
+type layoutKey struct {
+	model string
+	world int
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.L1SizeBytes <= 0 {
+		return c, fmt.Errorf("%w: L1 size must be positive (got %d bytes)", ErrInvalid, c.L1SizeBytes)
+	}
+	if c.L1AlignBytes == 0 {
+		c.L1AlignBytes = DefaultAlignBytes
+	}
+	if c.L1AlignBytes < 0 || c.L1AlignBytes&(c.L1AlignBytes-1) != 0 {
+		return c, fmt.Errorf("%w: --l1-align-bytes must be a power of two (got %d)", ErrInvalid, c.L1AlignBytes)
+	}
+	if c.L1InitSizeBytes == 0 {
+		c.L1InitSizeBytes = DefaultInitSizeBytes
+	}
+	c.L1ReadTTL = cmp.Or(c.L1ReadTTL, DefaultReadTTL)
+	c.L1WriteTTL = cmp.Or(c.L1WriteTTL, DefaultWriteTTL)
+	if c.L1ReadTTL < 0 || c.L1WriteTTL < 0 {
+		return c, fmt.Errorf("%w: lease TTLs must be positive", ErrInvalid)
+	}
+	c.EvictionPolicy = cmp.Or(c.EvictionPolicy, PolicyLRU)
+	if _, err := eviction.New(c.EvictionPolicy); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	c.EvictionTriggerWatermark = cmp.Or(c.EvictionTriggerWatermark, DefaultWatermark)
+	c.EvictionRatio = cmp.Or(c.EvictionRatio, DefaultEvictionRatio)
+	if c.EvictionTriggerWatermark < 0 || c.EvictionTriggerWatermark > 1 || c.EvictionRatio < 0 || c.EvictionRatio > 1 {
+		return c, fmt.Errorf("%w: eviction watermark and ratio must be in [0,1]", ErrInvalid)
+	}
+	c.EvictionInterval = cmp.Or(c.EvictionInterval, DefaultEvictionInterval)
+	c.L2StorePolicy = cmp.Or(c.L2StorePolicy, StorePolicyDefault)
+	if c.L2StorePolicy != StorePolicyDefault && c.L2StorePolicy != StorePolicySkipL1 {
+		return c, fmt.Errorf("%w: --l2-store-policy %q (want default or skip_l1)", ErrInvalid, c.L2StorePolicy)
+	}
+	c.L2PrefetchPolicy = cmp.Or(c.L2PrefetchPolicy, PrefetchPolicyDefault)
+	if c.L2PrefetchPolicy != PrefetchPolicyDefault && c.L2PrefetchPolicy != PrefetchPolicyRetain {
+		return c, fmt.Errorf("%w: --l2-prefetch-policy %q (want default or retain)", ErrInvalid, c.L2PrefetchPolicy)
+	}
+	c.L2PrefetchMaxInFlight = cmp.Or(c.L2PrefetchMaxInFlight, DefaultMaxInFlight)
+	if c.L2PrefetchMaxInFlight < 0 || c.L2PrefetchLoadTimeout < 0 {
+		return c, fmt.Errorf("%w: --l2-prefetch-max-in-flight and --l2-prefetch-load-timeout must be positive", ErrInvalid)
+	}
+	c.StoreMaxAttempts = cmp.Or(c.StoreMaxAttempts, DefaultStoreMaxAttempts)
+	c.StoreRetryBase = cmp.Or(c.StoreRetryBase, DefaultStoreRetryBase)
+	c.StoreRetryMax = cmp.Or(c.StoreRetryMax, DefaultStoreRetryMax)
+	if c.ShmMode == 0 {
+		c.ShmMode = 0o600
+	}
+	for i, a := range c.L2 {
+		if a.Eviction == nil {
+			continue
+		}
+		ev := *a.Eviction
+		ev.Policy = cmp.Or(ev.Policy, PolicyLRU)
+		if _, err := eviction.New(ev.Policy); err != nil {
+			return c, fmt.Errorf("%w: --l2-adapter #%d eviction: %w", ErrInvalid, i, err)
+		}
+		ev.TriggerWatermark = cmp.Or(ev.TriggerWatermark, DefaultWatermark)
+		ev.Ratio = cmp.Or(ev.Ratio, DefaultEvictionRatio)
+		if ev.TriggerWatermark < 0 || ev.TriggerWatermark > 1 || ev.Ratio < 0 || ev.Ratio > 1 {
+			return c, fmt.Errorf("%w: --l2-adapter #%d eviction: watermark and ratio must be in [0,1]", ErrInvalid, i)
+		}
+		c.L2[i].Eviction = &ev
+	}
+	return c, nil
 }
 
 func newEngine(cfg Config, adapters []l2.Adapter, logger *slog.Logger) (*Engine, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	cfg.L2 = slices.Clone(cfg.L2)
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.L2) > len(adapters) {
+		return nil, fmt.Errorf("%w: %d adapter configs for %d adapters", ErrInvalid, len(cfg.L2), len(adapters))
+	}
+	for len(cfg.L2) < len(adapters) {
+		cfg.L2 = append(cfg.L2, AdapterConfig{})
+	}
 	pool, err := l1.NewPool(l1.PoolConfig{Size: cfg.L1SizeBytes, Align: cfg.L1AlignBytes, ShmName: cfg.ShmName, ShmDir: cfg.ShmDir, ShmMode: cfg.ShmMode})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	return &Engine{cfg: cfg, log: logger, pool: pool, quotas: quota.New(), adapters: adapters}, nil
+	pol, _ := eviction.New(cfg.EvictionPolicy)
+	e := &Engine{
+		cfg:      cfg,
+		log:      logger,
+		pool:     pool,
+		table:    l1.NewTable(l1.TableConfig{Size: pool.Size(), Align: cfg.L1AlignBytes, ReadTTL: cfg.L1ReadTTL, WriteTTL: cfg.L1WriteTTL, Policy: pol}),
+		quotas:   quota.New(),
+		adapters: slices.Clone(adapters),
+		l2pol:    make([]*eviction.Locked, len(adapters)),
+		layoutsM: map[layoutKey]Layout{},
+	}
+	e.st.adapters = make([]*adapterStats, len(adapters))
+	for i := range adapters {
+		e.st.adapters[i] = &adapterStats{}
+		if ev := cfg.L2[i].Eviction; ev != nil {
+			p, _ := eviction.New(ev.Policy)
+			e.l2pol[i] = eviction.NewLocked(p)
+			adapters[i].AddListener(policyListener{e.l2pol[i]})
+		}
+	}
+	e.store = newStoreCtl(e)
+	e.pf = newPrefetchCtl(e)
+	return e, nil
 }
 
+// run starts every background goroutine and waits for them. Each goroutine
+// below is owned by this call: it receives ctx, and wg.Wait returns only
+// after all of them observed cancellation.
 func (e *Engine) run(ctx context.Context) error {
+	if !e.running.CompareAndSwap(false, true) {
+		return errors.New("engine: Run called twice")
+	}
+	var wg sync.WaitGroup
+	e.store.start(ctx, &wg)
+	e.pf.start(ctx, &wg)
+	wg.Go(func() { e.l1EvictionLoop(ctx) })
+	wg.Go(func() { e.l2EvictionLoop(ctx) })
 	e.ready.Store(true)
+	e.log.Info("storage engine running", "l1_bytes", e.pool.Size(), "shm", e.pool.Path(), "adapters", len(e.adapters), "eviction_policy", e.cfg.EvictionPolicy)
 	<-ctx.Done()
 	e.ready.Store(false)
+	e.stopped.Store(true)
+	wg.Wait()
+	e.pf.shutdown()
+	if n := e.store.shutdown(); n > 0 {
+		e.log.Warn("write-behind uploads pending at shutdown were dropped", "objects", n)
+	}
 	return nil
 }
 
-func (e *Engine) close() error { return e.pool.Close() }
+func (e *Engine) close() error {
+	if e.ready.Load() {
+		return errors.New("engine: Close while Run is active")
+	}
+	return e.pool.Close()
+}
 
 func (e *Engine) poolInfo() PoolInfo {
 	return PoolInfo{Name: e.pool.Name(), Path: e.pool.Path(), Size: e.pool.Size()}
 }
 
-func (e *Engine) registerLayout(Layout) error        { return errNotImplemented }
-func (e *Engine) layout(string, int) (Layout, error) { return Layout{}, errNotImplemented }
-func (e *Engine) layouts() []Layout                  { return nil }
-func (e *Engine) prefetch(PrefetchRequest) error     { return errNotImplemented }
-func (e *Engine) pollPrefetch(string) (PrefetchResult, error) {
-	return PrefetchResult{}, errNotImplemented
+// --- layouts ---
+
+func (e *Engine) registerLayout(l Layout) error {
+	if l.ModelName == "" || l.WorldSize <= 0 || l.ObjectBytes <= 0 {
+		return fmt.Errorf("%w: layout needs a model name, world size > 0 and object bytes > 0", ErrInvalid)
+	}
+	for _, g := range l.GroupObjectBytes {
+		if g < 0 {
+			return fmt.Errorf("%w: negative group object size", ErrInvalid)
+		}
+	}
+	l.GroupObjectBytes = slices.Clone(l.GroupObjectBytes)
+	e.layoutMu.Lock()
+	e.layoutsM[layoutKey{l.ModelName, l.WorldSize}] = l
+	e.layoutMu.Unlock()
+	return nil
 }
-func (e *Engine) waitPrefetch(context.Context, string) (PrefetchResult, error) {
-	return PrefetchResult{}, errNotImplemented
+
+func (e *Engine) layout(model string, world int) (Layout, error) {
+	e.layoutMu.RLock()
+	l, ok := e.layoutsM[layoutKey{model, world}]
+	e.layoutMu.RUnlock()
+	if !ok {
+		return Layout{}, fmt.Errorf("%w for model_name='%s' world_size=%d; the model has not allocated KV cache on this node yet", ErrNoLayout, model, world)
+	}
+	return l, nil
 }
-func (e *Engine) reserveWrite(string, []objkey.Key, []int64) ([]Slot, error) {
-	return nil, errNotImplemented
+
+func (e *Engine) layouts() []Layout {
+	e.layoutMu.RLock()
+	out := make([]Layout, 0, len(e.layoutsM))
+	for _, l := range e.layoutsM {
+		out = append(out, l)
+	}
+	e.layoutMu.RUnlock()
+	slices.SortFunc(out, func(a, b Layout) int {
+		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.WorldSize, b.WorldSize))
+	})
+	return out
 }
-func (e *Engine) commitWrite(string, []objkey.Key) (int, error) { return 0, errNotImplemented }
-func (e *Engine) abortWrite(string, []objkey.Key)               {}
-func (e *Engine) readSlots([]objkey.Key) ([]Slot, error)        { return nil, errNotImplemented }
-func (e *Engine) releaseRead(string, []objkey.Key, int) int     { return 0 }
-func (e *Engine) touch([]objkey.Key)                            {}
-func (e *Engine) clear() ClearResult                            { return ClearResult{} }
-func (e *Engine) put([]objkey.Key, [][]byte) (int, error)       { return 0, errNotImplemented }
-func (e *Engine) get([]objkey.Key) ([][]byte, error)            { return nil, errNotImplemented }
-func (e *Engine) deleteL1([]objkey.Key, bool) (int, int)        { return 0, 0 }
-func (e *Engine) adapterInfos() []AdapterInfo                   { return nil }
-func (e *Engine) listL2(context.Context, int, string, int, string) (l2.Page, error) {
-	return l2.Page{}, errNotImplemented
+
+// objectSize is the L1 size of key's object per its registered layout.
+func (e *Engine) objectSize(k objkey.Key) (int64, error) {
+	l, err := e.layout(k.ModelName, k.WorldSize())
+	if err != nil {
+		return 0, err
+	}
+	return l.SizeOf(k.ObjectGroupID), nil
 }
-func (e *Engine) deleteL2(context.Context, int, []objkey.Key) ([]objkey.Key, error) {
-	return nil, errNotImplemented
+
+// --- L1 data path ---
+
+// mapErr converts l1 errors to the engine's sentinels.
+func mapErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, l1.ErrOutOfMemory):
+		return fmt.Errorf("%w: %w", ErrOutOfMemory, err)
+	case errors.Is(err, l1.ErrNotFound):
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	case errors.Is(err, l1.ErrNotReadable):
+		return fmt.Errorf("%w: %w", ErrNotReadable, err)
+	}
+	return fmt.Errorf("%w: %w", ErrInvalid, err)
 }
-func (e *Engine) reconfigure(context.Context, int, string, map[string]any) (map[string]any, error) {
-	return nil, errNotImplemented
+
+func (e *Engine) reserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]Slot, error) {
+	if len(sizes) != len(keys) {
+		return nil, fmt.Errorf("%w: %d keys but %d sizes", ErrInvalid, len(keys), len(sizes))
+	}
+	for i, s := range sizes {
+		if s <= 0 || s > e.pool.Size() {
+			return nil, fmt.Errorf("%w: size of key %d is %d bytes (pool %d)", ErrInvalid, i, s, e.pool.Size())
+		}
+	}
+	ls, err := e.table.Reserve(tag, keys, sizes)
+	if err != nil {
+		if errors.Is(err, l1.ErrOutOfMemory) {
+			e.st.allocFailStore.Add(1)
+		}
+		return nil, mapErr(err)
+	}
+	out := make([]Slot, len(ls))
+	for i, s := range ls {
+		out[i] = Slot(s)
+	}
+	return out, nil
 }
-func (e *Engine) reconfigureStatus(int) (map[string]any, error) { return nil, errNotImplemented }
-func (e *Engine) quotaUsage(string) int64                       { return 0 }
-func (e *Engine) l1UsageBySalt() map[string]int64               { return nil }
-func (e *Engine) status() map[string]any                        { return nil }
-func (e *Engine) counters() Counters                            { return Counters{} }
-func (e *Engine) addL1Listener(L1Listener)                      {}
+
+func (e *Engine) commitWrite(tag string, keys []objkey.Key) (int, error) {
+	res := e.table.Commit(tag, keys, l1.CommitOpts{Pins: len(e.adapters)})
+	e.published(res.Published)
+	if res.Expired > 0 {
+		return res.Committed, fmt.Errorf("%w: %d reservations expired before commit", ErrWrongState, res.Expired)
+	}
+	return res.Committed, nil
+}
+
+// published accounts new resident objects, notifies listeners and queues
+// write-behind (each handle carries one pin per adapter).
+func (e *Engine) published(hs []l1.Handle) {
+	if len(hs) == 0 {
+		return
+	}
+	keys := make([]objkey.Key, len(hs))
+	sizes := make([]int64, len(hs))
+	for i, h := range hs {
+		keys[i], sizes[i] = h.Key(), h.Slot().Size
+		e.st.l1Write.add(keys[i].CacheSalt, 1)
+	}
+	e.notify(func(l L1Listener) { l.OnL1Stored(keys, sizes) })
+	e.store.enqueue(hs)
+}
+
+func (e *Engine) abortWrite(tag string, keys []objkey.Key) { e.table.Abort(tag, keys) }
+
+func (e *Engine) readSlots(keys []objkey.Key) ([]Slot, error) {
+	ls, err := e.table.Slots(keys)
+	if err != nil {
+		if errors.Is(err, l1.ErrNotFound) {
+			e.st.readFailNotFound.Add(1)
+		}
+		return nil, mapErr(err)
+	}
+	out := make([]Slot, len(ls))
+	for i, s := range ls {
+		out[i] = Slot(s)
+	}
+	return out, nil
+}
+
+func (e *Engine) releaseRead(owner string, keys []objkey.Key, n int) int {
+	released, deleted := e.table.Release(owner, keys, n)
+	e.deletedL1(deleted)
+	return released
+}
+
+func (e *Engine) deletedL1(keys []objkey.Key) {
+	if len(keys) > 0 {
+		e.notify(func(l L1Listener) { l.OnL1Deleted(keys) })
+	}
+}
+
+func (e *Engine) touch(keys []objkey.Key) { e.table.Touch(keys) }
+
+func (e *Engine) clear() ClearResult {
+	keys, bytes := e.table.Clear()
+	e.deletedL1(keys)
+	return ClearResult{Objects: len(keys), Bytes: bytes}
+}
+
+func (e *Engine) put(keys []objkey.Key, data [][]byte) (int, error) {
+	if len(keys) != len(data) {
+		return 0, fmt.Errorf("%w: %d keys but %d payloads", ErrInvalid, len(keys), len(data))
+	}
+	sizes := make([]int64, len(data))
+	for i, d := range data {
+		sizes[i] = int64(len(d))
+	}
+	tag := "api\x00" + strconv.FormatUint(e.seq.Add(1), 10)
+	slots, err := e.reserveWrite(tag, keys, sizes)
+	if err != nil {
+		return 0, err
+	}
+	var staged []objkey.Key
+	for i, s := range slots {
+		if s.Valid() {
+			copy(e.Bytes(s), data[i])
+			staged = append(staged, keys[i])
+		}
+	}
+	res := e.table.Commit(tag, staged, l1.CommitOpts{Pins: len(e.adapters)})
+	e.published(res.Published)
+	return len(res.Published), nil
+}
+
+func (e *Engine) get(keys []objkey.Key) ([][]byte, error) {
+	owner := "get\x00" + strconv.FormatUint(e.seq.Add(1), 10)
+	slots := e.table.ReadLock(owner, keys, 1)
+	defer e.releaseRead(owner, keys, 1)
+	out := make([][]byte, len(keys))
+	for i, s := range slots {
+		if s.Size > 0 {
+			out[i] = append([]byte(nil), e.pool.Bytes(s.Offset, s.Size)...)
+		}
+	}
+	return out, nil
+}
+
+func (e *Engine) deleteL1(keys []objkey.Key, force bool) (int, int) {
+	deleted, skipped := e.table.Delete(keys, force)
+	e.deletedL1(deleted)
+	return len(deleted), skipped
+}
+
+// --- L2 passthrough ---
+
+func (e *Engine) adapterAt(i int) (l2.Adapter, error) {
+	if i < 0 || i >= len(e.adapters) {
+		return nil, fmt.Errorf("%w: no L2 adapter at index %d (%d configured)", ErrNotFound, i, len(e.adapters))
+	}
+	return e.adapters[i], nil
+}
+
+func (e *Engine) adapterInfos() []AdapterInfo {
+	out := make([]AdapterInfo, len(e.adapters))
+	for i, a := range e.adapters {
+		_, rc := a.(Reconfigurer)
+		out[i] = AdapterInfo{Index: i, TypeName: a.TypeName(), Shared: e.cfg.L2[i].Shared, Reconfigurable: rc}
+	}
+	return out
+}
+
+func (e *Engine) listL2(ctx context.Context, i int, model string, pageSize int, token string) (l2.Page, error) {
+	a, err := e.adapterAt(i)
+	if err != nil {
+		return l2.Page{}, err
+	}
+	return a.List(ctx, model, pageSize, token)
+}
+
+func (e *Engine) deleteL2(ctx context.Context, i int, keys []objkey.Key) ([]objkey.Key, error) {
+	a, err := e.adapterAt(i)
+	if err != nil {
+		return nil, err
+	}
+	return a.Delete(ctx, keys)
+}
+
+func (e *Engine) reconfigure(ctx context.Context, i int, op string, args map[string]any) (map[string]any, error) {
+	a, err := e.adapterAt(i)
+	if err != nil {
+		return nil, err
+	}
+	r, ok := a.(Reconfigurer)
+	if !ok {
+		return nil, fmt.Errorf("%w: adapter %d (%s) is not reconfigurable", ErrUnsupported, i, a.TypeName())
+	}
+	return r.Reconfigure(ctx, op, args)
+}
+
+func (e *Engine) reconfigureStatus(i int) (map[string]any, error) {
+	a, err := e.adapterAt(i)
+	if err != nil {
+		return nil, err
+	}
+	r, ok := a.(Reconfigurer)
+	if !ok {
+		return nil, fmt.Errorf("%w: adapter %d (%s) is not reconfigurable", ErrUnsupported, i, a.TypeName())
+	}
+	return r.ReconfigureStatus(), nil
+}
+
+func (e *Engine) quotaUsage(salt string) int64 {
+	var n int64
+	for _, a := range e.adapters {
+		n += a.Usage().BytesByCacheSalt[salt]
+	}
+	return n
+}
+
+func (e *Engine) l1UsageBySalt() map[string]int64 { return e.table.UsageBySalt() }
+
+// --- listeners ---
+
+func (e *Engine) addL1Listener(l L1Listener) {
+	e.listenMu.Lock()
+	e.listeners = append(e.listeners, l)
+	e.listenMu.Unlock()
+}
+
+func (e *Engine) notify(f func(L1Listener)) {
+	e.listenMu.RLock()
+	ls := e.listeners
+	e.listenMu.RUnlock()
+	for _, l := range ls {
+		f(l)
+	}
+}
+
+// policyListener feeds an L2 adapter's events to its eviction policy.
+type policyListener struct{ p *eviction.Locked }
+
+func (l policyListener) OnStored(keys []objkey.Key, _ []int64) {
+	l.p.Do(func(p eviction.Policy) { p.Add(keys) })
+}
+func (l policyListener) OnAccessed(keys []objkey.Key) {
+	l.p.Do(func(p eviction.Policy) { p.Touch(keys) })
+}
+func (l policyListener) OnDeleted(keys []objkey.Key) {
+	l.p.Do(func(p eviction.Policy) { p.Remove(keys) })
+}
+
+// --- status and counters ---
+
+func (e *Engine) status() map[string]any {
+	ts := e.table.Stats()
+	ratio := 0.0
+	if ts.TotalBytes > 0 {
+		ratio = float64(ts.UsedBytes) / float64(ts.TotalBytes)
+	}
+	running := e.ready.Load()
+	l2s := make([]any, len(e.adapters))
+	l2ev := make([]any, 0)
+	for i, a := range e.adapters {
+		l2s[i] = a.Status()
+		if ev := e.cfg.L2[i].Eviction; ev != nil {
+			u := a.Usage()
+			l2ev = append(l2ev, map[string]any{
+				"adapter_index": i, "eviction_policy": ev.Policy, "trigger_watermark": ev.TriggerWatermark,
+				"eviction_ratio": ev.Ratio, "current_usage": u.Fraction(), "total_bytes_used": u.TotalBytesUsed,
+				"total_capacity_bytes": u.TotalCapacityBytes, "num_cache_salt_buckets": len(u.BytesByCacheSalt),
+			})
+		}
+	}
+	pending, inflight := e.store.counts()
+	return map[string]any{
+		"is_healthy": running,
+		"l1_manager": map[string]any{
+			"is_healthy":              true,
+			"total_object_count":      ts.Objects + ts.StagingObjects,
+			"write_locked_count":      ts.StagingObjects,
+			"read_locked_count":       ts.ReadLocked,
+			"temporary_count":         ts.Temporary,
+			"staging_object_count":    ts.StagingObjects,
+			"staging_bytes":           ts.StagingBytes,
+			"memory_used_bytes":       ts.UsedBytes,
+			"memory_total_bytes":      ts.TotalBytes,
+			"memory_configured_bytes": e.cfg.L1SizeBytes,
+			"capacity_bytes_by_backend": map[string]int64{
+				"dram": ts.TotalBytes,
+			},
+			"memory_usage_ratio": ratio,
+			"write_ttl_seconds":  e.cfg.L1WriteTTL.Seconds(),
+			"read_ttl_seconds":   e.cfg.L1ReadTTL.Seconds(),
+			"shm_name":           e.pool.Name(),
+		},
+		"store_controller": map[string]any{
+			"is_healthy": running, "thread_alive": running, "pending_keys_count": pending,
+			"in_flight_task_count": inflight, "num_l2_adapters": len(e.adapters),
+			"store_policy": e.cfg.L2StorePolicy, "max_attempts": e.cfg.StoreMaxAttempts,
+		},
+		"prefetch_controller": map[string]any{
+			"is_healthy": running, "thread_alive": running, "active_jobs": e.st.activeJobs.Load(),
+			"max_in_flight": e.cfg.L2PrefetchMaxInFlight, "prefetch_policy": e.cfg.L2PrefetchPolicy,
+		},
+		"l1_eviction_controller": map[string]any{
+			"is_healthy": running, "thread_alive": running, "eviction_policy": e.cfg.EvictionPolicy,
+			"trigger_watermark": e.cfg.EvictionTriggerWatermark, "eviction_ratio": e.cfg.EvictionRatio,
+		},
+		"l2_eviction_controller": map[string]any{
+			"is_healthy": running, "thread_alive": running, "adapters": l2ev,
+		},
+		"l2_adapters":     l2s,
+		"num_l2_adapters": len(e.adapters),
+	}
+}
+
+func (e *Engine) counters() Counters {
+	ts := e.table.Stats()
+	c := Counters{
+		L1UsedBytes: ts.UsedBytes, L1TotalBytes: ts.TotalBytes, L1StagingBytes: ts.StagingBytes,
+		L1Objects: int64(ts.Objects), L1StagingObjects: int64(ts.StagingObjects), L1ReadLocked: int64(ts.ReadLocked),
+		L1Temporary: int64(ts.Temporary), L1PendingUpload: int64(ts.Pinned),
+		L1Read: e.st.l1Read.snapshot(), L1Write: e.st.l1Write.snapshot(), L1Evicted: e.st.l1Evicted.snapshot(),
+		L1EvictionLoopTicks: e.st.evictTicks.Load(), L1EvictionLoopTriggered: e.st.evictTriggered.Load(),
+		L1AllocFailuresStore: e.st.allocFailStore.Load(), L1AllocFailuresPrefetch: e.st.allocFailPrefetch.Load(),
+		L1ReadFailuresNotFound: e.st.readFailNotFound.Load(),
+		L1ReadLeasesExpired:    ts.ExpiredReads, L1WriteLeasesExpired: ts.ExpiredWrites,
+		ActivePrefetchJobs: e.st.activeJobs.Load(), PrefetchRequests: e.st.prefetchRequests.Load(),
+		PrefetchHitChunksL1: e.st.hitL1.Load(), PrefetchHitChunksL2: e.st.hitL2.Load(), PrefetchMissChunks: e.st.miss.Load(),
+		PrefetchDropped: e.st.prefetchDropped.Load(), PrefetchReaped: e.st.prefetchReaped.Load(),
+		L2PrefetchLookup: e.st.l2Lookup.Load(), L2PrefetchLookupObj: e.st.l2LookupObj.snapshot(),
+		L2PrefetchLoadSub: e.st.l2LoadSub.Load(), L2PrefetchLoadSubObj: e.st.l2LoadSubObj.snapshot(),
+		L2PrefetchLoadDone: e.st.l2LoadDone.snapshot(), L2PrefetchFailOOM: e.st.prefetchOOM.Load(),
+		L2StoreSubmittedObj: e.st.storeSubObj.snapshot(), L2StoreCompletedObj: e.st.storeDoneObj.snapshot(),
+		L2EvictedObj: e.st.l2EvictedObj.snapshot(), StoreQueueDropped: e.st.storeDropped.Load(),
+	}
+	for i, a := range e.adapters {
+		s := e.st.adapters[i]
+		c.L2 = append(c.L2, L2Counters{
+			Index: i, TypeName: a.TypeName(),
+			StoreSubmitted: s.storeSubmitted.Load(), StoreCompleted: s.storeCompleted.Load(),
+			StoreFailed: s.storeFailed.Load(), StoreRetried: s.storeRetried.Load(), StoreAbandoned: s.storeAbandoned.Load(),
+			StoreObjects: s.storeObjects.Load(), StoreBytes: s.storeBytes.Load(),
+			LoadCompleted: s.loadCompleted.Load(), LoadObjects: s.loadObjects.Load(), LoadBytes: s.loadBytes.Load(),
+			LoadFailed: s.loadFailed.Load(), EvictedObjects: s.evicted.Load(), EvictionTicks: s.evictionTicks.Load(),
+			InflightStores: s.inflightStores.Load(), InflightLoads: s.inflightLoads.Load(),
+			PendingStores: s.pendingStores.Load(), UsageBytes: a.Usage().TotalBytesUsed,
+		})
+	}
+	return c
+}

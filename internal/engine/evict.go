@@ -1,0 +1,177 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/eviction"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// l2DeleteTimeout bounds one eviction delete on an adapter (upstream waits
+// up to 30 s for S3 deletes).
+const l2DeleteTimeout = 30 * time.Second
+
+// l1EvictionLoop runs every EvictionInterval until ctx ends.
+func (e *Engine) l1EvictionLoop(ctx context.Context) {
+	t := time.NewTicker(e.cfg.EvictionInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			e.l1EvictOnce()
+			e.pf.reap(now)
+		}
+	}
+}
+
+// l1EvictOnce is one cycle of the L1 eviction controller:
+//
+//   - expired leases are swept (reclaiming what crashed clients left);
+//   - LRU: when used/total reaches the watermark, EvictionRatio of the
+//     tracked keys are evicted, least recent first, skipping locked ones;
+//   - IsolatedLRU: every salt whose L1 bytes reach watermark × its quota is
+//     trimmed by EvictionRatio of its keys, and a salt without a quota (or
+//     with quota 0) is evicted entirely (allowlist semantics, as upstream
+//     applies to L2). If the pool as a whole still crosses the watermark,
+//     every salt gives up EvictionRatio of its keys;
+//   - noop: nothing.
+func (e *Engine) l1EvictOnce() {
+	e.st.evictTicks.Add(1)
+	e.deletedL1(e.table.Sweep())
+	wm, ratio := e.cfg.EvictionTriggerWatermark, e.cfg.EvictionRatio
+	used, total := e.table.Usage()
+	over := total > 0 && float64(used)/float64(total) >= wm
+	var evicted []objkey.Key
+	switch e.cfg.EvictionPolicy {
+	case PolicyLRU:
+		if over {
+			evicted, _ = e.table.Evict(func(p eviction.Policy, ok func(objkey.Key) bool) []objkey.Key {
+				return p.Victims(ratio, ok)
+			})
+		}
+	case PolicyIsolatedLRU:
+		bySalt := e.table.UsageBySalt()
+		type cut struct {
+			salt  string
+			ratio float64
+		}
+		var cuts []cut
+		for salt, b := range bySalt {
+			limit := e.quotas.LimitBytes(salt)
+			switch {
+			case limit == 0:
+				cuts = append(cuts, cut{salt, 1})
+			case float64(b) >= wm*float64(limit):
+				cuts = append(cuts, cut{salt, ratio})
+			}
+		}
+		if len(cuts) > 0 || over {
+			evicted, _ = e.table.Evict(func(p eviction.Policy, ok func(objkey.Key) bool) []objkey.Key {
+				iso, isIso := p.(eviction.Isolated)
+				if !isIso {
+					return nil
+				}
+				var out []objkey.Key
+				for _, c := range cuts {
+					out = append(out, iso.SaltVictims(c.salt, c.ratio, ok)...)
+				}
+				if over {
+					out = append(out, iso.Victims(ratio, ok)...)
+				}
+				return out
+			})
+		}
+	}
+	if len(evicted) == 0 {
+		return
+	}
+	e.st.evictTriggered.Add(1)
+	for _, k := range evicted {
+		e.st.l1Evicted.add(k.CacheSalt, 1)
+	}
+	e.deletedL1(evicted)
+}
+
+// l2EvictionLoop runs every EvictionInterval for adapters with an
+// "eviction" block, one adapter after the other (as upstream's single
+// thread).
+func (e *Engine) l2EvictionLoop(ctx context.Context) {
+	any := false
+	for _, p := range e.l2pol {
+		any = any || p != nil
+	}
+	if !any {
+		<-ctx.Done()
+		return
+	}
+	t := time.NewTicker(e.cfg.EvictionInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			for i := range e.adapters {
+				if e.l2pol[i] != nil {
+					e.l2EvictOnce(ctx, i)
+				}
+			}
+		}
+	}
+}
+
+// l2EvictOnce is one cycle for adapter i. Isolation policies apply the
+// per-salt quota logic (research 3.4): a salt using b ≥ watermark × limit
+// bytes loses ratio of its keys, a salt with limit 0 (unregistered) loses
+// all of them. Other policies evict ratio of the tracked keys when the
+// adapter's usage fraction reaches the watermark; an unbounded adapter
+// (fraction -1) is never evicted that way. Victims go to one Delete call;
+// the adapter skips keys it has locked and fires OnDeleted for the rest,
+// which removes them from the policy.
+func (e *Engine) l2EvictOnce(ctx context.Context, i int) {
+	a, pol, ev := e.adapters[i], e.l2pol[i], e.cfg.L2[i].Eviction
+	e.st.adapters[i].evictionTicks.Add(1)
+	u := a.Usage()
+	var victims []objkey.Key
+	pol.Do(func(p eviction.Policy) {
+		if iso, ok := p.(eviction.Isolated); ok {
+			for salt, b := range u.BytesByCacheSalt {
+				if b <= 0 {
+					continue
+				}
+				limit := e.quotas.LimitBytes(salt)
+				r := ev.Ratio
+				if limit == 0 {
+					r = 1
+				} else if float64(b) < ev.TriggerWatermark*float64(limit) {
+					continue
+				}
+				victims = append(victims, iso.SaltVictims(salt, r, nil)...)
+			}
+			return
+		}
+		if f := u.Fraction(); f < 0 || f < ev.TriggerWatermark {
+			return
+		}
+		victims = p.Victims(ev.Ratio, nil)
+	})
+	if len(victims) == 0 {
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, l2DeleteTimeout)
+	defer cancel()
+	deleted, err := a.Delete(dctx, victims)
+	if err != nil {
+		e.log.Warn("L2 eviction delete failed", "adapter", i, "keys", len(victims), "err", err)
+	}
+	// Remove again in case the adapter does not notify listeners of its own
+	// deletions; Remove is idempotent.
+	pol.Do(func(p eviction.Policy) { p.Remove(deleted) })
+	e.st.adapters[i].evicted.Add(int64(len(deleted)))
+	for _, k := range deleted {
+		e.st.l2EvictedObj.add(k.CacheSalt, 1)
+	}
+}

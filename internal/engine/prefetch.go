@@ -1,0 +1,454 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/l1"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// Prefetch jobs (upstream's PrefetchController).
+//
+// Prefetch does the L1 part synchronously: resident keys are read-locked
+// for the job's owner (its ID). Misses go to a bounded queue served by
+// L2PrefetchMaxInFlight workers owned by Run. A worker asks each adapter in
+// index order for the keys nobody has served yet (the first adapter holding
+// a key serves it), reserves private L1 staging buffers for the hits (all
+// or nothing), loads into them, commits them (read-locked for the owner in
+// the same critical section, temporary unless retained) and unlocks the L2
+// side. Then the result is published and the job's done channel closed.
+//
+// Exactly-once completion: a finished job is removed from the table by the
+// first PollPrefetch/WaitPrefetch that sees it done, under the jobs mutex;
+// every later call gets ErrNotFound.
+//
+// Dropped work, documented and counted: a job whose L2 phase does not fit
+// in the queue completes with its L1 result (Counters.PrefetchDropped);
+// finished jobs nobody polls for prefetchResultTTL are discarded
+// (Counters.PrefetchReaped) so abandoned warm prefetches do not accumulate.
+// Neither drops a read lock: locks end by release or by lease expiry.
+
+const (
+	prefetchQueueCap  = 4096
+	prefetchResultTTL = 10 * time.Minute
+)
+
+type job struct {
+	req     PrefetchRequest
+	owner   string // "" when Readers == 0
+	retain  bool
+	flat    []objkey.Key
+	chunkOf []int
+	hit     []bool // resident (and locked for owner when Readers > 0)
+	fromL1  []bool
+	l2Keys  int
+	err     error
+
+	done   chan struct{}
+	res    PrefetchResult
+	doneAt time.Time
+}
+
+type prefetchCtl struct {
+	e     *Engine
+	queue chan *job
+	mu    sync.Mutex
+	jobs  map[string]*job
+}
+
+func newPrefetchCtl(e *Engine) *prefetchCtl {
+	return &prefetchCtl{e: e, queue: make(chan *job, prefetchQueueCap), jobs: map[string]*job{}}
+}
+
+func (e *Engine) prefetch(req PrefetchRequest) error {
+	if e.stopped.Load() {
+		return ErrClosed
+	}
+	if req.ID == "" {
+		return fmt.Errorf("%w: prefetch needs an id", ErrInvalid)
+	}
+	if req.Readers < 0 {
+		return fmt.Errorf("%w: negative reader count", ErrInvalid)
+	}
+	j := &job{req: req, retain: req.Retain || req.Readers == 0 || e.cfg.L2PrefetchPolicy == PrefetchPolicyRetain, done: make(chan struct{})}
+	for c, ks := range req.Chunks {
+		for _, k := range ks {
+			j.flat = append(j.flat, k)
+			j.chunkOf = append(j.chunkOf, c)
+		}
+	}
+	j.hit = make([]bool, len(j.flat))
+	if req.Readers > 0 {
+		j.owner = req.ID
+		slots := e.table.ReadLock(j.owner, j.flat, req.Readers)
+		var accessed []objkey.Key
+		for i, s := range slots {
+			if s.Size > 0 {
+				j.hit[i] = true
+				accessed = append(accessed, j.flat[i])
+				e.st.l1Read.add(j.flat[i].CacheSalt, 1)
+			}
+		}
+		if len(accessed) > 0 {
+			e.notify(func(l L1Listener) { l.OnL1Accessed(accessed) })
+		}
+	} else {
+		j.hit = e.table.Contains(j.flat)
+	}
+	j.fromL1 = append([]bool(nil), j.hit...)
+	e.st.prefetchRequests.Add(1)
+	e.st.activeJobs.Add(1)
+
+	p := e.pf
+	p.mu.Lock()
+	p.jobs[req.ID] = j // replaces an unconsumed job of the same id
+	p.mu.Unlock()
+
+	missing := false
+	for _, h := range j.hit {
+		missing = missing || !h
+	}
+	if missing && len(e.adapters) > 0 {
+		select {
+		case p.queue <- j:
+			return nil
+		default:
+			e.st.prefetchDropped.Add(1)
+		}
+	}
+	e.finishJob(j)
+	return nil
+}
+
+func (p *prefetchCtl) start(ctx context.Context, wg *sync.WaitGroup) {
+	for range p.e.cfg.L2PrefetchMaxInFlight {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case j := <-p.queue:
+					p.e.runJob(ctx, j)
+				}
+			}
+		})
+	}
+}
+
+// shutdown completes queued jobs with their L1 result after the workers
+// stopped, so no waiter blocks forever.
+func (p *prefetchCtl) shutdown() {
+	for {
+		select {
+		case j := <-p.queue:
+			j.err = ErrClosed
+			p.e.finishJob(j)
+		default:
+			return
+		}
+	}
+}
+
+// runJob is the L2 phase of one job.
+func (e *Engine) runJob(ctx context.Context, j *job) {
+	if t := e.cfg.L2PrefetchLoadTimeout; t > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t)
+		defer cancel()
+	}
+	var remaining []int
+	for i, h := range j.hit {
+		if !h {
+			remaining = append(remaining, i)
+		}
+	}
+	// Lookup-and-lock, first adapter holding a key serves it.
+	locked := make([][]int, len(e.adapters))
+	found := make([]bool, len(j.flat))
+	for ai, a := range e.adapters {
+		if len(remaining) == 0 {
+			break
+		}
+		keys := j.keysAt(remaining)
+		e.st.l2Lookup.Add(1)
+		for _, k := range keys {
+			e.st.l2LookupObj.add(k.CacheSalt, 1)
+		}
+		hits, err := a.LookupAndLock(ctx, keys)
+		if err != nil {
+			e.log.Debug("prefetch: L2 lookup failed", "adapter", ai, "err", err)
+			j.err = err
+			continue
+		}
+		var rest []int
+		for n, idx := range remaining {
+			if n < len(hits) && hits[n] {
+				locked[ai] = append(locked[ai], idx)
+				found[idx] = true
+			} else {
+				rest = append(rest, idx)
+			}
+		}
+		remaining = rest
+	}
+	defer func() {
+		for ai, idx := range locked {
+			if len(idx) > 0 {
+				e.adapters[ai].Unlock(j.keysAt(idx))
+			}
+		}
+	}()
+	// For a prefix lookup only chunks before the first chunk that neither
+	// tier completes are worth loading.
+	limit := len(j.req.Chunks)
+	if !j.req.Sparse {
+		limit = j.prefix(func(i int) bool { return j.hit[i] || found[i] })
+	}
+	var loadIdx []int
+	var sizes []int64
+	for ai := range locked {
+		for _, idx := range locked[ai] {
+			if j.chunkOf[idx] >= limit {
+				continue
+			}
+			sz, err := e.objectSize(j.flat[idx])
+			if err != nil {
+				j.err = err
+				continue
+			}
+			loadIdx = append(loadIdx, idx)
+			sizes = append(sizes, sz)
+		}
+	}
+	if len(loadIdx) == 0 {
+		e.finishJob(j)
+		return
+	}
+	tag := "prefetch\x00" + j.req.ID + "\x00" + strconv.FormatUint(e.seq.Add(1), 10)
+	slots, err := e.table.Reserve(tag, j.keysAt(loadIdx), sizes)
+	if err != nil {
+		e.st.allocFailPrefetch.Add(1)
+		e.st.prefetchOOM.Add(1)
+		j.err = mapErr(err)
+		e.finishJob(j)
+		return
+	}
+	slotOf := make(map[int]l1.Slot, len(loadIdx))
+	var already []int // became resident meanwhile: lock the resident copy
+	for n, idx := range loadIdx {
+		if slots[n].Size > 0 {
+			slotOf[idx] = slots[n]
+		} else {
+			already = append(already, idx)
+		}
+	}
+	for ai, idxs := range locked {
+		var keys []objkey.Key
+		var dst [][]byte
+		var which []int
+		for _, idx := range idxs {
+			s, ok := slotOf[idx]
+			if !ok {
+				continue
+			}
+			keys = append(keys, j.flat[idx])
+			dst = append(dst, e.pool.Bytes(s.Offset, s.Size))
+			which = append(which, idx)
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		e.loadFrom(ctx, ai, j, tag, keys, dst, which)
+	}
+	if len(already) > 0 {
+		keys := j.keysAt(already)
+		if j.owner != "" {
+			for n, s := range e.table.ReadLock(j.owner, keys, j.req.Readers) {
+				j.hit[already[n]] = s.Size > 0
+			}
+		} else {
+			for n, ok := range e.table.Contains(keys) {
+				j.hit[already[n]] = ok
+			}
+		}
+	}
+	e.finishJob(j)
+}
+
+// loadFrom loads keys from adapter ai into their staging buffers and
+// commits what arrived.
+func (e *Engine) loadFrom(ctx context.Context, ai int, j *job, tag string, keys []objkey.Key, dst [][]byte, which []int) {
+	st := e.st.adapters[ai]
+	e.st.l2LoadSub.Add(1)
+	for _, k := range keys {
+		e.st.l2LoadSubObj.add(k.CacheSalt, 1)
+	}
+	st.inflightLoads.Add(1)
+	ok, err := e.adapters[ai].Load(ctx, keys, dst)
+	st.inflightLoads.Add(-1)
+	if err != nil {
+		st.loadFailed.Add(1)
+		j.err = err
+		ok = nil
+	} else {
+		st.loadCompleted.Add(1)
+	}
+	var good, bad []objkey.Key
+	pos := map[objkey.Key]int{}
+	for n, k := range keys {
+		if n < len(ok) && ok[n] {
+			good = append(good, k)
+			pos[k] = which[n]
+			st.loadObjects.Add(1)
+			st.loadBytes.Add(int64(len(dst[n])))
+		} else {
+			bad = append(bad, k)
+		}
+	}
+	e.table.Abort(tag, bad)
+	if len(good) == 0 {
+		return
+	}
+	res := e.table.Commit(tag, good, l1.CommitOpts{Temporary: !j.retain, Readers: j.req.Readers, Owner: j.owner})
+	skeys := make([]objkey.Key, len(res.Published))
+	sizes := make([]int64, len(res.Published))
+	for n, h := range res.Published {
+		skeys[n], sizes[n] = h.Key(), h.Slot().Size
+		e.st.l1Write.add(h.Key().CacheSalt, 1)
+		e.st.l2LoadDone.add(h.Key().CacheSalt, 1)
+	}
+	j.l2Keys += len(res.Published)
+	if len(skeys) > 0 {
+		e.notify(func(l L1Listener) { l.OnL1Stored(skeys, sizes) })
+	}
+	if j.owner != "" {
+		for _, k := range res.Locked {
+			j.hit[pos[k]] = true
+		}
+		return
+	}
+	for n, in := range e.table.Contains(good) {
+		j.hit[pos[good[n]]] = in
+	}
+}
+
+func (j *job) keysAt(idx []int) []objkey.Key {
+	out := make([]objkey.Key, len(idx))
+	for n, i := range idx {
+		out[n] = j.flat[i]
+	}
+	return out
+}
+
+// prefix counts leading chunks whose every key satisfies ok. A chunk with
+// no keys ends the prefix.
+func (j *job) prefix(ok func(int) bool) int {
+	complete := make([]bool, len(j.req.Chunks))
+	for c, ks := range j.req.Chunks {
+		complete[c] = len(ks) > 0
+	}
+	for i := range j.flat {
+		if !ok(i) {
+			complete[j.chunkOf[i]] = false
+		}
+	}
+	for c, v := range complete {
+		if !v {
+			return c
+		}
+	}
+	return len(complete)
+}
+
+// finishJob computes the result, releases locks beyond a lookup's prefix
+// and wakes waiters.
+func (e *Engine) finishJob(j *job) {
+	prefix := j.prefix(func(i int) bool { return j.hit[i] })
+	if j.owner != "" && !j.req.Sparse {
+		var beyond []objkey.Key
+		for i, h := range j.hit {
+			if h && j.chunkOf[i] >= prefix {
+				beyond = append(beyond, j.flat[i])
+			}
+		}
+		if len(beyond) > 0 {
+			e.releaseRead(j.owner, beyond, j.req.Readers)
+		}
+	}
+	l1Chunks := j.prefix(func(i int) bool { return j.fromL1[i] })
+	e.st.hitL1.Add(int64(min(l1Chunks, prefix)))
+	e.st.hitL2.Add(int64(prefix - min(l1Chunks, prefix)))
+	e.st.miss.Add(int64(len(j.req.Chunks) - prefix))
+	l1Keys := 0
+	for _, v := range j.fromL1 {
+		if v {
+			l1Keys++
+		}
+	}
+	j.res = PrefetchResult{Done: true, PrefixChunks: prefix, TotalKeys: len(j.flat), L1Keys: l1Keys, L2Keys: j.l2Keys, Err: j.err}
+	p := e.pf
+	p.mu.Lock()
+	j.doneAt = time.Now()
+	p.mu.Unlock()
+	e.st.activeJobs.Add(-1)
+	close(j.done)
+}
+
+func (e *Engine) pollPrefetch(id string) (PrefetchResult, error) {
+	p := e.pf
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	j, ok := p.jobs[id]
+	if !ok {
+		return PrefetchResult{}, fmt.Errorf("%w: unknown prefetch request_id='%s' (already completed or never submitted)", ErrNotFound, id)
+	}
+	select {
+	case <-j.done:
+		delete(p.jobs, id)
+		return j.res, nil
+	default:
+		return PrefetchResult{}, nil
+	}
+}
+
+func (e *Engine) waitPrefetch(ctx context.Context, id string) (PrefetchResult, error) {
+	p := e.pf
+	p.mu.Lock()
+	j, ok := p.jobs[id]
+	p.mu.Unlock()
+	if !ok {
+		return PrefetchResult{}, fmt.Errorf("%w: unknown prefetch request_id='%s' (already completed or never submitted)", ErrNotFound, id)
+	}
+	select {
+	case <-j.done:
+	case <-ctx.Done():
+		return PrefetchResult{}, fmt.Errorf("waiting for prefetch %s: %w", id, ctx.Err())
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.jobs[id] != j {
+		return PrefetchResult{}, fmt.Errorf("%w: prefetch request_id='%s' already consumed", ErrNotFound, id)
+	}
+	delete(p.jobs, id)
+	return j.res, nil
+}
+
+// reap discards finished jobs nobody consumed within prefetchResultTTL.
+func (p *prefetchCtl) reap(now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, j := range p.jobs {
+		select {
+		case <-j.done:
+			if now.Sub(j.doneAt) > prefetchResultTTL {
+				delete(p.jobs, id)
+				p.e.st.prefetchReaped.Add(1)
+			}
+		default:
+		}
+	}
+}

@@ -1,0 +1,311 @@
+package engine
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/l1"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// Write-behind (upstream's StoreController with retries).
+//
+// Every committed, non-temporary object is uploaded to every adapter. The
+// commit pins the object once per adapter (l1.CommitOpts.Pins), so it cannot
+// be evicted, and its memory cannot be reused, until each adapter's upload
+// has either landed or been abandoned. That is the answer to "an upload
+// failed, may L1 drop the copy?": no, not while a retry is pending.
+//
+// Failed uploads are retried with exponential backoff (StoreRetryBase
+// doubling up to StoreRetryMax) up to StoreMaxAttempts attempts per
+// (object, adapter); then the upload is abandoned, counted in
+// L2Counters.StoreAbandoned and logged, and the pin is dropped so L1 can
+// evict the object normally. The bound exists because an L2 outage must not
+// pin all of L1 forever: a full pool would reject every new store.
+//
+// Uploads still queued when Run returns are dropped (counted in
+// Counters.StoreQueueDropped); L1 is volatile anyway.
+
+const (
+	storeWorkersPerAdapter = 2
+	storeBatchObjects      = 32
+	storeBatchBytes        = 256 << 20
+)
+
+// storeObj tracks one object across all adapters.
+type storeObj struct {
+	h         l1.Handle
+	remaining atomic.Int32 // adapters not yet done with it
+	failed    atomic.Bool  // some adapter abandoned it
+}
+
+type storeItem struct {
+	obj      *storeObj
+	attempts int // failed attempts so far
+	next     time.Time
+}
+
+// storeQueue is one adapter's queue: FIFO of ready items plus a min-heap of
+// items backing off. Guarded by mu; wake (capacity 1) signals workers.
+type storeQueue struct {
+	mu       sync.Mutex
+	ready    []*storeItem
+	delayed  delayHeap
+	inflight int
+	wake     chan struct{}
+}
+
+type delayHeap []*storeItem
+
+func (h delayHeap) Len() int           { return len(h) }
+func (h delayHeap) Less(i, j int) bool { return h[i].next.Before(h[j].next) }
+func (h delayHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *delayHeap) Push(x any)        { *h = append(*h, x.(*storeItem)) }
+func (h *delayHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return it
+}
+
+func (q *storeQueue) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns a batch of ready items, or how long until the next delayed
+// one is due (0: nothing delayed).
+func (q *storeQueue) take(now time.Time) ([]*storeItem, time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for q.delayed.Len() > 0 && !q.delayed[0].next.After(now) {
+		q.ready = append(q.ready, heap.Pop(&q.delayed).(*storeItem))
+	}
+	if len(q.ready) == 0 {
+		if q.delayed.Len() > 0 {
+			return nil, q.delayed[0].next.Sub(now)
+		}
+		return nil, 0
+	}
+	var bytes int64
+	n := 0
+	for n < len(q.ready) && n < storeBatchObjects {
+		sz := q.ready[n].obj.h.Slot().Size
+		if n > 0 && bytes+sz > storeBatchBytes {
+			break
+		}
+		bytes += sz
+		n++
+	}
+	batch := append([]*storeItem(nil), q.ready[:n]...)
+	clear(q.ready[:n])
+	q.ready = q.ready[n:]
+	q.inflight += len(batch)
+	if len(q.ready) > 0 {
+		q.signal() // let another worker take the rest
+	}
+	return batch, 0
+}
+
+type storeCtl struct {
+	e  *Engine
+	qs []*storeQueue
+}
+
+func newStoreCtl(e *Engine) *storeCtl {
+	s := &storeCtl{e: e, qs: make([]*storeQueue, len(e.adapters))}
+	for i := range s.qs {
+		s.qs[i] = &storeQueue{wake: make(chan struct{}, 1)}
+	}
+	return s
+}
+
+// enqueue queues freshly published objects (each pinned once per adapter).
+func (s *storeCtl) enqueue(hs []l1.Handle) {
+	if len(s.qs) == 0 {
+		return
+	}
+	if s.e.stopped.Load() {
+		for _, h := range hs {
+			for range s.qs {
+				s.e.table.Unpin(h)
+			}
+		}
+		s.e.st.storeDropped.Add(int64(len(hs)))
+		return
+	}
+	objs := make([]*storeObj, len(hs))
+	for i, h := range hs {
+		objs[i] = &storeObj{h: h}
+		objs[i].remaining.Store(int32(len(s.qs)))
+		s.e.st.storeSubObj.add(h.Key().CacheSalt, int64(len(s.qs)))
+	}
+	for i, q := range s.qs {
+		q.mu.Lock()
+		for _, o := range objs {
+			q.ready = append(q.ready, &storeItem{obj: o})
+		}
+		q.mu.Unlock()
+		s.e.st.adapters[i].pendingStores.Add(int64(len(objs)))
+		q.signal()
+	}
+}
+
+func (s *storeCtl) start(ctx context.Context, wg *sync.WaitGroup) {
+	for i := range s.qs {
+		for range storeWorkersPerAdapter {
+			wg.Go(func() { s.worker(ctx, i) })
+		}
+	}
+}
+
+// worker uploads adapter i's queue until ctx ends.
+func (s *storeCtl) worker(ctx context.Context, i int) {
+	q := s.qs[i]
+	for {
+		batch, wait := q.take(time.Now())
+		if len(batch) > 0 {
+			s.upload(ctx, i, batch)
+			continue
+		}
+		var timeout <-chan time.Time
+		var t *time.Timer
+		if wait > 0 {
+			t = time.NewTimer(wait)
+			timeout = t.C
+		}
+		select {
+		case <-ctx.Done():
+			if t != nil {
+				t.Stop()
+			}
+			return
+		case <-q.wake:
+		case <-timeout:
+		}
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
+
+func (s *storeCtl) backoff(attempts int) time.Duration {
+	d := s.e.cfg.StoreRetryBase
+	for i := 1; i < attempts && d < s.e.cfg.StoreRetryMax; i++ {
+		d *= 2
+	}
+	return min(d, s.e.cfg.StoreRetryMax)
+}
+
+func (s *storeCtl) upload(ctx context.Context, i int, batch []*storeItem) {
+	e, q, st := s.e, s.qs[i], s.e.st.adapters[i]
+	keys := make([]objkey.Key, len(batch))
+	objs := make([][]byte, len(batch))
+	var bytes int64
+	for j, it := range batch {
+		sl := it.obj.h.Slot()
+		keys[j], objs[j] = it.obj.h.Key(), e.pool.Bytes(sl.Offset, sl.Size)
+		bytes += sl.Size
+		if it.attempts > 0 {
+			st.storeRetried.Add(1)
+		}
+	}
+	st.storeSubmitted.Add(1)
+	st.inflightStores.Add(1)
+	err := e.adapters[i].Store(ctx, keys, objs)
+	st.inflightStores.Add(-1)
+	q.mu.Lock()
+	q.inflight -= len(batch)
+	q.mu.Unlock()
+	if err == nil {
+		st.storeCompleted.Add(1)
+		st.storeObjects.Add(int64(len(batch)))
+		st.storeBytes.Add(bytes)
+		for _, it := range batch {
+			e.st.storeDoneObj.add(it.obj.h.Key().CacheSalt, 1)
+			s.done(i, it, true)
+		}
+		return
+	}
+	if ctx.Err() != nil {
+		// Shutting down: put the batch back so shutdown accounts for it.
+		q.mu.Lock()
+		q.ready = append(q.ready, batch...)
+		q.mu.Unlock()
+		return
+	}
+	st.storeFailed.Add(1)
+	now := time.Now()
+	var retry []*storeItem
+	for _, it := range batch {
+		it.attempts++
+		if it.attempts >= e.cfg.StoreMaxAttempts {
+			st.storeAbandoned.Add(1)
+			e.log.Warn("write-behind upload abandoned", "adapter", i, "key", it.obj.h.Key().String(), "attempts", it.attempts, "err", err)
+			s.done(i, it, false)
+			continue
+		}
+		it.next = now.Add(s.backoff(it.attempts))
+		retry = append(retry, it)
+	}
+	if len(retry) > 0 {
+		e.log.Debug("write-behind upload failed; will retry", "adapter", i, "objects", len(retry), "err", err)
+		q.mu.Lock()
+		for _, it := range retry {
+			heap.Push(&q.delayed, it)
+		}
+		q.mu.Unlock()
+		q.signal() // a sleeping worker must recompute its timer
+	}
+}
+
+// done finishes one (object, adapter) upload: the adapter's pin is dropped,
+// and under skip_l1 the L1 copy goes once every adapter holds the object.
+func (s *storeCtl) done(i int, it *storeItem, ok bool) {
+	e := s.e
+	e.st.adapters[i].pendingStores.Add(-1)
+	if !ok {
+		it.obj.failed.Store(true)
+	}
+	e.table.Unpin(it.obj.h)
+	if it.obj.remaining.Add(-1) == 0 && e.cfg.L2StorePolicy == StorePolicySkipL1 && !it.obj.failed.Load() {
+		if e.table.DropIfIdle(it.obj.h) {
+			e.deletedL1([]objkey.Key{it.obj.h.Key()})
+		}
+	}
+}
+
+// shutdown drops whatever is still queued (after the workers stopped) and
+// returns how many objects were affected.
+func (s *storeCtl) shutdown() int {
+	dropped := map[*storeObj]struct{}{}
+	for i, q := range s.qs {
+		q.mu.Lock()
+		items := append(q.ready, q.delayed...)
+		q.ready, q.delayed = nil, nil
+		q.mu.Unlock()
+		for _, it := range items {
+			dropped[it.obj] = struct{}{}
+			s.e.st.adapters[i].pendingStores.Add(-1)
+			s.e.table.Unpin(it.obj.h)
+		}
+	}
+	s.e.st.storeDropped.Add(int64(len(dropped)))
+	return len(dropped)
+}
+
+// counts returns queued (ready + backing off) and in-flight uploads.
+func (s *storeCtl) counts() (pending, inflight int) {
+	for _, q := range s.qs {
+		q.mu.Lock()
+		pending += len(q.ready) + q.delayed.Len()
+		inflight += q.inflight
+		q.mu.Unlock()
+	}
+	return pending, inflight
+}

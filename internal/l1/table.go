@@ -1,0 +1,715 @@
+package l1
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/eviction"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// Errors returned by Table.
+var (
+	ErrNotFound    = errors.New("key not found")
+	ErrNotReadable = errors.New("object is not read-locked")
+	ErrWrongState  = errors.New("object in wrong state")
+	ErrLocked      = errors.New("object is locked")
+)
+
+// MaxReaders bounds the read locks one call may take per object, as
+// upstream clamps num_kv_readers.
+const MaxReaders = 128
+
+// Slot is a byte range of the pool.
+type Slot struct {
+	Offset int64
+	Size   int64
+}
+
+type state uint8
+
+const (
+	staging  state = iota // reserved by one writer tag, invisible to readers
+	resident              // committed and visible
+	detached              // removed from the table, memory still referenced
+	freed                 // memory returned to the allocator
+)
+
+// object is one buffer in the pool. Every field is guarded by Table.mu.
+//
+// Reference counting: the memory of an object is returned to the allocator
+// only when nothing can touch it any more, i.e. it is not in the table (or
+// is evicted), has no live read lease (readers == 0 or the lease expired)
+// and no pins (write-behind uploads in progress). Removing a referenced
+// object (force delete, clear) detaches it instead; the last release, unpin
+// or the sweep after lease expiry frees it. So no byte a reader or an
+// uploader may still read is ever handed to a writer.
+type object struct {
+	key      objkey.Key
+	off      int64
+	size     int64 // logical bytes; physical is Allocator.RoundUp(size)
+	readExp  int64 // unix nanos when the read lease ends
+	writeExp int64 // unix nanos when the write lease ends (staging only)
+	readers  int32
+	pins     int32
+	epoch    uint32 // bumped when a read lease expires, invalidating owner records
+	state    state
+	temp     bool
+}
+
+type stageKey struct {
+	tag string
+	key objkey.Key
+}
+
+// ownLock records read locks a named owner (a request id) took, so releases
+// can never exceed what the owner holds.
+type ownLock struct {
+	obj   *object
+	epoch uint32
+	n     int32
+}
+
+// Handle refers to an object for a caller that pinned it (write-behind).
+type Handle struct{ o *object }
+
+// Key is the object's key.
+func (h Handle) Key() objkey.Key { return h.o.key }
+
+// Slot is the object's pool range (valid while pinned).
+func (h Handle) Slot() Slot { return Slot{h.o.off, h.o.size} }
+
+// TableConfig configures NewTable.
+type TableConfig struct {
+	Size     int64 // bytes managed
+	Align    int64
+	ReadTTL  time.Duration
+	WriteTTL time.Duration
+	Policy   eviction.Policy // nil = noop
+}
+
+// Table is the L1 object table. One mutex guards everything: every
+// operation is atomic over its key list, as upstream's L1 manager, and the
+// per-key work is a few map operations, so the critical sections are short.
+// The eviction policy is called under the same mutex (lock order: Table.mu,
+// then nothing).
+type Table struct {
+	mu       sync.Mutex
+	alloc    *Allocator
+	policy   eviction.Policy
+	readTTL  int64
+	writeTTL int64
+
+	resident map[objkey.Key]*object
+	staging  map[stageKey]*object
+	cleared  map[stageKey]*object // staging objects removed by Clear, still owned by their writer
+	detached map[*object]struct{}
+	temps    map[*object]struct{} // resident temporary objects
+	owners   map[string]map[objkey.Key]*ownLock
+
+	saltBytes    map[string]int64 // resident physical bytes per salt
+	stagingBytes int64
+
+	expiredReads  int64
+	expiredWrites int64
+}
+
+// NewTable builds a table over [0, cfg.Size).
+func NewTable(cfg TableConfig) *Table {
+	p := cfg.Policy
+	if p == nil {
+		p = eviction.Noop{}
+	}
+	return &Table{
+		alloc:     NewAllocator(cfg.Size, cfg.Align),
+		policy:    p,
+		readTTL:   int64(cfg.ReadTTL),
+		writeTTL:  int64(cfg.WriteTTL),
+		resident:  map[objkey.Key]*object{},
+		staging:   map[stageKey]*object{},
+		cleared:   map[stageKey]*object{},
+		detached:  map[*object]struct{}{},
+		temps:     map[*object]struct{}{},
+		owners:    map[string]map[objkey.Key]*ownLock{},
+		saltBytes: map[string]int64{},
+	}
+}
+
+func now() int64 { return time.Now().UnixNano() }
+
+// liveReaders returns the object's reader count, first expiring a lease
+// that ran out (a crashed reader never wedges an object).
+func (t *Table) liveReaders(o *object, now int64) int32 {
+	if o.readers > 0 && now > o.readExp {
+		o.readers = 0
+		o.epoch++
+		t.expiredReads++
+	}
+	return o.readers
+}
+
+func (t *Table) evictable(o *object, now int64) bool {
+	return o.state == resident && o.pins == 0 && t.liveReaders(o, now) == 0
+}
+
+func (t *Table) free(o *object) {
+	if o.state == freed {
+		return
+	}
+	t.alloc.Free(o.off, o.size)
+	delete(t.detached, o)
+	delete(t.temps, o)
+	o.state = freed
+}
+
+// removeResident takes o out of the table and frees or detaches it.
+func (t *Table) removeResident(o *object, now int64) {
+	delete(t.resident, o.key)
+	delete(t.temps, o)
+	t.policy.Remove([]objkey.Key{o.key})
+	t.saltBytes[o.key.CacheSalt] -= t.alloc.RoundUp(o.size)
+	if t.saltBytes[o.key.CacheSalt] <= 0 {
+		delete(t.saltBytes, o.key.CacheSalt)
+	}
+	if o.pins == 0 && t.liveReaders(o, now) == 0 {
+		t.free(o)
+		return
+	}
+	o.state = detached
+	t.detached[o] = struct{}{}
+}
+
+// Reserve gives writer tag a private staging slot for every key that is
+// not resident, all or nothing. slots[i] is zero for a key that is resident,
+// repeated in keys, or already staged by tag under a live write lease. A
+// staging object of tag whose lease expired (or that Clear removed) is
+// handed to the new writer when its size matches, as upstream does.
+func (t *Table) Reserve(tag string, keys []objkey.Key, sizes []int64) ([]Slot, error) {
+	if len(sizes) != len(keys) {
+		return nil, fmt.Errorf("%d keys but %d sizes", len(keys), len(sizes))
+	}
+	for i, s := range sizes {
+		if s <= 0 {
+			return nil, fmt.Errorf("size of key %d must be positive (got %d)", i, s)
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	slots := make([]Slot, len(keys))
+	var (
+		seen     = make(map[objkey.Key]struct{}, len(keys))
+		reuse    []int // indices taking over an old buffer
+		reuseObj []*object
+		fresh    []int // indices needing a new buffer
+		freshSz  []int64
+		replaced []*object // old buffers to free once the batch succeeded
+	)
+	for i, k := range keys {
+		if _, dup := seen[k]; dup {
+			continue
+		}
+		seen[k] = struct{}{}
+		if _, ok := t.resident[k]; ok {
+			continue
+		}
+		sk := stageKey{tag, k}
+		old, ok := t.staging[sk]
+		if ok && now <= old.writeExp {
+			continue
+		}
+		if !ok {
+			old, ok = t.cleared[sk]
+		}
+		if ok {
+			if t.alloc.RoundUp(old.size) == t.alloc.RoundUp(sizes[i]) {
+				reuse, reuseObj = append(reuse, i), append(reuseObj, old)
+				continue
+			}
+			replaced = append(replaced, old)
+		}
+		fresh, freshSz = append(fresh, i), append(freshSz, sizes[i])
+	}
+	offs, ok := t.alloc.AllocBatch(freshSz)
+	if !ok {
+		return nil, ErrOutOfMemory
+	}
+	for j, i := range reuse {
+		o := reuseObj[j]
+		sk := stageKey{tag, keys[i]}
+		if _, wasCleared := t.cleared[sk]; wasCleared && t.cleared[sk] == o {
+			delete(t.cleared, sk)
+			t.stagingBytes += t.alloc.RoundUp(o.size)
+			t.staging[sk] = o
+		} else {
+			t.expiredWrites++
+		}
+		t.stagingBytes += t.alloc.RoundUp(sizes[i]) - t.alloc.RoundUp(o.size)
+		o.size, o.writeExp, o.state = sizes[i], now+t.writeTTL, staging
+		slots[i] = Slot{o.off, o.size}
+	}
+	for _, o := range replaced {
+		sk := stageKey{tag, o.key}
+		if t.staging[sk] == o {
+			delete(t.staging, sk)
+			t.stagingBytes -= t.alloc.RoundUp(o.size)
+			t.expiredWrites++
+		} else {
+			delete(t.cleared, sk)
+		}
+		t.free(o)
+	}
+	for j, i := range fresh {
+		o := &object{key: keys[i], off: offs[j], size: sizes[i], writeExp: now + t.writeTTL, state: staging}
+		t.staging[stageKey{tag, keys[i]}] = o
+		t.stagingBytes += t.alloc.RoundUp(o.size)
+		slots[i] = Slot{o.off, o.size}
+	}
+	return slots, nil
+}
+
+// CommitOpts says how committed objects enter the table.
+type CommitOpts struct {
+	// Temporary objects are freed when their last reader leaves.
+	Temporary bool
+	// Readers > 0 read-locks each committed key that many times (for
+	// Owner), atomically with the commit.
+	Readers int
+	Owner   string
+	// Pins holds new objects against eviction until Unpin is called this
+	// many times (one per pending write-behind upload).
+	Pins int
+}
+
+// CommitResult reports a Commit.
+type CommitResult struct {
+	// Published are the objects that became resident, pinned per opts.
+	Published []Handle
+	// Committed counts keys now resident because of this call, including
+	// keys that became resident through another writer meanwhile (their
+	// staged copy is dropped).
+	Committed int
+	// Locked lists keys read-locked for opts.Owner (opts.Readers > 0).
+	Locked []objkey.Key
+	// Missing: tag staged nothing for the key (never, aborted, cleared or
+	// reclaimed). Expired: the write lease ran out; the copy is dropped.
+	Missing, Expired int
+}
+
+// Commit admits tag's staged objects for keys. Committed keys are handed
+// to the eviction policy as one batch (reverse insertion: tail chunks are
+// evicted first).
+func (t *Table) Commit(tag string, keys []objkey.Key, opts CommitOpts) CommitResult {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	var res CommitResult
+	var added []objkey.Key
+	for _, k := range keys {
+		sk := stageKey{tag, k}
+		o, ok := t.staging[sk]
+		if !ok {
+			if c, ok := t.cleared[sk]; ok {
+				delete(t.cleared, sk)
+				t.free(c)
+			}
+			res.Missing++
+			continue
+		}
+		delete(t.staging, sk)
+		t.stagingBytes -= t.alloc.RoundUp(o.size)
+		if now > o.writeExp {
+			t.free(o)
+			t.expiredWrites++
+			res.Expired++
+			continue
+		}
+		if r, ok := t.resident[k]; ok {
+			t.free(o)
+			res.Committed++
+			if opts.Readers > 0 {
+				t.lock(r, opts.Owner, opts.Readers, now)
+				res.Locked = append(res.Locked, k)
+			}
+			continue
+		}
+		o.state, o.temp, o.pins = resident, opts.Temporary, int32(opts.Pins)
+		t.resident[k] = o
+		t.saltBytes[k.CacheSalt] += t.alloc.RoundUp(o.size)
+		if o.temp {
+			t.temps[o] = struct{}{}
+		}
+		if opts.Readers > 0 {
+			t.lock(o, opts.Owner, opts.Readers, now)
+			res.Locked = append(res.Locked, k)
+		}
+		res.Committed++
+		res.Published = append(res.Published, Handle{o})
+		added = append(added, k)
+	}
+	t.policy.Add(added)
+	return res
+}
+
+// Abort drops tag's staged objects for keys.
+func (t *Table) Abort(tag string, keys []objkey.Key) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range keys {
+		sk := stageKey{tag, k}
+		if o, ok := t.staging[sk]; ok {
+			delete(t.staging, sk)
+			t.stagingBytes -= t.alloc.RoundUp(o.size)
+			t.free(o)
+		}
+		if o, ok := t.cleared[sk]; ok {
+			delete(t.cleared, sk)
+			t.free(o)
+		}
+	}
+}
+
+func clampReaders(n int) int32 {
+	if n < 1 {
+		return 1
+	}
+	if n > MaxReaders {
+		return MaxReaders
+	}
+	return int32(n)
+}
+
+// lock takes n read locks on o and renews its lease.
+func (t *Table) lock(o *object, owner string, n int, now int64) {
+	c := clampReaders(n)
+	t.liveReaders(o, now)
+	o.readers += c
+	o.readExp = now + t.readTTL
+	if owner == "" {
+		return
+	}
+	m := t.owners[owner]
+	if m == nil {
+		m = map[objkey.Key]*ownLock{}
+		t.owners[owner] = m
+	}
+	if r := m[o.key]; r != nil && r.obj == o && r.epoch == o.epoch {
+		r.n += c
+		return
+	}
+	m[o.key] = &ownLock{obj: o, epoch: o.epoch, n: c}
+}
+
+// ReadLock takes n read locks (clamped to [1, MaxReaders]) on every
+// resident key for owner and returns the slots of the locked keys (the zero
+// Slot for a miss). Staging objects are invisible. A lock renews the
+// object's read lease.
+func (t *Table) ReadLock(owner string, keys []objkey.Key, n int) []Slot {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	out := make([]Slot, len(keys))
+	for i, k := range keys {
+		if o, ok := t.resident[k]; ok {
+			t.lock(o, owner, n, now)
+			out[i] = Slot{o.off, o.size}
+		}
+	}
+	return out
+}
+
+// Release drops up to n read locks per key. With an owner only locks that
+// owner took and still holds are released (stale records, after a lease
+// expired or the object was replaced, are ignored). Owner "" releases
+// anonymous locks on the resident object. Temporary objects whose last
+// reader left are deleted; their keys are returned.
+func (t *Table) Release(owner string, keys []objkey.Key, n int) (released int, deleted []objkey.Key) {
+	if n < 1 {
+		n = 1
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	m := t.owners[owner]
+	for _, k := range keys {
+		var o *object
+		var m32 int32
+		if owner != "" {
+			r := m[k]
+			if r == nil {
+				continue
+			}
+			o = r.obj
+			m32 = min(int32(n), r.n)
+			r.n -= m32
+			if r.n == 0 {
+				delete(m, k)
+			}
+			if o.state == freed || t.liveReaders(o, now) == 0 || r.epoch != o.epoch {
+				continue
+			}
+		} else {
+			o = t.resident[k]
+			if o == nil {
+				continue
+			}
+			m32 = min(int32(n), t.liveReaders(o, now))
+		}
+		m32 = min(m32, o.readers)
+		o.readers -= m32
+		released += int(m32)
+		if o.readers == 0 && t.maybeFree(o, now) {
+			deleted = append(deleted, o.key)
+		}
+	}
+	if m != nil && len(m) == 0 {
+		delete(t.owners, owner)
+	}
+	return released, deleted
+}
+
+// maybeFree frees an unreferenced detached object or temporary resident
+// one; it reports whether a resident key left the table.
+func (t *Table) maybeFree(o *object, now int64) bool {
+	if o.pins > 0 || t.liveReaders(o, now) > 0 {
+		return false
+	}
+	switch {
+	case o.state == detached:
+		t.free(o)
+	case o.state == resident && o.temp:
+		t.removeResident(o, now)
+		return true
+	}
+	return false
+}
+
+// Slots returns the slots of keys, all of which must be resident and
+// read-locked; otherwise nothing is returned.
+func (t *Table) Slots(keys []objkey.Key) ([]Slot, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	out := make([]Slot, len(keys))
+	for i, k := range keys {
+		o, ok := t.resident[k]
+		if !ok {
+			return nil, fmt.Errorf("key %d: %w", i, ErrNotFound)
+		}
+		if t.liveReaders(o, now) == 0 {
+			return nil, fmt.Errorf("key %d: %w", i, ErrNotReadable)
+		}
+		out[i] = Slot{o.off, o.size}
+	}
+	return out, nil
+}
+
+// Contains reports which keys are resident (no lock taken).
+func (t *Table) Contains(keys []objkey.Key) []bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]bool, len(keys))
+	for i, k := range keys {
+		_, out[i] = t.resident[k]
+	}
+	return out
+}
+
+// Touch is the recency signal for eviction.
+func (t *Table) Touch(keys []objkey.Key) {
+	t.mu.Lock()
+	t.policy.Touch(keys)
+	t.mu.Unlock()
+}
+
+// Unpin drops one pin of h; when the object is no longer referenced and
+// already removed, its memory is freed.
+func (t *Table) Unpin(h Handle) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	o := h.o
+	if o.pins > 0 {
+		o.pins--
+	}
+	if o.pins == 0 && o.state == detached {
+		t.maybeFree(o, now())
+	}
+}
+
+// DropIfIdle removes h's object if it is still resident and evictable
+// (the skip_l1 store policy, after every upload landed).
+func (t *Table) DropIfIdle(h Handle) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	o := h.o
+	if t.resident[o.key] != o || !t.evictable(o, now) {
+		return false
+	}
+	t.removeResident(o, now)
+	return true
+}
+
+// Delete removes resident keys. Read-locked or pinned objects are skipped
+// unless force, in which case they are detached (their memory lives until
+// the last reference ends). Missing keys are neither deleted nor skipped.
+func (t *Table) Delete(keys []objkey.Key, force bool) (deleted []objkey.Key, skipped int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	for _, k := range keys {
+		o, ok := t.resident[k]
+		if !ok {
+			continue
+		}
+		if !force && !t.evictable(o, now) {
+			skipped++
+			continue
+		}
+		t.removeResident(o, now)
+		deleted = append(deleted, k)
+	}
+	return deleted, skipped
+}
+
+// Clear removes every object, locked and staging ones included. Memory
+// still referenced (readers, pins, writers) is reclaimed when the reference
+// ends; a writer's commit after a clear reports its key as missing.
+func (t *Table) Clear() (keys []objkey.Key, bytes int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	for k, o := range t.resident {
+		bytes += t.alloc.RoundUp(o.size)
+		keys = append(keys, k)
+		t.removeResident(o, now)
+	}
+	for sk, o := range t.staging {
+		delete(t.staging, sk)
+		t.stagingBytes -= t.alloc.RoundUp(o.size)
+		t.cleared[sk] = o
+	}
+	return keys, bytes
+}
+
+// Evict lets choose pick victims from the policy; only eligible keys
+// (resident, no live read lease, no pins) can be chosen and are deleted.
+// choose runs under the table mutex and must not call the table.
+func (t *Table) Evict(choose func(p eviction.Policy, eligible func(objkey.Key) bool) []objkey.Key) (evicted []objkey.Key, bytes int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	eligible := func(k objkey.Key) bool {
+		o, ok := t.resident[k]
+		return ok && t.evictable(o, now)
+	}
+	for _, k := range choose(t.policy, eligible) {
+		o, ok := t.resident[k]
+		if !ok || !t.evictable(o, now) {
+			continue
+		}
+		bytes += t.alloc.RoundUp(o.size)
+		t.removeResident(o, now)
+		evicted = append(evicted, k)
+	}
+	return evicted, bytes
+}
+
+// Sweep reclaims what expired leases left behind: staging objects whose
+// writer vanished, detached objects whose readers vanished, temporary
+// objects whose readers vanished, and stale owner records. The eviction
+// loop calls it every tick. It returns temporary keys deleted.
+func (t *Table) Sweep() (deleted []objkey.Key) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	for sk, o := range t.staging {
+		if now > o.writeExp {
+			delete(t.staging, sk)
+			t.stagingBytes -= t.alloc.RoundUp(o.size)
+			t.free(o)
+			t.expiredWrites++
+		}
+	}
+	for sk, o := range t.cleared {
+		if now > o.writeExp {
+			delete(t.cleared, sk)
+			t.free(o)
+		}
+	}
+	for o := range t.detached {
+		t.maybeFree(o, now)
+	}
+	for o := range t.temps {
+		if t.maybeFree(o, now) {
+			deleted = append(deleted, o.key)
+		}
+	}
+	for owner, m := range t.owners {
+		for k, r := range m {
+			if r.obj.state == freed || t.liveReaders(r.obj, now) == 0 || r.epoch != r.obj.epoch {
+				delete(m, k)
+			}
+		}
+		if len(m) == 0 {
+			delete(t.owners, owner)
+		}
+	}
+	return deleted
+}
+
+// Stats is a snapshot of the table.
+type Stats struct {
+	UsedBytes, TotalBytes         int64
+	Objects, StagingObjects       int
+	StagingBytes                  int64
+	ReadLocked, Temporary, Pinned int
+	Detached                      int
+	ExpiredReads, ExpiredWrites   int64
+	FreeExtents                   int
+}
+
+// Stats scans the table (O(objects); used by status and metrics).
+func (t *Table) Stats() Stats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	s := Stats{
+		UsedBytes: t.alloc.Used(), TotalBytes: t.alloc.Total(),
+		Objects: len(t.resident), StagingObjects: len(t.staging), StagingBytes: t.stagingBytes,
+		Temporary: len(t.temps), Detached: len(t.detached),
+		ExpiredReads: t.expiredReads, ExpiredWrites: t.expiredWrites, FreeExtents: t.alloc.FreeExtents(),
+	}
+	for _, o := range t.resident {
+		if o.readers > 0 && now <= o.readExp {
+			s.ReadLocked++
+		}
+		if o.pins > 0 {
+			s.Pinned++
+		}
+	}
+	return s
+}
+
+// Usage returns (used, total) bytes of the pool.
+func (t *Table) Usage() (used, total int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.alloc.Used(), t.alloc.Total()
+}
+
+// UsageBySalt returns resident bytes per cache_salt.
+func (t *Table) UsageBySalt() map[string]int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[string]int64, len(t.saltBytes))
+	for s, b := range t.saltBytes {
+		out[s] = b
+	}
+	return out
+}
+
+// RoundUp is the physical size of an n-byte object.
+func (t *Table) RoundUp(n int64) int64 { return t.alloc.RoundUp(n) }
