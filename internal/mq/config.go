@@ -1,0 +1,183 @@
+package mq
+
+import (
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/tokenhash"
+	"github.com/lmcache-go/lmcache/internal/wire"
+)
+
+// Transfer modes accepted by --supported-transfer-mode (upstream spelling).
+const (
+	ModeAuto          = "auto"
+	ModeEngineDriven  = "engine_driven"
+	ModeLMCacheDriven = "lmcache_driven"
+)
+
+// Wire profiles accepted by --wire-profile.
+const (
+	ProfileAuto  = "auto"
+	ProfileGen2M = "gen2m"
+	ProfileGen3  = "gen3"
+)
+
+// Config configures the ZMQ data-path server. Zero values take the defaults
+// documented on each field (see Defaults).
+type Config struct {
+	// Host and Port are --host (default "localhost") and --port (default
+	// 5555). The server binds tcp://Host:Port; "localhost" binds loopback.
+	Host string
+	Port int
+	// TransferMode is --supported-transfer-mode: auto (default) and
+	// engine_driven serve the engine-driven shared-memory path;
+	// lmcache_driven (GPU IPC) is refused by New.
+	TransferMode string
+	// WireProfile is --wire-profile: auto (default; decided per connection
+	// from its first request), gen2m or gen3.
+	WireProfile string
+	// ChunkSize is --chunk-size in tokens (default 256).
+	ChunkSize int
+	// HashAlgorithm is --hash-algorithm (default blake3).
+	HashAlgorithm string
+	// WorkerReapTimeout is --worker-reap-timeout-seconds (default 120 s; 0
+	// disables): a registered worker that pinged once and then stays silent
+	// this long is dropped with its pending transfers.
+	WorkerReapTimeout time.Duration
+	// WorkerRegistrationGrace is --worker-registration-grace-seconds (default
+	// 3600 s): the same for a worker that never pinged.
+	WorkerRegistrationGrace time.Duration
+	// SessionTTL is how long an idle request session (token hashes) is kept
+	// (default 600 s, as upstream).
+	SessionTTL time.Duration
+	// MaxControlInFlight bounds control requests (LOOKUP and friends) being
+	// handled at once (default 1024); later ones wait for a free handler.
+	MaxControlInFlight int
+	// SendHWM is the ROUTER's per-peer send queue in messages (default
+	// 100000). A peer that lets it fill loses replies (logged), others do
+	// not wait for it.
+	SendHWM int
+}
+
+// Defaults returns the upstream defaults.
+func Defaults() Config {
+	return Config{
+		Host:                    "localhost",
+		Port:                    5555,
+		TransferMode:            ModeAuto,
+		WireProfile:             ProfileAuto,
+		ChunkSize:               256,
+		HashAlgorithm:           tokenhash.Blake3,
+		WorkerReapTimeout:       120 * time.Second,
+		WorkerRegistrationGrace: 3600 * time.Second,
+		SessionTTL:              600 * time.Second,
+		MaxControlInFlight:      1024,
+		SendHWM:                 100000,
+	}
+}
+
+// withDefaults fills zero fields. WorkerReapTimeout keeps 0 only when set
+// through flags (0 = disabled), so Config users disable reaping with a
+// negative value.
+func (c Config) withDefaults() Config {
+	d := Defaults()
+	if c.Host == "" {
+		c.Host = d.Host
+	}
+	if c.Port == 0 {
+		c.Port = d.Port
+	}
+	if c.TransferMode == "" {
+		c.TransferMode = d.TransferMode
+	}
+	if c.WireProfile == "" {
+		c.WireProfile = d.WireProfile
+	}
+	if c.ChunkSize == 0 {
+		c.ChunkSize = d.ChunkSize
+	}
+	if c.HashAlgorithm == "" {
+		c.HashAlgorithm = d.HashAlgorithm
+	}
+	if c.WorkerReapTimeout == 0 {
+		c.WorkerReapTimeout = d.WorkerReapTimeout
+	}
+	if c.WorkerRegistrationGrace == 0 {
+		c.WorkerRegistrationGrace = d.WorkerRegistrationGrace
+	}
+	if c.SessionTTL == 0 {
+		c.SessionTTL = d.SessionTTL
+	}
+	if c.MaxControlInFlight == 0 {
+		c.MaxControlInFlight = d.MaxControlInFlight
+	}
+	if c.SendHWM == 0 {
+		c.SendHWM = d.SendHWM
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch c.TransferMode {
+	case ModeAuto, ModeEngineDriven:
+	case ModeLMCacheDriven:
+		return fmt.Errorf("--supported-transfer-mode lmcache_driven needs GPU IPC, which this server does not implement; use engine_driven (and LMCACHE_MP_TRANSFER_MODE=engine_driven in vLLM)")
+	default:
+		return fmt.Errorf("--supported-transfer-mode %q: want auto, engine_driven or lmcache_driven", c.TransferMode)
+	}
+	if c.WireProfile != ProfileAuto {
+		if _, ok := wire.ProfileByName(c.WireProfile); !ok {
+			return fmt.Errorf("--wire-profile %q: want auto, gen2m or gen3", c.WireProfile)
+		}
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		return fmt.Errorf("--port %d out of range", c.Port)
+	}
+	if c.ChunkSize < 1 {
+		return fmt.Errorf("--chunk-size must be >= 1 (got %d)", c.ChunkSize)
+	}
+	return nil
+}
+
+// Flags binds the data-path flags to a FlagSet. --chunk-size,
+// --hash-algorithm and --shm-name are shared with the engine and belong to
+// the server command's own flag wiring; the caller copies them into Config
+// (and --shm-name into the engine config, which owns the pool).
+type Flags struct {
+	cfg        *Config
+	reapSecs   float64
+	graceSecs  float64
+}
+
+// AddFlags registers --host, --port, --supported-transfer-mode,
+// --wire-profile, --worker-reap-timeout-seconds and
+// --worker-registration-grace-seconds on fs, writing into cfg (which should
+// start as Defaults()). Call Apply after fs.Parse.
+func AddFlags(fs *flag.FlagSet, cfg *Config) *Flags {
+	f := &Flags{cfg: cfg, reapSecs: cfg.WorkerReapTimeout.Seconds(), graceSecs: cfg.WorkerRegistrationGrace.Seconds()}
+	fs.StringVar(&cfg.Host, "host", cfg.Host, "ZMQ data-path bind host (0.0.0.0 for all interfaces)")
+	fs.IntVar(&cfg.Port, "port", cfg.Port, "ZMQ data-path port")
+	fs.StringVar(&cfg.TransferMode, "supported-transfer-mode", cfg.TransferMode, "auto|engine_driven|lmcache_driven (this server serves engine_driven; auto = engine_driven)")
+	fs.StringVar(&cfg.WireProfile, "wire-profile", cfg.WireProfile, "RequestType numbering: auto (per connection, from its first request) | gen2m | gen3")
+	fs.Float64Var(&f.reapSecs, "worker-reap-timeout-seconds", f.reapSecs, "drop a registered worker silent this long after its last PING (0 disables)")
+	fs.Float64Var(&f.graceSecs, "worker-registration-grace-seconds", f.graceSecs, "drop a registered worker that never pinged after this long")
+	return f
+}
+
+// Apply copies the parsed duration flags into the Config. A reap timeout of
+// 0 disables reaping (stored as a negative duration).
+func (f *Flags) Apply() error {
+	if f.reapSecs < 0 || f.graceSecs < 0 {
+		return fmt.Errorf("worker reap/grace seconds must be >= 0")
+	}
+	f.cfg.WorkerReapTimeout = time.Duration(f.reapSecs * float64(time.Second))
+	if f.reapSecs == 0 {
+		f.cfg.WorkerReapTimeout = -1
+	}
+	f.cfg.WorkerRegistrationGrace = time.Duration(f.graceSecs * float64(time.Second))
+	if f.graceSecs == 0 {
+		f.cfg.WorkerRegistrationGrace = -1
+	}
+	return nil
+}

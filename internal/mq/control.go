@@ -1,0 +1,267 @@
+package mq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/wire"
+)
+
+// maxWait bounds WAIT_PREFETCH_STATUS's timeout argument.
+const maxWait = 10 * time.Minute
+
+// control handles LOOKUP and the other scheduler requests, each on its own
+// goroutine.
+func (st *state) control(ctx context.Context, req *request) []byte {
+	var resp []byte
+	var err error
+	switch req.op {
+	case wire.OpLookup:
+		resp, err = st.lookup(req)
+	case wire.OpQueryPrefetchStatus:
+		resp, err = st.queryStatus(req, true)
+	case wire.OpQueryPrefetchLookupHits:
+		resp, err = st.queryStatus(req, false)
+	case wire.OpWaitPrefetchStatus:
+		resp, err = st.waitStatus(ctx, req)
+	case wire.OpFreeLookupLocks:
+		resp, err = st.freeLookupLocks(req)
+	case wire.OpEndSession:
+		resp, err = st.endSession(req)
+	case wire.OpClear:
+		res := st.s.eng.Clear()
+		st.log.Info("CLEAR", "objects", res.Objects, "bytes", res.Bytes)
+		resp = wire.Nil
+	}
+	if err != nil {
+		st.log.Warn("request failed", "op", req.op.EnumName(), "peer", req.peer.idString(), "err", err)
+		if resp == nil {
+			resp = wire.NegativeReply(req.op)
+		}
+	}
+	return resp
+}
+
+// lookupKey decodes a scheduler key (and the legacy tp_size frame) and
+// returns the number of read locks per object.
+func lookupKey(req *request) (*wire.Key, int, error) {
+	var key wire.Key
+	if err := wire.Unmarshal(req.payloads[0], &key); err != nil {
+		return nil, 0, fmt.Errorf("decode key: %w", err)
+	}
+	if key.WorldSize < 1 || key.WorldSize > 255 {
+		return nil, 0, fmt.Errorf("world_size %d out of range", key.WorldSize)
+	}
+	if err := (objkey.Key{ModelName: key.ModelName, CacheSalt: key.CacheSalt}).Validate(); err != nil {
+		return nil, 0, err
+	}
+	readers := key.Readers()
+	if key.NumKVReaders < 1 && len(req.payloads) > 1 {
+		// Older clients: no num_kv_readers; MLA readers came from tp_size.
+		var tp wire.Int
+		if err := wire.Unmarshal(req.payloads[1], &tp); err == nil && int64(tp) > int64(key.WorldSize) {
+			readers = int(tp)
+		}
+	}
+	return &key, readers, nil
+}
+
+func (st *state) answer(id string, chunks int) {
+	st.mu.Lock()
+	st.jobs[id] = &answeredJob{chunks: chunks, created: time.Now()}
+	st.mu.Unlock()
+}
+
+func (st *state) lookup(req *request) ([]byte, error) {
+	key, readers, err := lookupKey(req)
+	if err != nil {
+		return wire.Nil, err
+	}
+	st.mu.Lock()
+	delete(st.jobs, key.RequestID) // a new lookup replaces an unconsumed answer
+	_, known := st.layouts[layoutKey{key.ModelName, int(key.WorldSize)}]
+	st.mu.Unlock()
+	if !known {
+		// No worker registered this (model, world_size): nothing can hit.
+		st.answer(key.RequestID, 0)
+		return wire.Nil, nil
+	}
+	first, last, err := st.chunkRange(key)
+	if err != nil {
+		st.answer(key.RequestID, 0)
+		return wire.Nil, err
+	}
+	hashes, err := st.chunkHashes(key, last)
+	if err != nil {
+		st.answer(key.RequestID, 0)
+		return wire.Nil, err
+	}
+	if first == last {
+		st.answer(key.RequestID, 0)
+		return wire.Nil, nil
+	}
+	world := int(key.WorldSize)
+	groups, err := objkey.FanOut(hashes[first:last], key.ModelName, world, -1, nil, key.CacheSalt)
+	if err != nil {
+		st.answer(key.RequestID, 0)
+		return wire.Nil, err
+	}
+	flat := groups[0]
+	chunks := make([][]objkey.Key, last-first)
+	for i := range chunks {
+		chunks[i] = flat[i*world : (i+1)*world : (i+1)*world]
+	}
+	if err := st.s.eng.Prefetch(engine.PrefetchRequest{ID: key.RequestID, Chunks: chunks, Readers: readers}); err != nil {
+		st.answer(key.RequestID, 0)
+		return wire.Nil, fmt.Errorf("prefetch: %w", err)
+	}
+	return wire.Nil, nil
+}
+
+func decodeRequestID(b []byte) (string, error) {
+	var id string
+	id, rest, err := msgp.ReadStringBytes(b)
+	if err == nil && len(rest) != 0 {
+		err = errTrailing(rest)
+	}
+	if err != nil {
+		return "", fmt.Errorf("decode request_id: %w", err)
+	}
+	return id, nil
+}
+
+// queryStatus is QUERY_PREFETCH_STATUS (consume) and
+// QUERY_PREFETCH_LOOKUP_HITS (peek): nil while running, the hit prefix in
+// chunks when done, 0 for an unknown request.
+func (st *state) queryStatus(req *request, consume bool) ([]byte, error) {
+	id, err := decodeRequestID(req.payloads[0])
+	if err != nil {
+		return nil, err
+	}
+	st.mu.Lock()
+	if j := st.jobs[id]; j != nil {
+		if consume {
+			delete(st.jobs, id)
+		}
+		st.mu.Unlock()
+		return wire.EncodeInt(int64(j.chunks)), nil
+	}
+	st.mu.Unlock()
+	res, err := st.s.eng.PollPrefetch(id)
+	switch {
+	case errors.Is(err, engine.ErrNotFound):
+		return wire.EncodeInt(0), nil
+	case err != nil:
+		return wire.EncodeInt(0), err
+	case !res.Done:
+		return wire.Nil, nil
+	}
+	st.logJobError(id, res)
+	if !consume {
+		st.answer(id, res.PrefixChunks) // the engine consumed it; keep it for QUERY_PREFETCH_STATUS
+	}
+	return wire.EncodeInt(int64(res.PrefixChunks)), nil
+}
+
+func (st *state) logJobError(id string, res engine.PrefetchResult) {
+	if res.Err != nil {
+		st.log.Warn("prefetch job failed", "request_id", id, "prefix_chunks", res.PrefixChunks, "err", res.Err)
+	}
+}
+
+func (st *state) waitStatus(ctx context.Context, req *request) ([]byte, error) {
+	id, err := decodeRequestID(req.payloads[0])
+	if err != nil {
+		return nil, err
+	}
+	wait := maxWait
+	if len(req.payloads) > 1 {
+		f, rest, err := msgp.ReadFloat64Bytes(req.payloads[1])
+		if err != nil { // an int timeout is fine too
+			var i int64
+			i, rest, err = msgp.ReadInt64Bytes(req.payloads[1])
+			f = float64(i)
+		}
+		if err != nil || len(rest) != 0 || math.IsNaN(f) || f < 0 {
+			return nil, fmt.Errorf("decode timeout: %w", errors.Join(err, errTrailing(rest)))
+		}
+		if d := time.Duration(f * float64(time.Second)); d < wait {
+			wait = d
+		}
+	}
+	st.mu.Lock()
+	if j := st.jobs[id]; j != nil {
+		delete(st.jobs, id)
+		st.mu.Unlock()
+		return wire.EncodeInt(int64(j.chunks)), nil
+	}
+	st.mu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	res, err := st.s.eng.WaitPrefetch(wctx, id)
+	switch {
+	case errors.Is(err, engine.ErrNotFound):
+		return wire.EncodeInt(0), nil
+	case wctx.Err() != nil:
+		return wire.Nil, nil // timed out: still running
+	case err != nil:
+		return wire.EncodeInt(0), err
+	}
+	st.logJobError(id, res)
+	return wire.EncodeInt(int64(res.PrefixChunks)), nil
+}
+
+func (st *state) freeLookupLocks(req *request) ([]byte, error) {
+	key, readers, err := lookupKey(req)
+	if err != nil {
+		return wire.Nil, err
+	}
+	if key.Start >= key.End {
+		return wire.Nil, nil
+	}
+	first, last, err := st.chunkRange(key)
+	if err != nil || first == last {
+		return wire.Nil, err
+	}
+	hashes, err := st.chunkHashes(key, last)
+	if err != nil {
+		return wire.Nil, err
+	}
+	groups, err := objkey.FanOut(hashes[first:last], key.ModelName, int(key.WorldSize), -1, nil, key.CacheSalt)
+	if err != nil {
+		return wire.Nil, err
+	}
+	// The engine releases only locks this request's lookup holds, so a
+	// duplicate or late free cannot take a lock from another reader.
+	st.s.eng.ReleaseRead(key.RequestID, groups[0], readers)
+	return wire.Nil, nil
+}
+
+func (st *state) endSession(req *request) ([]byte, error) {
+	id, err := decodeRequestID(req.payloads[0])
+	if err != nil {
+		return wire.Nil, err
+	}
+	// A second frame (SessionEndInfo) is accepted and ignored.
+	st.mu.Lock()
+	sess := st.sessions[id]
+	delete(st.sessions, id)
+	delete(st.jobs, id)
+	st.mu.Unlock()
+	if sess == nil || len(sess.hashes) == 0 || sess.world < 1 {
+		return wire.Nil, nil
+	}
+	groups, err := objkey.FanOut(sess.hashes, sess.model, sess.world, -1, nil, sess.salt)
+	if err != nil {
+		return wire.Nil, err
+	}
+	st.s.eng.Touch(groups[0])
+	return wire.Nil, nil
+}

@@ -1,0 +1,36 @@
+package mq
+
+import (
+	"context"
+
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// Engine is the part of the storage engine the data path uses; *engine.Engine
+// implements it. Keeping it narrow lets the protocol layer be tested with
+// fault-injecting fakes.
+type Engine interface {
+	// Pool is the shared-memory L1 pool handed to registering workers.
+	Pool() engine.PoolInfo
+	// RegisterLayout makes (model, world_size) known to lookups, prefetch
+	// and the HTTP KV API.
+	RegisterLayout(l engine.Layout) error
+	// Prefetch, PollPrefetch and WaitPrefetch run LOOKUP's job.
+	Prefetch(req engine.PrefetchRequest) error
+	PollPrefetch(id string) (engine.PrefetchResult, error)
+	WaitPrefetch(ctx context.Context, id string) (engine.PrefetchResult, error)
+	// ReserveWrite, CommitWrite and AbortWrite are PREPARE/COMMIT_STORE.
+	ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]engine.Slot, error)
+	CommitWrite(tag string, keys []objkey.Key) (int, error)
+	AbortWrite(tag string, keys []objkey.Key)
+	// ReadSlots and ReleaseRead are PREPARE/COMMIT_RETRIEVE (and
+	// FREE_LOOKUP_LOCKS).
+	ReadSlots(keys []objkey.Key) ([]engine.Slot, error)
+	ReleaseRead(owner string, keys []objkey.Key, n int) int
+	// Touch is END_SESSION's LRU refresh; Clear is CLEAR.
+	Touch(keys []objkey.Key)
+	Clear() engine.ClearResult
+}
+
+var _ Engine = (*engine.Engine)(nil)

@@ -1,0 +1,726 @@
+package mq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/tokenhash"
+	"github.com/lmcache-go/lmcache/internal/wire"
+)
+
+// hintEngineDriven ends every log line about a request this server cannot
+// serve: the fix is on the vLLM side.
+const hintEngineDriven = "set LMCACHE_MP_TRANSFER_MODE=engine_driven in vLLM's environment (same host, shared /dev/shm, non-hybrid model)"
+
+// state is the server's protocol state: worker registrations, in-flight
+// transfers, request sessions and answered prefetch jobs. One mutex guards
+// it; engine calls are made outside it.
+type state struct {
+	s   *Server
+	log *slog.Logger
+
+	mu       sync.Mutex
+	regs     map[int64]*registration
+	layouts  map[layoutKey]*layoutRef
+	writes   map[pendingKey]*pendingWrite
+	reads    map[pendingKey]*pendingRead
+	sessions map[string]*session
+	jobs     map[string]*answeredJob
+	warned   map[string]bool
+}
+
+type layoutKey struct {
+	model string
+	world int
+}
+
+type layoutRef struct {
+	refs        int
+	objectBytes int64
+}
+
+// registration is one engine-driven worker context (one vLLM worker).
+type registration struct {
+	instanceID int64
+	model      string
+	world      int
+	shape      []int64
+	dtype      string
+	objBytes   int64
+	hybrid     string // non-empty: why this registration is not served
+	registered time.Time
+	lastPing   time.Time
+	pinged     bool
+}
+
+// pendingKey identifies an in-flight transfer: the worker and its key with
+// request_id left out, as upstream.
+type pendingKey struct {
+	instance   int64
+	model      string
+	world      int64
+	worker     int64
+	start, end int64
+	salt       string
+}
+
+type pendingWrite struct {
+	tag     string
+	keys    []objkey.Key
+	created time.Time
+}
+
+type pendingRead struct {
+	owner   string
+	keys    []objkey.Key
+	created time.Time
+}
+
+// session caches a request's chunk hashes; every request carries the full
+// token prefix, so a lost session only costs rehashing.
+type session struct {
+	tokens   []int64 // the tokens hashed so far (whole chunks)
+	hashes   [][]byte
+	model    string
+	world    int
+	salt     string
+	lastUsed time.Time
+}
+
+// answeredJob is a prefetch result the server already knows: a lookup that
+// needed no engine job (no layout registered), or a result read by
+// QUERY_PREFETCH_LOOKUP_HITS that QUERY_PREFETCH_STATUS has yet to consume.
+type answeredJob struct {
+	chunks  int
+	created time.Time
+}
+
+func newState(s *Server) *state {
+	return &state{s: s, log: s.log, regs: map[int64]*registration{}, layouts: map[layoutKey]*layoutRef{},
+		writes: map[pendingKey]*pendingWrite{}, reads: map[pendingKey]*pendingRead{},
+		sessions: map[string]*session{}, jobs: map[string]*answeredJob{}, warned: map[string]bool{}}
+}
+
+// warnOnce logs msg once per key (a peer and a kind of refusal), so a worker
+// that sends a refused request every step does not flood the log.
+func (st *state) warnOnce(key, msg string, args ...any) {
+	st.mu.Lock()
+	seen := st.warned[key]
+	st.warned[key] = true
+	st.mu.Unlock()
+	if !seen {
+		st.log.Warn(msg, args...)
+	}
+}
+
+// ---- inline handlers (router goroutine) ----
+
+func (st *state) ping(req *request) []byte {
+	if len(req.payloads) == 1 {
+		var inst wire.OptInt
+		if err := wire.Unmarshal(req.payloads[0], &inst); err != nil {
+			// Some adapters send an empty list; anything else is a bad frame.
+			if n, _, lerr := msgp.ReadArrayHeaderBytes(req.payloads[0]); lerr != nil || n != 0 {
+				st.log.Warn("PING: undecodable instance_id", "peer", req.peer.idString(), "err", err)
+				return wire.False
+			}
+		}
+		if inst.Valid {
+			st.mu.Lock()
+			if r := st.regs[inst.V]; r != nil {
+				r.lastPing, r.pinged = time.Now(), true
+			}
+			st.mu.Unlock()
+		}
+	}
+	return wire.True
+}
+
+func (st *state) reportBlockAllocation(req *request) []byte {
+	// Observability only upstream; decode to validate, then acknowledge.
+	if len(req.payloads) == 3 {
+		b := req.payloads[2]
+		n, rest, err := msgp.ReadArrayHeaderBytes(b)
+		for i := uint32(0); err == nil && i < n; i++ {
+			var rec wire.BlockAllocationRecord
+			rest, err = rec.UnmarshalMsg(rest)
+		}
+		if err != nil {
+			st.log.Debug("REPORT_BLOCK_ALLOCATION: undecodable records", "err", err)
+		}
+	}
+	return wire.Nil
+}
+
+func (st *state) rejectLMCacheDriven(req *request) []byte {
+	st.warnOnce(req.peer.idString()+"/"+req.op.String(),
+		"refused "+req.op.EnumName()+": the lmcache-driven (GPU IPC) transfer is not supported by this server; "+hintEngineDriven,
+		"peer", req.peer.idString())
+	return wire.NegativeReply(req.op)
+}
+
+// ---- transfer handlers (per-peer FIFO goroutine) ----
+
+func (st *state) transfer(req *request) []byte {
+	var resp []byte
+	var err error
+	switch req.op {
+	case wire.OpRegisterEngineDriven:
+		resp, err = st.register(req)
+	case wire.OpUnregisterEngineDriven:
+		resp, err = st.unregister(req)
+	case wire.OpPrepareStore:
+		resp, err = st.prepareStore(req)
+	case wire.OpCommitStore:
+		resp, err = st.commitStore(req)
+	case wire.OpPrepareRetrieve:
+		resp, err = st.prepareRetrieve(req)
+	case wire.OpCommitRetrieve:
+		resp, err = st.commitRetrieve(req)
+	}
+	if err != nil {
+		st.log.Warn("request failed", "op", req.op.EnumName(), "peer", req.peer.idString(), "err", err)
+		if resp == nil {
+			resp = wire.NegativeReply(req.op)
+		}
+	}
+	return resp
+}
+
+// dtypeSizes are the element sizes of the torch dtype names vLLM sends.
+var dtypeSizes = map[string]int64{
+	"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
+	"uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+	"int16": 2, "int32": 4, "int64": 8,
+}
+
+// ObjectShape is the chunk object shape research 7.2 prescribes: KV_2LTD
+// [2, layers, chunk, hidden], or [layers, chunk, hidden] for MLA.
+func ObjectShape(numLayers, chunkSize, hidden int64, mla bool) []int64 {
+	if mla {
+		return []int64{numLayers, chunkSize, hidden}
+	}
+	return []int64{2, numLayers, chunkSize, hidden}
+}
+
+func (st *state) register(req *request) ([]byte, error) {
+	var p wire.RegisterPayload
+	if err := wire.Unmarshal(req.payloads[0], &p); err != nil {
+		return registerError("undecodable payload: " + err.Error()), fmt.Errorf("decode payload: %w", err)
+	}
+	itemSize, ok := dtypeSizes[p.DtypeStr]
+	switch {
+	case !ok:
+		return registerError("unsupported dtype_str " + p.DtypeStr), fmt.Errorf("unsupported dtype_str %q", p.DtypeStr)
+	case p.WorldSize < 1 || p.WorldSize > 255 || p.NumLayers < 1 || p.HiddenDimSize < 1:
+		msg := fmt.Sprintf("invalid layout: world_size=%d num_layers=%d hidden_dim_size=%d", p.WorldSize, p.NumLayers, p.HiddenDimSize)
+		return registerError(msg), errors.New(msg)
+	}
+	if err := (objkey.Key{ModelName: p.ModelName}).Validate(); err != nil {
+		return registerError(err.Error()), err
+	}
+	shape := ObjectShape(int64(p.NumLayers), int64(st.s.cfg.ChunkSize), int64(p.HiddenDimSize), p.UseMLA)
+	objBytes := itemSize
+	for _, d := range shape {
+		objBytes *= d
+	}
+	pool := st.s.eng.Pool()
+	if pool.Name == "" {
+		st.warnOnce("noshm", "a worker registered but the L1 pool is not shared memory; set --shm-name (it will fall back to the pickle transfer, which is refused)")
+	}
+	hybrid, why := p.Hybrid()
+	now := time.Now()
+	lk := layoutKey{p.ModelName, int(p.WorldSize)}
+
+	st.mu.Lock()
+	old := st.regs[int64(p.InstanceID)]
+	if old != nil && old.model == p.ModelName && old.world == int(p.WorldSize) && old.objBytes == objBytes && (old.hybrid != "") == hybrid {
+		old.lastPing = now // re-registration refreshes liveness
+		st.mu.Unlock()
+		return registerReply(pool), nil
+	}
+	if lr := st.layouts[lk]; !hybrid && lr != nil && lr.refs > 0 && lr.objectBytes != objBytes {
+		st.mu.Unlock()
+		msg := fmt.Sprintf("layout conflict for (%s, world_size %d): registered chunk objects are %d bytes, this worker's are %d", p.ModelName, p.WorldSize, lr.objectBytes, objBytes)
+		return registerError(msg), errors.New(msg)
+	}
+	var dropped *registration
+	if old != nil {
+		dropped = old
+		st.dropLocked(old)
+	}
+	r := &registration{instanceID: int64(p.InstanceID), model: p.ModelName, world: int(p.WorldSize),
+		shape: shape, dtype: p.DtypeStr, objBytes: objBytes, registered: now, lastPing: now}
+	first := false
+	if hybrid {
+		r.hybrid = why
+	} else {
+		lr := st.layouts[lk]
+		if lr == nil {
+			lr = &layoutRef{objectBytes: objBytes}
+			st.layouts[lk] = lr
+		}
+		lr.refs++
+		first = lr.refs == 1
+	}
+	st.regs[r.instanceID] = r
+	st.mu.Unlock()
+	if dropped != nil {
+		st.releaseTransfers(dropped.instanceID)
+	}
+
+	if hybrid {
+		st.log.Warn("hybrid (multi-group) model registered: its stores and retrieves are refused and lookups report 0 hits; "+hintEngineDriven+" with a non-hybrid model, or --disable-hybrid-kv-cache-manager",
+			"instance_id", r.instanceID, "model", r.model, "reason", why)
+		return registerReply(pool), nil
+	}
+	if first {
+		meta := map[string]any{"shape": shape, "dtype": p.DtypeStr, "chunk_size": st.s.cfg.ChunkSize,
+			"num_layers": int64(p.NumLayers), "hidden_dim_size": int64(p.HiddenDimSize), "use_mla": p.UseMLA, "format": kvFormat(p.UseMLA)}
+		if err := st.s.eng.RegisterLayout(engine.Layout{ModelName: r.model, WorldSize: r.world, ObjectBytes: objBytes, Meta: meta}); err != nil {
+			return registerReply(pool), fmt.Errorf("register layout: %w", err)
+		}
+	}
+	st.log.Info("worker registered (engine-driven, shared memory)", "instance_id", r.instanceID, "peer", req.peer.idString(),
+		"model", r.model, "world_size", r.world, "shape", shape, "dtype", r.dtype, "object_bytes", objBytes, "shm_name", pool.Name)
+	return registerReply(pool), nil
+}
+
+func kvFormat(mla bool) string {
+	if mla {
+		return "KV_MLA_LTD"
+	}
+	return "KV_2LTD"
+}
+
+func registerReply(pool engine.PoolInfo) []byte {
+	return wire.Marshal(&wire.RegisterResponse{ShmName: pool.Name, PoolSize: wire.Int(pool.Size), Error: wire.Nil})
+}
+
+// registerError refuses a registration. shm_name "" is the only refusal a
+// client understands (it then tries the pickle path, which is refused too).
+func registerError(msg string) []byte {
+	return wire.Marshal(&wire.RegisterResponse{Error: wire.AppendOptString(nil, msg, true)})
+}
+
+// dropLocked removes r and its layout reference. The caller releases r's
+// transfers (engine calls) after unlocking.
+func (st *state) dropLocked(r *registration) {
+	delete(st.regs, r.instanceID)
+	if r.hybrid != "" {
+		return
+	}
+	lk := layoutKey{r.model, r.world}
+	if lr := st.layouts[lk]; lr != nil {
+		lr.refs--
+		if lr.refs <= 0 {
+			// The engine keeps the layout (it has no unregister call); the
+			// data stays usable by the HTTP API and a later re-registration.
+			delete(st.layouts, lk)
+		}
+	}
+}
+
+// releaseTransfers aborts an instance's staged writes and releases its
+// pending reads.
+func (st *state) releaseTransfers(instance int64) {
+	st.mu.Lock()
+	var ws []*pendingWrite
+	var rs []*pendingRead
+	for k, w := range st.writes {
+		if k.instance == instance {
+			ws = append(ws, w)
+			delete(st.writes, k)
+		}
+	}
+	for k, r := range st.reads {
+		if k.instance == instance {
+			rs = append(rs, r)
+			delete(st.reads, k)
+		}
+	}
+	st.mu.Unlock()
+	for _, w := range ws {
+		st.s.eng.AbortWrite(w.tag, w.keys)
+	}
+	for _, r := range rs {
+		st.s.eng.ReleaseRead(r.owner, r.keys, 1)
+	}
+}
+
+func (st *state) unregister(req *request) ([]byte, error) {
+	var inst wire.Int
+	if err := wire.Unmarshal(req.payloads[0], &inst); err != nil {
+		return wire.Nil, fmt.Errorf("decode instance_id: %w", err)
+	}
+	st.mu.Lock()
+	r := st.regs[int64(inst)]
+	if r != nil {
+		st.dropLocked(r)
+	}
+	st.mu.Unlock()
+	if r == nil {
+		st.log.Info("UNREGISTER for an unknown instance", "instance_id", int64(inst))
+		return wire.Nil, nil
+	}
+	st.releaseTransfers(r.instanceID)
+	st.log.Info("worker unregistered", "instance_id", r.instanceID, "model", r.model, "world_size", r.world)
+	return wire.Nil, nil
+}
+
+// workerRequest decodes the (key, instance_id) head of a transfer request
+// and checks it against the instance's registration.
+func (st *state) workerRequest(req *request) (*wire.Key, *registration, error) {
+	var key wire.Key
+	if err := wire.Unmarshal(req.payloads[0], &key); err != nil {
+		return nil, nil, fmt.Errorf("decode key: %w", err)
+	}
+	var inst wire.Int
+	if err := wire.Unmarshal(req.payloads[1], &inst); err != nil {
+		return nil, nil, fmt.Errorf("decode instance_id: %w", err)
+	}
+	st.mu.Lock()
+	r := st.regs[int64(inst)]
+	if r != nil {
+		r.lastPing = time.Now() // a working worker is alive
+	}
+	st.mu.Unlock()
+	switch {
+	case r == nil:
+		return &key, nil, fmt.Errorf("instance %d is not registered (reaped or never registered); the worker must re-register", int64(inst))
+	case r.hybrid != "":
+		st.warnOnce(fmt.Sprintf("hybrid/%d", r.instanceID), "refused transfer for a hybrid (multi-group) model registration; "+hintEngineDriven+" with a non-hybrid model",
+			"instance_id", r.instanceID, "reason", r.hybrid)
+		return &key, nil, errRefused
+	case key.ModelName != r.model || int(key.WorldSize) != r.world:
+		return &key, nil, fmt.Errorf("key (%s, world_size %d) does not match the registration (%s, %d)", key.ModelName, key.WorldSize, r.model, r.world)
+	case !key.WorkerID.Valid || key.WorkerID.V < 0 || key.WorkerID.V >= int64(r.world):
+		return &key, nil, fmt.Errorf("worker_id %s out of range for world_size %d", key.WorkerID, r.world)
+	}
+	return &key, r, nil
+}
+
+// errRefused marks a refusal that was already logged.
+var errRefused = errors.New("refused")
+
+func pkOf(inst int64, k *wire.Key) pendingKey {
+	return pendingKey{instance: inst, model: k.ModelName, world: int64(k.WorldSize), worker: k.WorkerID.V,
+		start: int64(k.Start), end: int64(k.End), salt: k.CacheSalt}
+}
+
+// chunkRange is the chunk index range [first, last) that a key's [start,
+// end) covers: full chunks only.
+func (st *state) chunkRange(k *wire.Key) (int, int, error) {
+	c := int64(st.s.cfg.ChunkSize)
+	start, end := int64(k.Start), int64(k.End)
+	if start < 0 || end < start || start%c != 0 {
+		return 0, 0, fmt.Errorf("range [%d, %d) is not chunk-aligned (chunk size %d)", start, end, c)
+	}
+	if end > int64(len(k.TokenIDs)) {
+		return 0, 0, fmt.Errorf("range end %d beyond the %d token ids sent", end, len(k.TokenIDs))
+	}
+	return int(start / c), int(end / c), nil
+}
+
+// chunkHashes returns the hashes of chunks [0, last) of the key's tokens,
+// reusing the request session's cached prefix.
+func (st *state) chunkHashes(k *wire.Key, last int) ([][]byte, error) {
+	c := st.s.cfg.ChunkSize
+	tokens := k.Tokens()[:last*c]
+	if _, err := tokenhash.ToUint32(tokens); err != nil {
+		return nil, err
+	}
+	st.mu.Lock()
+	sess := st.sessions[k.RequestID]
+	reuse := 0
+	var prev [][]byte
+	if sess != nil {
+		for reuse < len(sess.hashes) && reuse < last && equalTokens(sess.tokens[reuse*c:(reuse+1)*c], tokens[reuse*c:(reuse+1)*c]) {
+			reuse++
+		}
+		prev = sess.hashes[:reuse:reuse]
+	}
+	st.mu.Unlock()
+
+	hashes := append([][]byte(nil), prev...)
+	if reuse < last {
+		h := st.s.hasher
+		if reuse > 0 {
+			var err error
+			if h, err = tokenhash.New(st.s.hasher.Algorithm(), c, tokenhash.WithRoot(prev[reuse-1])); err != nil {
+				return nil, err
+			}
+		}
+		more, err := h.ChunkHashes(tokens[reuse*c:])
+		if err != nil {
+			return nil, err
+		}
+		hashes = append(hashes, more...)
+	}
+
+	st.mu.Lock()
+	sess = st.sessions[k.RequestID]
+	if sess == nil {
+		sess = &session{}
+		st.sessions[k.RequestID] = sess
+	}
+	if len(hashes) >= len(sess.hashes) {
+		sess.tokens, sess.hashes = tokens, hashes
+	}
+	sess.model, sess.world, sess.salt, sess.lastUsed = k.ModelName, int(k.WorldSize), k.CacheSalt, time.Now()
+	st.mu.Unlock()
+	return hashes, nil
+}
+
+func equalTokens(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// rankKeys builds one rank's object keys for chunks [first, last).
+func rankKeys(k *wire.Key, hashes [][]byte, first, last, worker int, skip func(i int) bool) ([]objkey.Key, []int) {
+	keys := make([]objkey.Key, 0, last-first)
+	idx := make([]int, 0, last-first)
+	rank := objkey.RankFor(int(k.WorldSize), worker)
+	for i := first; i < last; i++ {
+		if skip != nil && skip(i-first) {
+			continue
+		}
+		keys = append(keys, objkey.Key{ChunkHash: string(hashes[i]), ModelName: k.ModelName, KVRank: rank, CacheSalt: k.CacheSalt})
+		idx = append(idx, i-first)
+	}
+	return keys, idx
+}
+
+func (st *state) prepareStore(req *request) ([]byte, error) {
+	key, r, err := st.workerRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := objkey.ValidateSalt(key.CacheSalt); err != nil {
+		return nil, err
+	}
+	first, last, err := st.chunkRange(key)
+	if err != nil {
+		return nil, err
+	}
+	mask, err := key.NullChunks()
+	if err != nil {
+		return nil, err
+	}
+	hashes, err := st.chunkHashes(key, last)
+	if err != nil {
+		return nil, err
+	}
+	skip := func(i int) bool { return len(mask) > 0 && i < len(mask[0]) && mask[0][i] }
+	keys, idx := rankKeys(key, hashes, first, last, int(key.WorkerID.V), skip)
+
+	pk := pkOf(r.instanceID, key)
+	tag := fmt.Sprintf("instance-%d", r.instanceID)
+	st.mu.Lock()
+	old := st.writes[pk]
+	delete(st.writes, pk)
+	st.mu.Unlock()
+	if old != nil { // a retried PREPARE replaces the earlier reservation
+		st.s.eng.AbortWrite(old.tag, old.keys)
+	}
+	sizes := make([]int64, len(keys))
+	for i := range sizes {
+		sizes[i] = r.objBytes
+	}
+	slots, err := st.s.eng.ReserveWrite(tag, keys, sizes)
+	if err != nil {
+		return nil, fmt.Errorf("reserve %d chunks of %d bytes: %w", len(keys), r.objBytes, err)
+	}
+	shape := make([]wire.Int, len(r.shape))
+	for i, d := range r.shape {
+		shape[i] = wire.Int(d)
+	}
+	var outSlots []wire.Slot
+	var outIdx []wire.Int
+	var reserved []objkey.Key
+	for i, sl := range slots {
+		if !sl.Valid() {
+			continue
+		}
+		outSlots = append(outSlots, wire.Slot{Offset: wire.Int(sl.Offset), Length: wire.Int(r.objBytes), Shape: shape, Dtype: r.dtype})
+		outIdx = append(outIdx, wire.Int(idx[i]))
+		reserved = append(reserved, keys[i])
+	}
+	if len(reserved) > 0 {
+		st.mu.Lock()
+		st.writes[pk] = &pendingWrite{tag: tag, keys: reserved, created: time.Now()}
+		st.mu.Unlock()
+	}
+	return wire.EncodeStoreReply(outSlots, outIdx), nil
+}
+
+func (st *state) commitStore(req *request) ([]byte, error) {
+	key, r, err := st.workerRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	data, rest, err := msgp.ReadBytesZC(req.payloads[2])
+	if err != nil || len(rest) != 0 {
+		return nil, fmt.Errorf("decode data: %w", errors.Join(err, errTrailing(rest)))
+	}
+	pk := pkOf(r.instanceID, key)
+	st.mu.Lock()
+	w := st.writes[pk]
+	delete(st.writes, pk)
+	st.mu.Unlock()
+	if len(data) > 0 {
+		if w != nil {
+			st.s.eng.AbortWrite(w.tag, w.keys)
+		}
+		st.warnOnce(fmt.Sprintf("pickle/%d", r.instanceID), "refused a pickle-mode COMMIT_STORE: the worker could not use the shared-memory pool; check that it can open /dev/shm/"+st.s.eng.Pool().Name+" and "+hintEngineDriven,
+			"instance_id", r.instanceID, "bytes", len(data))
+		return wire.False, nil
+	}
+	if w == nil {
+		return wire.False, fmt.Errorf("COMMIT_STORE without a pending PREPARE_STORE for [%d, %d)", key.Start, key.End)
+	}
+	n, err := st.s.eng.CommitWrite(w.tag, w.keys)
+	if err != nil {
+		return wire.False, fmt.Errorf("commit %d chunks (%d published): %w", len(w.keys), n, err)
+	}
+	return wire.True, nil
+}
+
+func errTrailing(rest []byte) error {
+	if len(rest) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d trailing bytes", len(rest))
+}
+
+func (st *state) prepareRetrieve(req *request) ([]byte, error) {
+	key, r, err := st.workerRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	first, last, err := st.chunkRange(key)
+	if err != nil {
+		return nil, err
+	}
+	if first == last {
+		return nil, fmt.Errorf("empty retrieve range [%d, %d)", key.Start, key.End)
+	}
+	hashes, err := st.chunkHashes(key, last)
+	if err != nil {
+		return nil, err
+	}
+	keys, _ := rankKeys(key, hashes, first, last, int(key.WorkerID.V), nil)
+	pk := pkOf(r.instanceID, key)
+	st.mu.Lock()
+	old := st.reads[pk]
+	delete(st.reads, pk)
+	st.mu.Unlock()
+	if old != nil {
+		st.s.eng.ReleaseRead(old.owner, old.keys, 1)
+	}
+	slots, err := st.s.eng.ReadSlots(keys)
+	if err != nil {
+		// Nothing is handed out; the chunks' locks stay with the lookup and
+		// are freed by FREE_LOOKUP_LOCKS or their TTL.
+		return nil, fmt.Errorf("retrieve %d chunks: %w", len(keys), err)
+	}
+	shape := make([]wire.Int, len(r.shape))
+	for i, d := range r.shape {
+		shape[i] = wire.Int(d)
+	}
+	out := make([]wire.Slot, len(slots))
+	for i, sl := range slots {
+		out[i] = wire.Slot{Offset: wire.Int(sl.Offset), Length: wire.Int(r.objBytes), Shape: shape, Dtype: r.dtype}
+	}
+	st.mu.Lock()
+	st.reads[pk] = &pendingRead{owner: key.RequestID, keys: keys, created: time.Now()}
+	st.mu.Unlock()
+	return wire.EncodeRetrieveReply(out), nil
+}
+
+func (st *state) commitRetrieve(req *request) ([]byte, error) {
+	key, r, err := st.workerRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	pk := pkOf(r.instanceID, key)
+	st.mu.Lock()
+	rd := st.reads[pk]
+	delete(st.reads, pk)
+	st.mu.Unlock()
+	if rd == nil {
+		return wire.False, fmt.Errorf("COMMIT_RETRIEVE without a pending PREPARE_RETRIEVE for [%d, %d)", key.Start, key.End)
+	}
+	st.s.eng.ReleaseRead(rd.owner, rd.keys, 1)
+	return wire.True, nil
+}
+
+// ---- sweeping: sessions, answered jobs, stale transfers, reaping ----
+
+func (st *state) sweepLoop(ctx context.Context) {
+	every := time.Second
+	if reap := st.s.cfg.WorkerReapTimeout; reap > 0 && reap/4 < every {
+		every = max(reap/4, 10*time.Millisecond)
+	}
+	if ttl := st.s.cfg.SessionTTL; ttl > 0 && ttl/4 < every {
+		every = max(ttl/4, 10*time.Millisecond)
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			st.sweep(now)
+		}
+	}
+}
+
+func (st *state) sweep(now time.Time) {
+	cfg := st.s.cfg
+	var reaped []*registration
+	st.mu.Lock()
+	for id, s := range st.sessions {
+		if now.Sub(s.lastUsed) > cfg.SessionTTL {
+			delete(st.sessions, id)
+		}
+	}
+	for id, j := range st.jobs {
+		if now.Sub(j.created) > cfg.SessionTTL {
+			delete(st.jobs, id)
+		}
+	}
+	for _, r := range st.regs {
+		limit := cfg.WorkerRegistrationGrace
+		if r.pinged {
+			limit = cfg.WorkerReapTimeout
+		}
+		if limit > 0 && now.Sub(r.lastPing) > limit {
+			reaped = append(reaped, r)
+			st.dropLocked(r)
+		}
+	}
+	st.mu.Unlock()
+	for _, r := range reaped {
+		st.releaseTransfers(r.instanceID)
+		st.log.Warn("reaped a silent worker registration", "instance_id", r.instanceID, "model", r.model,
+			"world_size", r.world, "silent_for", now.Sub(r.lastPing).Round(time.Millisecond), "had_pinged", r.pinged)
+	}
+}
