@@ -145,12 +145,9 @@ type AdapterConfig struct {
 	Shared bool
 }
 
-// EvictionConfig is an L2 adapter's "eviction" block.
-type EvictionConfig struct {
-	Policy           string  `json:"eviction_policy"`
-	TriggerWatermark float64 `json:"trigger_watermark"`
-	Ratio            float64 `json:"eviction_ratio"`
-}
+// EvictionConfig is an L2 adapter's "eviction" block, as parsed by package
+// l2 (zero fields take upstream's defaults: LRU, 0.8, 0.2).
+type EvictionConfig = l2.EvictionConfig
 
 // Slot is a byte range of the L1 pool: what the data path hands to vLLM
 // workers as (offset, length) into the shared-memory file.

@@ -123,8 +123,8 @@ func (c Config) withDefaults() (Config, error) {
 			return c, fmt.Errorf("%w: --l2-adapter #%d eviction: %w", ErrInvalid, i, err)
 		}
 		ev.TriggerWatermark = cmp.Or(ev.TriggerWatermark, DefaultWatermark)
-		ev.Ratio = cmp.Or(ev.Ratio, DefaultEvictionRatio)
-		if ev.TriggerWatermark < 0 || ev.TriggerWatermark > 1 || ev.Ratio < 0 || ev.Ratio > 1 {
+		ev.EvictionRatio = cmp.Or(ev.EvictionRatio, DefaultEvictionRatio)
+		if ev.TriggerWatermark < 0 || ev.TriggerWatermark > 1 || ev.EvictionRatio < 0 || ev.EvictionRatio > 1 {
 			return c, fmt.Errorf("%w: --l2-adapter #%d eviction: watermark and ratio must be in [0,1]", ErrInvalid, i)
 		}
 		c.L2[i].Eviction = &ev
@@ -523,7 +523,7 @@ func (e *Engine) status() map[string]any {
 			u := a.Usage()
 			l2ev = append(l2ev, map[string]any{
 				"adapter_index": i, "eviction_policy": ev.Policy, "trigger_watermark": ev.TriggerWatermark,
-				"eviction_ratio": ev.Ratio, "current_usage": u.Fraction(), "total_bytes_used": u.TotalBytesUsed,
+				"eviction_ratio": ev.EvictionRatio, "current_usage": u.Fraction(), "total_bytes_used": u.TotalBytesUsed,
 				"total_capacity_bytes": u.TotalCapacityBytes, "num_cache_salt_buckets": len(u.BytesByCacheSalt),
 			})
 		}

@@ -143,7 +143,7 @@ func (e *Engine) l2EvictOnce(ctx context.Context, i int) {
 					continue
 				}
 				limit := e.quotas.LimitBytes(salt)
-				r := ev.Ratio
+				r := ev.EvictionRatio
 				if limit == 0 {
 					r = 1
 				} else if float64(b) < ev.TriggerWatermark*float64(limit) {
@@ -156,7 +156,7 @@ func (e *Engine) l2EvictOnce(ctx context.Context, i int) {
 		if f := u.Fraction(); f < 0 || f < ev.TriggerWatermark {
 			return
 		}
-		victims = p.Victims(ev.Ratio, nil)
+		victims = p.Victims(ev.EvictionRatio, nil)
 	})
 	if len(victims) == 0 {
 		return
