@@ -258,7 +258,10 @@ func Load(args []string, getenv func(string) (string, bool), out io.Writer) (Con
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(out, "Usage: lmcache coordinator [flags]\n\nRuns the LMCache MP fleet coordinator. Flags override LMCACHE_MP_COORDINATOR_* env vars.\n\nFlags:\n")
-		fs.PrintDefaults()
+		fs.VisitAll(func(f *flag.Flag) {
+			fd := table[flagIdx[f.Name]]
+			fmt.Fprintf(out, "  --%s %s\n      %s (default %s)\n", f.Name, fd.kind, f.Usage, valueString(def, fd))
+		})
 		fmt.Fprintf(out, "\nEnvironment only:\n")
 		for _, fd := range table {
 			if fd.flag == "" {

@@ -765,3 +765,13 @@ func PrepareEvent(typ string, key *objkey.Encoded, bytes int64) (Event, error) {
 	}
 	return Event{Op: op, Key: k, Bytes: bytes}, nil
 }
+
+// Flat returns every victim in plan order (salts in plan order, each in LRU
+// order), parallel to Keys().
+func (p *Plan) Flat() []Victim {
+	out := make([]Victim, 0, p.Len())
+	for _, vs := range p.Victims {
+		out = append(out, vs...)
+	}
+	return out
+}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator"
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+)
+
+func init() {
+	subcommands["coordinator"] = subcommand{"run the MP fleet coordinator (registry, quotas, eviction, pins)", runCoordinator}
+}
+
+// runCoordinator parses flags over LMCACHE_MP_COORDINATOR_* env vars and
+// serves until ctx is cancelled. Exit status: 0 clean stop or --help, 1
+// runtime failure, 2 invalid configuration (one line naming the flag or env
+// var and the rule it broke).
+func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := config.Load(args, os.LookupEnv, stdout)
+	if errors.Is(err, config.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)
+		return 2
+	}
+	log := newLogger("text", cfg.LogLevel, stderr)
+	srv, err := coordinator.New(cfg, coordinator.WithLogger(log))
+	if err != nil {
+		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)
+		return 1
+	}
+	ln, err := net.Listen("tcp", cfg.Addr())
+	if err != nil {
+		fmt.Fprintf(stderr, "lmcache coordinator: listen %s: %v\n", cfg.Addr(), err)
+		return 1
+	}
+	if err := srv.Run(ctx, ln); err != nil {
+		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,90 @@
+package coordinator
+
+import (
+	"context"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
+	"github.com/lmcache-go/lmcache/internal/coordinator/mpclient"
+)
+
+func (s *Server) evictionLoop(ctx context.Context) {
+	t := time.NewTicker(config.Seconds(s.cfg.EvictionCheckInterval))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.RunEvictionCycle(ctx)
+	}
+}
+
+// CycleResult summarises one eviction cycle.
+type CycleResult struct {
+	// Victims is the number of keys chosen this cycle.
+	Victims int
+	// InFlight is how many keys were withheld because an earlier dispatch
+	// of them is still awaiting delete events.
+	InFlight int
+	// Target is the instance the deletes were sent to ("" when none).
+	Target string
+	// Requests is the number of DELETE /cache/objects spawned.
+	Requests int
+}
+
+// RunEvictionCycle runs one eviction cycle now: plan, pick one random
+// registered server, and send the victims as DELETE /cache/objects batches
+// of at most 10,000 keys. The requests run in goroutines owned by the server
+// (Run waits for them); usage changes only when the delete events come back.
+// A failed request, or an empty fleet, releases its victims' in-flight marks
+// so the next cycle sends them again.
+func (s *Server) RunEvictionCycle(ctx context.Context) CycleResult {
+	s.cycleMu.Lock()
+	defer s.cycleMu.Unlock()
+	s.metrics.evictionCycles.Inc()
+	plan := s.ledger.ComputePlan(s.quotas.Snapshot(), ledger.PlanOptions{
+		Ratio:       s.cfg.EvictionRatio,
+		Watermark:   s.cfg.TriggerWatermark,
+		InflightTTL: config.Seconds(s.cfg.InflightTTL),
+		Mark:        s.cfg.InflightTTL > 0,
+	})
+	res := CycleResult{Victims: plan.Len(), InFlight: plan.InFlight}
+	if res.Victims == 0 {
+		return res
+	}
+	victims := plan.Flat()
+	inst, ok := s.reg.Random()
+	if !ok {
+		s.log.Warn("eviction plan has victims but no MP server is registered; retrying next cycle", "victims", res.Victims)
+		s.ledger.Unmark(victims)
+		return res
+	}
+	res.Target = inst.InstanceID
+	keys := keysToEncoded(plan.Keys())
+	base := mpclient.BaseURL(inst.IP, inst.HTTPPort)
+	for start := 0; start < len(keys); start += mpclient.MaxDeleteBatch {
+		end := min(start+mpclient.MaxDeleteBatch, len(keys))
+		batch, vs := keys[start:end], victims[start:end]
+		res.Requests++
+		s.dispatchWG.Add(1)
+		go func() {
+			defer s.dispatchWG.Done()
+			if err := s.mp.DeleteObjects(ctx, base, batch); err != nil {
+				s.metrics.dispatchFailures.Inc()
+				s.log.Warn("eviction dispatch failed; victims will be re-planned", "instance_id", inst.InstanceID, "keys", len(batch), "err", err)
+				s.ledger.Unmark(vs)
+				return
+			}
+			s.metrics.keysDispatched.Add(float64(len(batch)))
+		}()
+	}
+	s.log.Info("eviction dispatched", "instance_id", inst.InstanceID, "keys", len(keys), "salts", len(plan.Salts), "requests", res.Requests, "in_flight_withheld", plan.InFlight)
+	return res
+}
+
+// WaitDispatches blocks until every eviction request spawned so far has
+// finished (for tests and orderly shutdown).
+func (s *Server) WaitDispatches() { s.dispatchWG.Wait() }

@@ -1,0 +1,77 @@
+package coordinator
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
+)
+
+func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) error {
+	f, err := bodyObject(w, r, smallBodyLimit)
+	if err != nil {
+		return err
+	}
+	ip := strings.TrimSpace(f.str("ip", true, ""))
+	if _, present := f.m["ip"]; present && ip == "" && len(f.errs) == 0 {
+		f.fail("ip", "value_error", "Value error, ip must be non-empty", f.m["ip"], map[string]any{"error": "ip must be non-empty"})
+	}
+	port := f.intRange("http_port", true, 0, 1, 65535)
+	id := strings.TrimSpace(f.str("instance_id", false, ""))
+	md := f.strMap("metadata")
+	p2p := strings.TrimSpace(f.str("p2p_advertised_url", false, ""))
+	mq := f.intRange("mq_port", false, 0, 0, 65535)
+	if err := f.err(); err != nil {
+		return err
+	}
+	id, re := s.reg.Register(registry.Instance{InstanceID: id, IP: ip, HTTPPort: int(port), Metadata: md, P2PAdvertisedURL: p2p, MQPort: int(mq)})
+	if re {
+		s.log.Info("instance re-registered", "instance_id", id, "ip", ip, "http_port", port)
+	} else {
+		s.log.Info("instance registered", "instance_id", id, "ip", ip, "http_port", port)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"instance_id": id, "re_registered": re})
+	return nil
+}
+
+func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("instance_id")
+	if !s.reg.Heartbeat(id) {
+		return withMsg(ErrUnknownHeartbeat, "unknown instance %s; re-register", id)
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"instance_id": id})
+	return nil
+}
+
+func (s *Server) handleDeregister(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("instance_id")
+	if s.reg.Deregister(id) {
+		s.log.Info("instance deregistered", "instance_id", id)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) handleListInstances(w http.ResponseWriter, r *http.Request) error {
+	type row struct {
+		InstanceID       string            `json:"instance_id"`
+		IP               string            `json:"ip"`
+		HTTPPort         int               `json:"http_port"`
+		RegistrationTime pyFloat           `json:"registration_time"`
+		Metadata         map[string]string `json:"metadata"`
+		P2PAdvertisedURL string            `json:"p2p_advertised_url"`
+		MQPort           int               `json:"mq_port"`
+	}
+	list := s.reg.List()
+	rows := make([]row, 0, len(list))
+	for _, in := range list {
+		rows = append(rows, row{in.InstanceID, in.IP, in.HTTPPort, pyFloat(in.RegistrationTime), in.Metadata, in.P2PAdvertisedURL, in.MQPort})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"instances": rows})
+	return nil
+}
+
+func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "healthy"})
+	return nil
+}

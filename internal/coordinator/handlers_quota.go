@@ -1,0 +1,163 @@
+package coordinator
+
+import (
+	"math"
+	"net/http"
+	"sort"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
+)
+
+// pathSalt maps the _default sentinel to the empty salt.
+func pathSalt(r *http.Request) string {
+	s := r.PathValue("cache_salt")
+	if s == "_default" {
+		return ""
+	}
+	return s
+}
+
+// limitGB validates a GiB limit: negative is a field error (422, as
+// upstream's Pydantic ge=0), non-finite is 400 (upstream crashes with 500).
+func limitGB(f *fields, name string, v float64) (int64, error) {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, badRequest("invalid quota limit: %s must be finite", name)
+	}
+	if v < 0 {
+		return 0, invalid(detailItem{Type: "greater_than_equal", Loc: f.at(name), Msg: "Input should be greater than or equal to 0", Input: v, Ctx: map[string]any{"ge": 0}})
+	}
+	b, err := quota.BytesFromGB(v)
+	if err != nil {
+		return 0, badRequest("invalid quota limit: %s is too large", name)
+	}
+	return b, nil
+}
+
+func (s *Server) handlePutQuotaConfig(w http.ResponseWriter, r *http.Request) error {
+	f, err := bodyObject(w, r, smallBodyLimit)
+	if err != nil {
+		return err
+	}
+	v, present, null := f.number("default_limit_gb", false, true)
+	if err := f.err(); err != nil {
+		return err
+	}
+	if err := f.tier(); err != nil {
+		return err
+	}
+	// A missing field means null, as upstream (the field defaults to None):
+	// PUT {} re-exempts unquota'd salts.
+	if !present || null {
+		s.quotas.SetDefault(nil)
+		s.persist()
+		writeJSON(w, http.StatusOK, map[string]any{"default_limit_gb": nil})
+		return nil
+	}
+	b, err := limitGB(f, "default_limit_gb", v)
+	if err != nil {
+		return err
+	}
+	s.quotas.SetDefault(&b)
+	s.persist()
+	s.log.Info("default quota limit set", "default_limit_gb", v)
+	writeJSON(w, http.StatusOK, map[string]any{"default_limit_gb": pyFloat(v)})
+	return nil
+}
+
+func (s *Server) handleGetQuotaConfig(w http.ResponseWriter, r *http.Request) error {
+	if err := queryTier(r); err != nil {
+		return err
+	}
+	var out *pyFloat
+	if d := s.quotas.Default(); d != nil {
+		g := pyFloat(quota.GB(*d))
+		out = &g
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"default_limit_gb": out})
+	return nil
+}
+
+func (s *Server) handlePutQuota(w http.ResponseWriter, r *http.Request) error {
+	salt := pathSalt(r)
+	f, err := bodyObject(w, r, smallBodyLimit)
+	if err != nil {
+		return err
+	}
+	v, _, _ := f.number("limit_gb", true, false)
+	if err := f.err(); err != nil {
+		return err
+	}
+	if err := f.tier(); err != nil {
+		return err
+	}
+	b, err := limitGB(f, "limit_gb", v)
+	if err != nil {
+		return err
+	}
+	s.quotas.Set(salt, b)
+	s.persist()
+	s.log.Info("quota set", "cache_salt", salt, "limit_gb", v)
+	writeJSON(w, http.StatusOK, map[string]any{"cache_salt": salt, "limit_gb": pyFloat(v), "status": "ok"})
+	return nil
+}
+
+func (s *Server) handleDeleteQuota(w http.ResponseWriter, r *http.Request) error {
+	salt := pathSalt(r)
+	if err := queryTier(r); err != nil {
+		return err
+	}
+	status := "not_found"
+	if s.quotas.Delete(salt) {
+		status = "removed"
+		s.persist()
+		s.log.Info("quota removed", "cache_salt", salt)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"cache_salt": salt, "limit_gb": pyFloat(0), "status": status})
+	return nil
+}
+
+type saltStatus struct {
+	CacheSalt    string  `json:"cache_salt"`
+	QuotaLimitGB pyFloat `json:"quota_limit_gb"`
+	QuotaExists  bool    `json:"quota_exists"`
+	UsageGB      pyFloat `json:"usage_gb"`
+}
+
+func (s *Server) status(salt string, usage int64) saltStatus {
+	lim, ok := s.quotas.Get(salt)
+	return saltStatus{CacheSalt: salt, QuotaLimitGB: pyFloat(quota.GB(lim)), QuotaExists: ok, UsageGB: pyFloat(quota.GB(usage))}
+}
+
+func (s *Server) handleGetQuota(w http.ResponseWriter, r *http.Request) error {
+	salt := pathSalt(r)
+	if err := queryTier(r); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.status(salt, s.ledger.SaltUsage(salt)))
+	return nil
+}
+
+func (s *Server) handleListQuota(w http.ResponseWriter, r *http.Request) error {
+	if err := queryTier(r); err != nil {
+		return err
+	}
+	usage, total := s.ledger.Usage()
+	names := map[string]struct{}{}
+	for k := range usage {
+		names[k] = struct{}{}
+	}
+	for _, k := range s.quotas.Salts() {
+		names[k] = struct{}{}
+	}
+	sorted := make([]string, 0, len(names))
+	for k := range names {
+		sorted = append(sorted, k)
+	}
+	sort.Strings(sorted)
+	rows := make([]saltStatus, 0, len(sorted))
+	for _, k := range sorted {
+		rows = append(rows, s.status(k, usage[k]))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"total_gb": pyFloat(quota.GB(total)), "by_cache_salt": rows})
+	return nil
+}

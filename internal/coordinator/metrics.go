@@ -1,0 +1,91 @@
+package coordinator
+
+import (
+	"net/http"
+	"sort"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+const metricPrefix = "lmcache_coordinator_"
+
+// metrics lives on a private registry so tests and embedders never collide
+// with the global one.
+type metrics struct {
+	reg              *prometheus.Registry
+	events           *prometheus.CounterVec
+	eventBatches     prometheus.Counter
+	evictionCycles   prometheus.Counter
+	keysDispatched   prometheus.Counter
+	dispatchFailures prometheus.Counter
+	resyncPages      prometheus.Counter
+	resyncKeys       prometheus.Counter
+	handler          http.Handler
+}
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.events = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "events_ingested_total", Help: "Usage events ingested through POST /quota/events, by type."}, []string{"type"})
+	for _, t := range []string{"store", "lookup", "delete"} {
+		m.events.WithLabelValues(t)
+	}
+	m.eventBatches = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_batches_total", Help: "Usage-event batches accepted."})
+	m.evictionCycles = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_cycles_total", Help: "Eviction cycles run."})
+	m.keysDispatched = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_keys_dispatched_total", Help: "Keys sent to MP servers in successful DELETE /cache/objects requests."})
+	m.dispatchFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_dispatch_failures_total", Help: "DELETE /cache/objects requests that failed (transport error or non-2xx)."})
+	m.resyncPages = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_pages_total", Help: "GET /cache/objects pages read by the startup resync."})
+	m.resyncKeys = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_keys_total", Help: "Keys recorded by the startup resync."})
+	m.reg.MustRegister(m.events, m.eventBatches, m.evictionCycles, m.keysDispatched, m.dispatchFailures, m.resyncPages, m.resyncKeys)
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "registered_instances", Help: "MP servers currently registered."},
+			func() float64 { return float64(s.reg.Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "tracked_keys", Help: "L2 keys tracked for usage and LRU."},
+			func() float64 { return float64(s.ledger.Stats().Keys) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "tracked_bytes", Help: "L2 bytes tracked across all salts."},
+			func() float64 { return float64(s.ledger.Stats().Bytes) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "active_pins", Help: "Distinct keys with a positive pin count."},
+			func() float64 { return float64(s.ledger.Stats().PinnedKeys) }),
+		&saltCollector{s: s, top: s.cfg.MetricsTopSalts,
+			desc: prometheus.NewDesc(metricPrefix+"salt_usage_bytes", "Tracked L2 bytes of the salts with the most usage (top N by --metrics-top-salts).", []string{"cache_salt"}, nil)},
+	)
+	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+	return m
+}
+
+// saltCollector exports per-salt usage for at most top salts, so a fleet
+// with thousands of tenants cannot blow up the series count.
+type saltCollector struct {
+	s    *Server
+	top  int
+	desc *prometheus.Desc
+}
+
+func (c *saltCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *saltCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.top <= 0 {
+		return
+	}
+	usage, _ := c.s.ledger.Usage()
+	type kv struct {
+		salt  string
+		bytes int64
+	}
+	rows := make([]kv, 0, len(usage))
+	for k, v := range usage {
+		rows = append(rows, kv{k, v})
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].bytes != rows[j].bytes {
+			return rows[i].bytes > rows[j].bytes
+		}
+		return rows[i].salt < rows[j].salt
+	})
+	if len(rows) > c.top {
+		rows = rows[:c.top]
+	}
+	for _, r := range rows {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(r.bytes), r.salt)
+	}
+}

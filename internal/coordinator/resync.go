@@ -1,0 +1,152 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
+	"github.com/lmcache-go/lmcache/internal/coordinator/mpclient"
+	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// startupResync waits for the first registered server (polling every
+// RESYNC_POLL_INTERVAL for at most RESYNC_MAX_WAIT) and seeds the trackers
+// from its L2 listing. It is best-effort: failures are logged and whatever
+// was recorded is kept.
+func (s *Server) startupResync(ctx context.Context) {
+	deadline := time.Now().Add(config.Seconds(s.cfg.ResyncMaxWait))
+	for {
+		if inst, ok := s.reg.Random(); ok {
+			n := s.ResyncFrom(ctx, inst)
+			s.log.Info("startup resync finished", "instance_id", inst.InstanceID, "keys", n)
+			return
+		}
+		if !time.Now().Before(deadline) {
+			s.log.Info("startup resync giving up: no MP server registered", "waited_s", s.cfg.ResyncMaxWait)
+			return
+		}
+		t := time.NewTimer(config.Seconds(s.cfg.ResyncPollInterval))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// resyncEntry is one GET /cache/objects entry; pointers tell missing fields
+// from zero values.
+type resyncEntry struct {
+	Key *struct {
+		ChunkHashHex  *string `json:"chunk_hash_hex"`
+		ModelName     *string `json:"model_name"`
+		KVRank        *int64  `json:"kv_rank"`
+		ObjectGroupID *int64  `json:"object_group_id"`
+		CacheSalt     *string `json:"cache_salt"`
+	} `json:"key"`
+	SizeBytes json.RawMessage `json:"size_bytes"`
+}
+
+// pyInt converts a JSON value the way Python's int() does for the values a
+// server can send: ints, floats (truncated) and numeric strings.
+func pyInt(raw json.RawMessage) (int64, bool) {
+	if len(raw) == 0 {
+		return 0, false
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return 0, false
+	}
+	switch x := v.(type) {
+	case float64:
+		if math.IsNaN(x) || math.IsInf(x, 0) || math.Abs(x) > 9e18 {
+			return 0, false
+		}
+		if i, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
+			return i, true
+		}
+		return int64(x), true
+	case string:
+		i, err := strconv.ParseInt(strings.TrimSpace(x), 10, 64)
+		return i, err == nil
+	}
+	return 0, false
+}
+
+func parseResyncEntry(raw json.RawMessage) (ledger.Key, int64, bool) {
+	var e resyncEntry
+	if err := json.Unmarshal(raw, &e); err != nil || e.Key == nil {
+		return ledger.Key{}, 0, false
+	}
+	k := e.Key
+	if k.ChunkHashHex == nil || k.ModelName == nil || k.KVRank == nil {
+		return ledger.Key{}, 0, false
+	}
+	enc := objkey.Encoded{ChunkHashHex: *k.ChunkHashHex, ModelName: *k.ModelName, KVRank: *k.KVRank}
+	if k.ObjectGroupID != nil {
+		enc.ObjectGroupID = *k.ObjectGroupID
+	}
+	if k.CacheSalt != nil {
+		enc.CacheSalt = *k.CacheSalt
+	}
+	size, ok := pyInt(e.SizeBytes)
+	if !ok || size < 0 {
+		return ledger.Key{}, 0, false
+	}
+	lk, err := ledger.Prepare(&enc)
+	if err != nil {
+		return ledger.Key{}, 0, false
+	}
+	return lk, size, true
+}
+
+// ResyncFrom pages through inst's GET /cache/objects and records every
+// well-formed entry; listing order becomes LRU order. It returns the number
+// of keys recorded and stops at the first failed page, keeping what it had.
+func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
+	pageSize := s.cfg.ResyncPageSize
+	if pageSize > config.MaxResyncPageSize {
+		s.log.Warn("RESYNC_PAGE_SIZE above the MP server's maximum; clamped", "configured", pageSize, "used", config.MaxResyncPageSize)
+		pageSize = config.MaxResyncPageSize
+	}
+	base := mpclient.BaseURL(inst.IP, inst.HTTPPort)
+	var token *string
+	total := 0
+	for {
+		page, err := s.mp.ListObjects(ctx, base, pageSize, token)
+		if err != nil {
+			s.log.Warn("startup resync stopped; keeping what was recorded", "instance_id", inst.InstanceID, "keys", total, "err", err)
+			return total
+		}
+		s.metrics.resyncPages.Inc()
+		skipped := 0
+		for _, raw := range page.Entries {
+			k, size, ok := parseResyncEntry(raw)
+			if !ok {
+				skipped++
+				continue
+			}
+			s.ledger.Store(k, size)
+			total++
+			s.metrics.resyncKeys.Inc()
+		}
+		if skipped > 0 {
+			s.log.Debug("startup resync skipped malformed entries", "count", skipped)
+		}
+		if page.NextPageToken == nil {
+			return total
+		}
+		if token != nil && *token == *page.NextPageToken {
+			s.log.Warn("startup resync stopped: server repeated its page token", "token", *token)
+			return total
+		}
+		token = page.NextPageToken
+	}
+}

@@ -1,0 +1,207 @@
+// Package coordinator is the LMCache MP fleet coordinator: the HTTP API
+// (membership, quotas and usage, cache control, metrics, OpenAPI) and the
+// background loops (health sweep, eviction, startup resync) that share one
+// Server. The binary and the tests both build it with New and run it with
+// Run, so tests exercise exactly what ships.
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
+	"github.com/lmcache-go/lmcache/internal/coordinator/mpclient"
+	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
+	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
+	"github.com/lmcache-go/lmcache/internal/coordinator/statefile"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/tokenhash"
+)
+
+// Server is one coordinator instance.
+type Server struct {
+	cfg     config.Config
+	log     *slog.Logger
+	reg     *registry.Registry
+	quotas  *quota.Registry
+	ledger  *ledger.Ledger
+	hasher  *tokenhash.Hasher
+	mp      *mpclient.Client
+	metrics *metrics
+	state   *statefile.Writer
+	handler http.Handler
+	routes  []route
+
+	// dispatchWG tracks in-flight eviction DELETEs; Run waits for them.
+	dispatchWG sync.WaitGroup
+	// cycleMu serialises eviction cycles (the loop and RunEvictionCycle).
+	cycleMu sync.Mutex
+}
+
+// Option adjusts a Server.
+type Option func(*Server)
+
+// WithLogger sets the logger (default: slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
+
+// WithMPClient replaces the MP-server client (tests inject short timeouts).
+func WithMPClient(c *mpclient.Client) Option { return func(s *Server) { s.mp = c } }
+
+// New validates cfg, loads the state file if configured and builds the
+// server. Nothing runs until Run.
+func New(cfg config.Config, opts ...Option) (*Server, error) {
+	h, err := tokenhash.New(cfg.HashAlgorithm, cfg.ChunkSize)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	s := &Server{
+		cfg:    cfg,
+		log:    slog.Default(),
+		reg:    registry.New(nil),
+		quotas: quota.New(),
+		ledger: ledger.New(),
+		hasher: h,
+		mp:     mpclient.New(30 * time.Second),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	s.log = s.log.With("component", "coordinator")
+	if cfg.StateFile != "" {
+		if err := s.loadState(); err != nil {
+			return nil, fmt.Errorf("coordinator: %w", err)
+		}
+		s.state = statefile.NewWriter(cfg.StateFile)
+	}
+	s.metrics = newMetrics(s)
+	s.routes = s.routeTable()
+	s.handler = s.buildHandler()
+	return s, nil
+}
+
+// Handler is the HTTP API (for embedding or httptest).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Run serves on ln and runs the background loops until ctx is cancelled,
+// then shuts the listener down gracefully and waits for every goroutine it
+// started. It returns nil after a clean stop.
+func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.handler,
+		IdleTimeout:       time.Duration(s.cfg.TimeoutKeepAlive) * time.Second,
+		ReadHeaderTimeout: 30 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	s.log.Info("MP coordinator listening on http://" + ln.Addr().String())
+
+	var wg sync.WaitGroup
+	loopCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if s.cfg.HealthCheckInterval > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.healthLoop(loopCtx) }()
+	}
+	if s.cfg.EvictionCheckInterval > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.evictionLoop(loopCtx) }()
+	}
+	if s.cfg.EnableStartupResync {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.startupResync(loopCtx) }()
+	}
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-serveErr:
+	}
+	cancel()
+	shutCtx, shutCancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer shutCancel()
+	if shutErr := srv.Shutdown(shutCtx); shutErr != nil {
+		_ = srv.Close()
+	}
+	if err == nil {
+		err = <-serveErr
+	}
+	wg.Wait()
+	s.dispatchWG.Wait()
+	s.log.Info("MP coordinator stopped")
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func (s *Server) healthLoop(ctx context.Context) {
+	t := time.NewTicker(config.Seconds(s.cfg.HealthCheckInterval))
+	defer t.Stop()
+	timeout := config.Seconds(s.cfg.InstanceTimeout)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, id := range s.reg.SweepStale(timeout) {
+			s.log.Warn("instance missed heartbeats; deregistered", "instance_id", id, "timeout_s", s.cfg.InstanceTimeout)
+		}
+	}
+}
+
+// persist writes the state file after a quota or pin change. A write
+// failure is logged, never surfaced: the in-memory change already applied.
+func (s *Server) persist() {
+	if s.state == nil {
+		return
+	}
+	err := s.state.Save(func() statefile.State {
+		lim := s.quotas.Snapshot()
+		st := statefile.State{DefaultLimitBytes: lim.Default, Quotas: lim.Explicit}
+		for _, p := range s.ledger.Pins() {
+			st.Pins = append(st.Pins, statefile.Pin{Key: p.Key.Encode(), Count: p.Count})
+		}
+		return st
+	})
+	if err != nil {
+		s.log.Error("writing state file failed", "path", s.cfg.StateFile, "err", err)
+	}
+}
+
+func (s *Server) loadState() error {
+	st, err := statefile.Load(s.cfg.StateFile)
+	if err != nil {
+		return err
+	}
+	s.quotas.Restore(quota.Limits{Explicit: st.Quotas, Default: st.DefaultLimitBytes})
+	pins := make([]ledger.PinCount, 0, len(st.Pins))
+	for i, p := range st.Pins {
+		k, err := p.Key.Decode()
+		if err != nil {
+			return fmt.Errorf("state file %s: pin %d: %w", s.cfg.StateFile, i, err)
+		}
+		pins = append(pins, ledger.PinCount{Key: k, Count: p.Count})
+	}
+	s.ledger.RestorePins(pins)
+	s.log.Info("state file loaded", "path", s.cfg.StateFile, "quotas", len(st.Quotas), "pins", len(pins))
+	return nil
+}
+
+// keysToEncoded converts keys to their wire form.
+func keysToEncoded(ks []objkey.Key) []objkey.Encoded {
+	out := make([]objkey.Encoded, len(ks))
+	for i, k := range ks {
+		out[i] = k.Encode()
+	}
+	return out
+}

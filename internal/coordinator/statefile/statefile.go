@@ -1,0 +1,106 @@
+// Package statefile persists the coordinator's operator-set state (quotas,
+// the default limit and pins) so it survives a restart. Writes are atomic:
+// a temporary file in the same directory is synced and renamed over the old
+// one, so a crash leaves either the old or the new state, never a torn file.
+package statefile
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// Version is the file format version.
+const Version = 1
+
+// Pin is one pinned key and its reference count.
+type Pin struct {
+	Key   objkey.Encoded `json:"key"`
+	Count int32          `json:"count"`
+}
+
+// State is the persisted document.
+type State struct {
+	Version           int              `json:"version"`
+	DefaultLimitBytes *int64           `json:"default_limit_bytes"`
+	Quotas            map[string]int64 `json:"quotas"`
+	Pins              []Pin            `json:"pins"`
+}
+
+// Load reads path; a missing file is an empty state, not an error.
+func Load(path string) (State, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return State{Version: Version, Quotas: map[string]int64{}}, nil
+	}
+	if err != nil {
+		return State{}, err
+	}
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return State{}, fmt.Errorf("state file %s: %w", path, err)
+	}
+	if s.Version != Version {
+		return State{}, fmt.Errorf("state file %s: unsupported version %d", path, s.Version)
+	}
+	if s.Quotas == nil {
+		s.Quotas = map[string]int64{}
+	}
+	return s, nil
+}
+
+// Writer serialises saves; Save snapshots under its lock so the last writer
+// always writes the newest state.
+type Writer struct {
+	mu   sync.Mutex
+	path string
+}
+
+// NewWriter returns a writer for path.
+func NewWriter(path string) *Writer { return &Writer{path: path} }
+
+// Save writes snapshot() atomically.
+func (w *Writer) Save(snapshot func() State) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := snapshot()
+	s.Version = Version
+	b, err := json.MarshalIndent(s, "", " ")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(w.path)
+	f, err := os.CreateTemp(dir, ".coordinator-state-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, w.path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}

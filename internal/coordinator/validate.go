@@ -1,0 +1,302 @@
+package coordinator
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Body size limits. Event batches and token lists are the large bodies.
+const (
+	smallBodyLimit  = 1 << 20
+	tokenBodyLimit  = 32 << 20 // 1,000,000 token ids of up to 10 digits, plus slack
+	eventsBodyLimit = 64 << 20
+)
+
+// readBody reads at most limit bytes; an oversized body is ErrTooLarge.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	var buf bytes.Buffer
+	if r.ContentLength > 0 && r.ContentLength <= limit {
+		buf.Grow(int(r.ContentLength))
+	}
+	if _, err := buf.ReadFrom(r.Body); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, withMsg(ErrTooLarge, "request body exceeds %d bytes", limit)
+		}
+		return nil, withMsg(ErrBadRequest, "reading request body: %v", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// jsonContentType reports whether FastAPI would parse the body as JSON: an
+// absent content type is parsed, a non-JSON one is not.
+func jsonContentType(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
+}
+
+// bodyObject decodes a JSON object body into raw fields, producing FastAPI's
+// 422 shapes for a missing, malformed or non-object body.
+func bodyObject(w http.ResponseWriter, r *http.Request, limit int64) (*fields, error) {
+	b, err := readBody(w, r, limit)
+	if err != nil {
+		return nil, err
+	}
+	return parseObject(r, b)
+}
+
+func parseObject(r *http.Request, b []byte) (*fields, error) {
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil, invalid(detailItem{Type: "missing", Loc: []any{"body"}, Msg: "Field required", Input: nil})
+	}
+	if !jsonContentType(r) {
+		return nil, invalid(detailItem{Type: "model_attributes_type", Loc: []any{"body"},
+			Msg: "Input should be a valid dictionary or object to extract fields from", Input: string(b)})
+	}
+	var raw any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&raw); err != nil || dec.More() {
+		msg := "invalid JSON"
+		if err != nil {
+			msg = err.Error()
+		}
+		return nil, invalid(detailItem{Type: "json_invalid", Loc: []any{"body", 0}, Msg: "JSON decode error", Input: map[string]any{}, Ctx: map[string]any{"error": msg}})
+	}
+	m, ok := raw.(map[string]any)
+	if !ok {
+		return nil, invalid(detailItem{Type: "model_attributes_type", Loc: []any{"body"},
+			Msg: "Input should be a valid dictionary or object to extract fields from", Input: raw})
+	}
+	return &fields{m: m, loc: []any{"body"}}, nil
+}
+
+// fields extracts typed values from a decoded JSON object with Pydantic v2
+// lax-mode rules, collecting every failure before reporting.
+type fields struct {
+	m    map[string]any
+	loc  []any
+	errs []detailItem
+}
+
+func (f *fields) at(name string) []any {
+	return append(append([]any{}, f.loc...), name)
+}
+
+func (f *fields) fail(name, typ, msg string, input any, ctx map[string]any) {
+	f.errs = append(f.errs, detailItem{Type: typ, Loc: f.at(name), Msg: msg, Input: input, Ctx: ctx})
+}
+
+func (f *fields) missing(name string) {
+	f.fail(name, "missing", "Field required", f.inputObj(), nil)
+}
+
+func (f *fields) inputObj() any { return f.m }
+
+func (f *fields) err() error {
+	if len(f.errs) == 0 {
+		return nil
+	}
+	return invalid(f.errs...)
+}
+
+// str reads a string field (ints are not coerced to strings).
+func (f *fields) str(name string, required bool, def string) string {
+	v, ok := f.m[name]
+	if !ok {
+		if required {
+			f.missing(name)
+		}
+		return def
+	}
+	s, ok := v.(string)
+	if !ok {
+		f.fail(name, "string_type", "Input should be a valid string", v, nil)
+		return def
+	}
+	return s
+}
+
+// toInt applies Pydantic's lax int rules: integral numbers and numeric
+// strings are accepted.
+func toInt(v any) (int64, string, string) {
+	switch x := v.(type) {
+	case json.Number:
+		if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
+			return i, "", ""
+		}
+		fl, err := strconv.ParseFloat(string(x), 64)
+		if err != nil || math.IsInf(fl, 0) || math.Abs(fl) > 9.2e18 {
+			return 0, "int_parsing", "Input should be a valid integer, unable to parse number as an integer"
+		}
+		if fl != math.Trunc(fl) {
+			return 0, "int_from_float", "Input should be a valid integer, got a number with a fractional part"
+		}
+		return int64(fl), "", ""
+	case string:
+		if i, err := strconv.ParseInt(strings.TrimSpace(x), 10, 64); err == nil {
+			return i, "", ""
+		}
+		return 0, "int_parsing", "Input should be a valid integer, unable to parse string as an integer"
+	case bool:
+		return 0, "int_type", "Input should be a valid integer"
+	}
+	return 0, "int_type", "Input should be a valid integer"
+}
+
+func (f *fields) integer(name string, required bool, def int64) (int64, bool) {
+	v, ok := f.m[name]
+	if !ok {
+		if required {
+			f.missing(name)
+		}
+		return def, false
+	}
+	i, typ, msg := toInt(v)
+	if typ != "" {
+		f.fail(name, typ, msg, v, nil)
+		return def, false
+	}
+	return i, true
+}
+
+func (f *fields) intRange(name string, required bool, def, lo, hi int64) int64 {
+	i, ok := f.integer(name, required, def)
+	if !ok {
+		return i
+	}
+	if i < lo {
+		f.fail(name, "greater_than_equal", fmt.Sprintf("Input should be greater than or equal to %d", lo), i, map[string]any{"ge": lo})
+		return def
+	}
+	if i > hi {
+		f.fail(name, "less_than_equal", fmt.Sprintf("Input should be less than or equal to %d", hi), i, map[string]any{"le": hi})
+		return def
+	}
+	return i
+}
+
+// number reads a float field; present reports whether the key was given,
+// null whether it was JSON null (allowed only when nullable).
+func (f *fields) number(name string, required, nullable bool) (val float64, present, null bool) {
+	v, ok := f.m[name]
+	if !ok {
+		if required {
+			f.missing(name)
+		}
+		return 0, false, false
+	}
+	if v == nil && nullable {
+		return 0, true, true
+	}
+	var fl float64
+	var err error
+	switch x := v.(type) {
+	case json.Number:
+		fl, err = strconv.ParseFloat(string(x), 64)
+	case string:
+		fl, err = strconv.ParseFloat(strings.TrimSpace(x), 64)
+	default:
+		err = errors.New("type")
+	}
+	if err != nil {
+		f.fail(name, "float_parsing", "Input should be a valid number", v, nil)
+		return 0, true, false
+	}
+	return fl, true, false
+}
+
+// tier validates the optional tier enum (body or query).
+func tierCheck(v string, loc []any) error {
+	switch v {
+	case "l2":
+		return nil
+	case "l1", "all":
+		return badRequest("tier '%s' not supported; only 'l2'", v)
+	}
+	return invalid(detailItem{Type: "enum", Loc: loc, Msg: "Input should be 'l1', 'l2' or 'all'", Input: v, Ctx: map[string]any{"expected": "'l1', 'l2' or 'all'"}})
+}
+
+func (f *fields) tier() error {
+	v, ok := f.m["tier"]
+	if !ok {
+		return nil
+	}
+	s, ok := v.(string)
+	if !ok {
+		return invalid(detailItem{Type: "enum", Loc: f.at("tier"), Msg: "Input should be 'l1', 'l2' or 'all'", Input: v})
+	}
+	return tierCheck(s, f.at("tier"))
+}
+
+func queryTier(r *http.Request) error {
+	q := r.URL.Query()
+	if !q.Has("tier") {
+		return nil
+	}
+	return tierCheck(q.Get("tier"), []any{"query", "tier"})
+}
+
+// strMap reads an object of string values.
+func (f *fields) strMap(name string) map[string]string {
+	out := map[string]string{}
+	v, ok := f.m[name]
+	if !ok {
+		return out
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		f.fail(name, "dict_type", "Input should be a valid dictionary", v, nil)
+		return out
+	}
+	for k, x := range m {
+		s, ok := x.(string)
+		if !ok {
+			f.errs = append(f.errs, detailItem{Type: "string_type", Loc: append(f.at(name), k), Msg: "Input should be a valid string", Input: x})
+			continue
+		}
+		out[k] = s
+	}
+	return out
+}
+
+// intList reads a list of ints.
+func (f *fields) intList(name string) []int64 {
+	v, ok := f.m[name]
+	if !ok {
+		return nil
+	}
+	l, ok := v.([]any)
+	if !ok {
+		f.fail(name, "list_type", "Input should be a valid list", v, nil)
+		return nil
+	}
+	out := make([]int64, len(l))
+	for i, x := range l {
+		n, typ, msg := toInt(x)
+		if typ != "" {
+			f.errs = append(f.errs, detailItem{Type: typ, Loc: append(f.at(name), i), Msg: msg, Input: x})
+			if len(f.errs) > 20 {
+				return nil
+			}
+			continue
+		}
+		out[i] = n
+	}
+	return out
+}
