@@ -1,0 +1,270 @@
+// Package httpapi is the MP server's operator HTTP API: every route of
+// upstream's mp-server-http-api document (health, status, config, cache and
+// quota management, runtime L2 reconfiguration, metrics, diagnostics), the
+// bytes-level KV API (/api/kv/*) and GET /openapi.json. One route table
+// drives both the mux and the OpenAPI document.
+//
+// Security beyond upstream: with an auth token configured, mutating and
+// sensitive routes require "Authorization: Bearer <token>"; probes stay open.
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/buildinfo"
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/loglevel"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/tokenhash"
+)
+
+// Engine is the part of *engine.Engine the HTTP API uses (consumer-side
+// interface, so handlers can be unit-tested with a fake).
+type Engine interface {
+	Ready() bool
+	Status() map[string]any
+	Counters() engine.Counters
+
+	Adapters() []engine.AdapterInfo
+	ListL2(ctx context.Context, index int, modelName string, pageSize int, pageToken string) (l2.Page, error)
+	DeleteL2(ctx context.Context, index int, keys []objkey.Key) ([]objkey.Key, error)
+	DeleteL1(keys []objkey.Key, force bool) (deleted, skipped int)
+	Clear() engine.ClearResult
+
+	RegisterLayout(l engine.Layout) error
+	Layout(modelName string, worldSize int) (engine.Layout, error)
+	Layouts() []engine.Layout
+
+	Prefetch(req engine.PrefetchRequest) error
+	PollPrefetch(id string) (engine.PrefetchResult, error)
+	WaitPrefetch(ctx context.Context, id string) (engine.PrefetchResult, error)
+	ReleaseRead(owner string, keys []objkey.Key, n int) int
+	Put(keys []objkey.Key, data [][]byte) (int, error)
+	Get(keys []objkey.Key) ([][]byte, error)
+
+	Reconfigure(ctx context.Context, index int, op string, args map[string]any) (map[string]any, error)
+	ReconfigureStatus(index int) (map[string]any, error)
+
+	SetQuota(salt string, limitBytes int64) error
+	DeleteQuota(salt string) bool
+	Quota(salt string) (limitBytes int64, exists bool)
+	Quotas() map[string]int64
+	QuotaUsage(salt string) int64
+}
+
+var _ Engine = (*engine.Engine)(nil)
+
+// KVBlockReader exposes registered KV caches for POST /cache/checksums. The
+// data path implements it when it can read a worker's KV blocks; without
+// one the endpoint answers 501 as upstream does for engines without
+// cache contexts.
+type KVBlockReader interface {
+	// KVLayers returns the registered layers of instanceID. An unknown
+	// instance returns an error wrapping ErrNotFound; a layout the reader
+	// cannot address block-wise returns one wrapping ErrUnsupported.
+	KVLayers(instanceID int) ([]KVLayer, error)
+}
+
+// KVLayer is one layer's KV tensor addressed by engine block id.
+type KVLayer interface {
+	// Block returns the bytes of block id in this layer.
+	Block(id int) ([]byte, error)
+}
+
+// Options configures New. Only Logger has no default.
+type Options struct {
+	// Engine may be nil at start; routes that need it answer 503 until
+	// SetEngine is called and the engine reports Ready.
+	Engine Engine
+	// Config is GET /config: groups "mp", "storage_manager",
+	// "observability" (and any others) of already-resolved settings
+	// (defaults < env < flags). nil answers 503 "configs not initialized".
+	Config map[string]map[string]any
+	// Version and Commit default to buildinfo.Version / buildinfo.Commit.
+	Version, Commit string
+	// AuthToken, when set, guards mutating and sensitive routes with
+	// "Authorization: Bearer <token>".
+	AuthToken string
+	// RunScriptEnabled turns on POST /run_script (--run-script-api-enabled);
+	// ScriptAllowedImports are the loadable modules (--script-allowed-imports).
+	RunScriptEnabled     bool
+	ScriptAllowedImports []string
+	// Script limits; zero means the script package defaults.
+	ScriptMaxSteps  uint64
+	ScriptTimeout   time.Duration
+	ScriptMaxOutput int
+	// RegisteredModels are static layouts (--register-model) registered
+	// with the engine when it is set.
+	RegisteredModels []engine.Layout
+	// ChunkSize and HashAlgorithm configure token hashing (--chunk-size,
+	// --hash-algorithm); defaults 256 and blake3. Hasher overrides both.
+	ChunkSize     int
+	HashAlgorithm string
+	Hasher        *tokenhash.Hasher
+	// InstanceID labels target_info when Metrics is nil.
+	InstanceID string
+	// Metrics is the Prometheus registry; nil builds one.
+	Metrics *mpmetrics.Metrics
+	// LogLevels backs /loglevel; nil builds one over Logger's handler.
+	LogLevels *loglevel.Registry
+	// Periodic backs /periodic-threads*; nil is an empty registry.
+	Periodic *periodic.Registry
+	// StatusExtra contributes data-path fields to GET /status
+	// (active_sessions, registered_gpu_ids, cache_context_meta, ...).
+	StatusExtra func() map[string]any
+	// KVBlocks backs POST /cache/checksums; nil answers 501.
+	KVBlocks KVBlockReader
+	// EnvShowSecrets disables the redaction of secret-looking variables in
+	// GET /env.
+	EnvShowSecrets bool
+	// Environ lists the environment for /env (default os.Environ).
+	Environ func() []string
+	// MaxKVBodyBytes caps POST /api/kv/store bodies (default 1 GiB).
+	MaxKVBodyBytes int64
+	// Logger receives request and error logs; nil discards.
+	Logger *slog.Logger
+}
+
+// Server is the HTTP API. It is safe for concurrent use.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	hasher  *tokenhash.Hasher
+	metrics *mpmetrics.Metrics
+	levels  *loglevel.Registry
+	loops   *periodic.Registry
+	handler http.Handler
+
+	eng atomic.Pointer[engineHolder]
+
+	regMu sync.Mutex // serializes static layout registration in SetEngine
+}
+
+type engineHolder struct{ e Engine }
+
+// New validates opts and builds the server and its mux.
+func New(opts Options) (*Server, error) {
+	s := &Server{opts: opts, log: opts.Logger}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.opts.Version == "" {
+		s.opts.Version = buildinfo.Version
+	}
+	if s.opts.Commit == "" {
+		s.opts.Commit = buildinfo.Commit
+	}
+	s.hasher = opts.Hasher
+	if s.hasher == nil {
+		cs, algo := opts.ChunkSize, opts.HashAlgorithm
+		if cs == 0 {
+			cs = 256
+		}
+		if algo == "" {
+			algo = tokenhash.Blake3
+		}
+		h, err := tokenhash.New(algo, cs)
+		if err != nil {
+			return nil, fmt.Errorf("httpapi: %w", err)
+		}
+		s.hasher = h
+	}
+	s.metrics = opts.Metrics
+	if s.metrics == nil {
+		s.metrics = mpmetrics.New(opts.InstanceID, nil)
+	}
+	s.levels = opts.LogLevels
+	if s.levels == nil {
+		s.levels = loglevel.New(s.log.Handler(), slog.LevelInfo)
+	}
+	s.loops = opts.Periodic
+	if s.loops == nil {
+		s.loops = periodic.NewRegistry()
+	}
+	if s.opts.MaxKVBodyBytes <= 0 {
+		s.opts.MaxKVBodyBytes = 1 << 30
+	}
+	for _, l := range opts.RegisteredModels {
+		if l.ModelName == "" || l.WorldSize < 1 || l.ObjectBytes <= 0 {
+			return nil, fmt.Errorf("httpapi: invalid registered model %+v", l)
+		}
+	}
+	s.handler = s.buildMux()
+	if opts.Engine != nil {
+		if err := s.SetEngine(opts.Engine); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// SetEngine wires the engine (and registers the static model layouts with
+// it). Routes answer 503 until the engine also reports Ready.
+func (s *Server) SetEngine(e Engine) error {
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	for _, l := range s.opts.RegisteredModels {
+		if err := e.RegisterLayout(l); err != nil {
+			return fmt.Errorf("httpapi: register model %q world_size=%d: %w", l.ModelName, l.WorldSize, err)
+		}
+	}
+	s.eng.Store(&engineHolder{e: e})
+	s.metrics.SetSource(func() engine.Counters { return e.Counters() })
+	return nil
+}
+
+// Metrics returns the server's metrics (for the data path and the
+// coordinator client to feed).
+func (s *Server) Metrics() *mpmetrics.Metrics { return s.metrics }
+
+// Handler returns the HTTP handler (the mux behind auth and recovery).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// engine returns the engine if it is wired and ready.
+func (s *Server) engine() (Engine, error) {
+	h := s.eng.Load()
+	if h == nil || !h.e.Ready() {
+		return nil, ErrNotInitialized
+	}
+	return h.e, nil
+}
+
+// Serve serves on ln until ctx is cancelled, then shuts down gracefully
+// (in-flight requests get up to 5 s). It returns nil after a clean shutdown.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		return serr
+	}
+	if err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("httpapi: shutdown: %w", err)
+	}
+	return nil
+}

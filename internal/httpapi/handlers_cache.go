@@ -1,0 +1,350 @@
+package httpapi
+
+import (
+	"crypto/md5"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+func (s *Server) handleListObjects(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	if t := q.Get("tier"); q.Has("tier") && t != "l2" {
+		if t == "l1" || t == "all" {
+			return errf(ErrBadRequest, "tier '%s' not supported; only 'l2'", t)
+		}
+		return invalid("enum", "Input should be 'l1', 'l2' or 'all'", "query", "tier")
+	}
+	pageSize := defaultPage
+	if q.Has("page_size") {
+		n, err := strconv.Atoi(strings.TrimSpace(q.Get("page_size")))
+		if err != nil {
+			return invalid("int_parsing", "Input should be a valid integer, unable to parse string as an integer", "query", "page_size")
+		}
+		if n < 1 {
+			return invalid("greater_than_equal", "Input should be greater than or equal to 1", "query", "page_size")
+		}
+		if n > maxPage {
+			return invalid("less_than_equal", fmt.Sprintf("Input should be less than or equal to %d", maxPage), "query", "page_size")
+		}
+		pageSize = n
+	}
+	e, err := s.engineOr("server not initialized")
+	if err != nil {
+		return err
+	}
+	a, err := resolveAdapter(e, q.Get("adapter"))
+	if err != nil {
+		return err
+	}
+	page, err := e.ListL2(r.Context(), a.Index, q.Get("model_name"), pageSize, q.Get("page_token"))
+	if err != nil {
+		if statusOf(err) == http.StatusNotImplemented {
+			return errf(ErrUnsupported, "L2 adapter '%s' does not support listing: %v", a.TypeName, err)
+		}
+		return err
+	}
+	entries := make([]map[string]any, 0, len(page.Entries))
+	for _, en := range page.Entries {
+		entries = append(entries, map[string]any{"key": en.Key.Encode(), "size_bytes": en.SizeBytes})
+	}
+	var next any
+	if page.NextPageToken != "" {
+		next = page.NextPageToken
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"adapter": a.TypeName, "shared": a.Shared, "entries": entries, "next_page_token": next})
+	return nil
+}
+
+func (s *Server) handleDeleteObjects(w http.ResponseWriter, r *http.Request) error {
+	body, err := readBody(w, r, maxJSONBody)
+	if err != nil {
+		return err
+	}
+	req, err := decodeDeleteObjects(body)
+	if err != nil {
+		return err
+	}
+	e, err := s.engineOr("server not initialized")
+	if err != nil {
+		return err
+	}
+	var ad *engine.AdapterInfo
+	if req.Tier != "l1" {
+		a, err := resolveAdapter(e, req.Adapter)
+		if err != nil {
+			return err
+		}
+		ad = &a
+	}
+	out := map[string]any{"requested": len(req.Keys), "ok": true, "deleted": 0, "skipped": 0}
+	deleted, skipped := 0, 0
+	if req.Tier == "l1" || req.Tier == "all" {
+		deleted, skipped = e.DeleteL1(req.Keys, req.Force)
+	}
+	if ad != nil {
+		out["adapter"] = ad.TypeName
+		removed, err := e.DeleteL2(r.Context(), ad.Index, req.Keys)
+		deleted += len(removed)
+		if err != nil {
+			out["ok"] = false
+			out["error"] = err.Error()
+		}
+	} else {
+		out["adapter"] = nil
+	}
+	out["deleted"], out["skipped"] = deleted, skipped
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// newRequestID is a uuid4 in hex (32 lowercase chars), as upstream.
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return hex.EncodeToString(b[:])
+}
+
+// groupsOf lists a layout's object group ids.
+func groupsOf(l engine.Layout) []int64 {
+	n := len(l.GroupObjectBytes)
+	if n == 0 {
+		return []int64{0}
+	}
+	g := make([]int64, n)
+	for i := range g {
+		g[i] = int64(i)
+	}
+	return g
+}
+
+// chunkKeys hashes tokens and expands every full chunk into its keys: for
+// each chunk, group-major then rank-minor.
+func (s *Server) chunkKeys(l engine.Layout, tokens []int64, salt string) ([][]objkey.Key, error) {
+	hashes, err := s.hasher.ChunkHashes(tokens)
+	if err != nil {
+		return nil, errf(ErrBadRequest, "%v", err)
+	}
+	if len(hashes) == 0 {
+		return nil, nil
+	}
+	perGroup, err := objkey.FanOut(hashes, l.ModelName, l.WorldSize, -1, groupsOf(l), salt)
+	if err != nil {
+		return nil, errf(ErrBadRequest, "%v", err)
+	}
+	ws := l.WorldSize
+	chunks := make([][]objkey.Key, len(hashes))
+	for c := range chunks {
+		keys := make([]objkey.Key, 0, len(perGroup)*ws)
+		for _, g := range perGroup {
+			keys = append(keys, g[c*ws:(c+1)*ws]...)
+		}
+		chunks[c] = keys
+	}
+	return chunks, nil
+}
+
+func (s *Server) layoutFor(e Engine, model string, worldSize int) (engine.Layout, error) {
+	l, err := e.Layout(model, worldSize)
+	if err != nil {
+		if errors.Is(err, engine.ErrNoLayout) || errors.Is(err, engine.ErrNotFound) {
+			return l, errf(ErrConflict, "no layout registered for model_name='%s' world_size=%d; the model has not allocated KV cache on this node yet", model, worldSize)
+		}
+		return l, err
+	}
+	return l, nil
+}
+
+func (s *Server) handleSubmitPrefetch(w http.ResponseWriter, r *http.Request) error {
+	body, err := readBody(w, r, maxJSONBody)
+	if err != nil {
+		return err
+	}
+	req, err := decodePrefetch(body)
+	if err != nil {
+		return err
+	}
+	e, err := s.engineOr("server not initialized")
+	if err != nil {
+		return err
+	}
+	l, err := s.layoutFor(e, req.ModelName, req.WorldSize)
+	if err != nil {
+		return err
+	}
+	chunks, err := s.chunkKeys(l, req.TokenIDs, req.CacheSalt)
+	if err != nil {
+		return err
+	}
+	if len(chunks) == 0 {
+		writeJSON(w, http.StatusAccepted, map[string]any{"chunks": 0, "status": "noop"})
+		return nil
+	}
+	id := newRequestID()
+	if err := e.Prefetch(engine.PrefetchRequest{ID: id, Chunks: chunks, Readers: 0, Sparse: true, Retain: true}); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, map[string]any{"request_id": id, "chunks": len(chunks), "status": "submitted"})
+	return nil
+}
+
+func (s *Server) handlePollPrefetch(w http.ResponseWriter, r *http.Request) error {
+	e, err := s.engineOr("server not initialized")
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("request_id")
+	res, err := e.PollPrefetch(id)
+	if err != nil {
+		if errors.Is(err, engine.ErrNotFound) {
+			return errf(ErrNotFound, "unknown prefetch request_id='%s' (already completed or never submitted)", id)
+		}
+		return err
+	}
+	if !res.Done {
+		writeJSON(w, http.StatusOK, map[string]any{"request_id": id, "status": "pending"})
+		return nil
+	}
+	out := map[string]any{"request_id": id, "status": "completed", "found_keys": res.L2Keys, "total_keys": res.TotalKeys}
+	if res.Err != nil {
+		out["error"] = res.Err.Error()
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) handleClear(w http.ResponseWriter, r *http.Request) error {
+	body, err := readBody(w, r, maxSmallBody)
+	if err != nil {
+		return err
+	}
+	tier, _, err := decodeClear(body)
+	if err != nil {
+		return err
+	}
+	e, err := s.engineOr("server not initialized")
+	if err != nil {
+		return err
+	}
+	res := e.Clear()
+	s.log.Warn("cache cleared by operator", "tier", tier, "objects", res.Objects, "bytes", res.Bytes)
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "cleared": map[string]any{"tier": tier}})
+	return nil
+}
+
+func (s *Server) handleChecksums(w http.ResponseWriter, r *http.Request) error {
+	body, err := readBody(w, r, maxJSONBody)
+	if err != nil {
+		return err
+	}
+	req, _, err := decodeChecksums(body)
+	if err != nil {
+		return err
+	}
+	if _, err := s.engineOr("server not initialized"); err != nil {
+		return err
+	}
+	if s.opts.KVBlocks == nil {
+		return errf(ErrUnsupported, "checksum not supported for this engine type")
+	}
+	layers, err := s.opts.KVBlocks.KVLayers(req.InstanceID)
+	if err != nil {
+		switch statusOf(err) {
+		case http.StatusNotFound:
+			return errf(ErrNotFound, "instance_id %d not registered", req.InstanceID)
+		case http.StatusNotImplemented:
+			return errf(ErrUnsupported, "KV format not supported by /cache/checksums: %v", err)
+		}
+		return err
+	}
+	if len(req.BlockIDs) == 0 {
+		return errf(ErrBadRequest, "block_ids is required")
+	}
+	if req.ChunkSize <= 0 {
+		return errf(ErrBadRequest, "chunk_size must be positive")
+	}
+	if len(layers) == 0 {
+		return errf(ErrNotFound, "kv_caches empty")
+	}
+	n := len(req.BlockIDs)
+	numChunks := (n + req.ChunkSize - 1) / req.ChunkSize
+	// blocks[layer][i] is block_ids[i] of that layer, read once.
+	blocks := make([][][]byte, len(layers))
+	for li, l := range layers {
+		blocks[li] = make([][]byte, n)
+		for i, id := range req.BlockIDs {
+			b, err := l.Block(id)
+			if err != nil {
+				if statusOf(err) == http.StatusInternalServerError {
+					return errf(ErrBadRequest, "block %d of layer %d: %v", id, li, err)
+				}
+				return err
+			}
+			blocks[li][i] = b
+		}
+	}
+	sum := func(li, c int) []byte {
+		h := md5.New()
+		for i := c * req.ChunkSize; i < min((c+1)*req.ChunkSize, n); i++ {
+			h.Write(blocks[li][i])
+		}
+		return h.Sum(nil)
+	}
+	var sums any
+	if req.Layerwise {
+		m := map[string][]string{}
+		for li := range layers {
+			l := make([]string, numChunks)
+			for c := range l {
+				l[c] = hex.EncodeToString(sum(li, c))
+			}
+			m[fmt.Sprintf("layer_%d", li)] = l
+		}
+		sums = m
+	} else {
+		l := make([]string, numChunks)
+		for c := range l {
+			h := md5.New()
+			for li := range layers {
+				for i := c * req.ChunkSize; i < min((c+1)*req.ChunkSize, n); i++ {
+					h.Write(blocks[li][i])
+				}
+			}
+			l[c] = hex.EncodeToString(h.Sum(nil))
+		}
+		sums = l
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"status": "success", "chunk_size": req.ChunkSize, "num_chunks": numChunks,
+		"chunk_checksums": sums, "layerwise": req.Layerwise, "block_id_ranges": blockRanges(req.BlockIDs),
+	})
+	return nil
+}
+
+// blockRanges compresses a block list into upstream's textual form: runs of
+// consecutive ids become "[first,last]", singletons stay bare ("0,[2,5],8").
+func blockRanges(ids []int) string {
+	var parts []string
+	for i := 0; i < len(ids); {
+		j := i
+		for j+1 < len(ids) && ids[j+1] == ids[j]+1 {
+			j++
+		}
+		if j == i {
+			parts = append(parts, strconv.Itoa(ids[i]))
+		} else {
+			parts = append(parts, fmt.Sprintf("[%d,%d]", ids[i], ids[j]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ",")
+}

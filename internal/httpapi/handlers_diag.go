@@ -1,0 +1,339 @@
+package httpapi
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"regexp"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+
+	"go.starlark.net/starlark"
+	"go.starlark.net/starlarkstruct"
+
+	"github.com/lmcache-go/lmcache/internal/loglevel"
+	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/script"
+)
+
+func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
+	s.metrics.Handler().ServeHTTP(w, r)
+	return nil
+}
+
+func (s *Server) handleMetricsReset(w http.ResponseWriter, _ *http.Request) error {
+	s.metrics.Reset()
+	writeText(w, http.StatusOK, "ok")
+	return nil
+}
+
+func (s *Server) handleLogLevel(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	name, hasName := q.Get("logger_name"), q.Has("logger_name")
+	level, hasLevel := q.Get("level"), q.Has("level")
+	switch {
+	case hasName && hasLevel:
+		l, err := s.levels.Set(name, level)
+		if err != nil {
+			return errf(ErrBadRequest, "Invalid level: %s", level)
+		}
+		s.log.Info("log level changed", "logger_name", name, "level", loglevel.Name(l))
+		writeText(w, http.StatusOK, fmt.Sprintf("Set %s level to %s", name, loglevel.Name(l)))
+	case hasName:
+		writeText(w, http.StatusOK, fmt.Sprintf("%s: %s", name, loglevel.Name(s.levels.Effective(name))))
+	case hasLevel:
+		writeText(w, http.StatusOK, "null")
+	default:
+		var b strings.Builder
+		for _, e := range s.levels.List() {
+			fmt.Fprintf(&b, "%s: %s\n", e.Name, loglevel.Name(e.Level))
+		}
+		writeText(w, http.StatusOK, b.String())
+	}
+	return nil
+}
+
+var goroutineHeader = regexp.MustCompile(`^goroutine (\d+) `)
+
+// handleThreads dumps goroutines. Upstream lists Python threads; the Go
+// equivalent of a thread name is the pprof label set, so ?name= matches
+// label values (case-insensitive substring) over the label-aware profile,
+// and ?thread_id= selects one goroutine by id from the full dump.
+func (s *Server) handleThreads(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	var out strings.Builder
+	if q.Has("thread_id") {
+		id := strings.TrimSpace(q.Get("thread_id"))
+		if _, err := strconv.ParseUint(id, 10, 64); err != nil {
+			return invalid("int_parsing", "Input should be a valid integer", "query", "thread_id")
+		}
+		var buf bytes.Buffer
+		_ = pprof.Lookup("goroutine").WriteTo(&buf, 2)
+		recs := strings.Split(buf.String(), "\n\n")
+		var kept []string
+		for _, rec := range recs {
+			if m := goroutineHeader.FindStringSubmatch(strings.TrimSpace(rec)); m != nil && m[1] == id {
+				kept = append(kept, strings.TrimSpace(rec))
+			}
+		}
+		fmt.Fprintf(&out, "Total goroutines: %d\nMatched: %d\n\n%s\n", len(recs), len(kept), strings.Join(kept, "\n\n"))
+		writeText(w, http.StatusOK, out.String())
+		return nil
+	}
+	name := strings.ToLower(q.Get("name"))
+	var buf bytes.Buffer
+	_ = pprof.Lookup("goroutine").WriteTo(&buf, 1)
+	text := buf.String()
+	total := pprof.Lookup("goroutine").Count()
+	// debug=1 output: a header line, then blank-line separated records of
+	// identical stacks ("N @ pcs", optional "# labels: {...}", frames).
+	_, body, _ := strings.Cut(text, "\n")
+	var kept []string
+	matched := 0
+	for _, rec := range strings.Split(strings.TrimSpace(body), "\n\n") {
+		rec = strings.TrimSpace(rec)
+		if rec == "" {
+			continue
+		}
+		if name != "" && !strings.Contains(strings.ToLower(labelsOf(rec)), name) {
+			continue
+		}
+		if n, err := strconv.Atoi(strings.Fields(rec)[0]); err == nil {
+			matched += n
+		}
+		kept = append(kept, rec)
+	}
+	fmt.Fprintf(&out, "Total goroutines: %d\nMatched: %d\n\n%s\n", total, matched, strings.Join(kept, "\n\n"))
+	writeText(w, http.StatusOK, out.String())
+	return nil
+}
+
+func labelsOf(rec string) string {
+	sc := bufio.NewScanner(strings.NewReader(rec))
+	for sc.Scan() {
+		if l, ok := strings.CutPrefix(sc.Text(), "# labels: "); ok {
+			// Match on values only: {"name":"x"} → name=x
+			var m map[string]string
+			if json.Unmarshal([]byte(l), &m) == nil {
+				var parts []string
+				for _, v := range m {
+					parts = append(parts, v)
+				}
+				return strings.Join(parts, "\x00")
+			}
+			return l
+		}
+	}
+	return ""
+}
+
+func truthy(s string) bool {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "1", "true", "yes", "on", "t", "y":
+		return true
+	}
+	return false
+}
+
+func (s *Server) handlePeriodicList(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	var level periodic.Level
+	if q.Has("level") {
+		l, err := periodic.ParseLevel(q.Get("level"))
+		if err != nil {
+			return errf(ErrBadRequest, "Invalid level: %s. Valid values: critical, high, medium, low", q.Get("level"))
+		}
+		level = l
+	}
+	running, active := truthy(q.Get("running_only")), truthy(q.Get("active_only"))
+	all := s.loops.All()
+	threads := []periodic.Status{}
+	for _, t := range all {
+		if level != "" && t.Level != level || running && !t.IsRunning || active && !t.IsActive {
+			continue
+		}
+		threads = append(threads, t)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"summary": periodic.Summarize(all), "threads": threads})
+	return nil
+}
+
+func (s *Server) handlePeriodicGet(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("thread_name")
+	st, ok := s.loops.Get(name)
+	if !ok {
+		return errf(ErrNotFound, "Thread not found: %s", name)
+	}
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}
+
+func (s *Server) handlePeriodicHealth(w http.ResponseWriter, _ *http.Request) error {
+	bad := periodic.Unhealthy(s.loops.All())
+	list := make([]map[string]any, 0, len(bad))
+	for _, t := range bad {
+		list = append(list, map[string]any{"name": t.Name, "level": t.Level, "last_run_ago": t.LastRunAgo, "interval": t.Interval})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"healthy": len(bad) == 0, "unhealthy_count": len(bad), "unhealthy_threads": list})
+	return nil
+}
+
+// secretName matches environment variable names whose values are likely
+// credentials.
+var secretName = regexp.MustCompile(`(?i)(SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|SESSION|AUTH|COOKIE|SIGNATURE)`)
+
+// Redacted replaces secret-looking values in GET /env.
+const Redacted = "***REDACTED***"
+
+func (s *Server) handleEnv(w http.ResponseWriter, _ *http.Request) error {
+	environ := os.Environ
+	if s.opts.Environ != nil {
+		environ = s.opts.Environ
+	}
+	env := map[string]string{}
+	for _, kv := range environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		if !s.opts.EnvShowSecrets && secretName.MatchString(k) {
+			v = Redacted
+		}
+		env[k] = v
+	}
+	// encoding/json sorts map keys, which is the sorted dump upstream gives.
+	b, err := json.MarshalIndent(env, "", "  ")
+	if err != nil {
+		return err
+	}
+	writeText(w, http.StatusOK, string(b))
+	return nil
+}
+
+// maxScriptBytes caps the uploaded script (multipart form included).
+const maxScriptBytes = 1 << 20
+
+func (s *Server) handleRunScript(w http.ResponseWriter, r *http.Request) error {
+	if !s.opts.RunScriptEnabled {
+		return errf(ErrNotFound, "Not Found")
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxScriptBytes+64<<10)
+	f, hdr, err := r.FormFile("script")
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return errf(ErrTooLarge, "script exceeds %d bytes", maxScriptBytes)
+		}
+		return errf(ErrBadRequest, "No script file provided")
+	}
+	defer f.Close()
+	if r.MultipartForm != nil {
+		defer r.MultipartForm.RemoveAll()
+	}
+	src, err := io.ReadAll(io.LimitReader(f, maxScriptBytes+1))
+	if err != nil {
+		return errf(ErrBadRequest, "No script file provided")
+	}
+	if len(src) > maxScriptBytes {
+		return errf(ErrTooLarge, "script exceeds %d bytes", maxScriptBytes)
+	}
+	app, err := s.scriptApp()
+	if err != nil {
+		return fmt.Errorf("Error executing script: %w", err)
+	}
+	res, err := script.Run(r.Context(), script.Config{
+		AllowedImports: s.opts.ScriptAllowedImports,
+		Globals:        starlark.StringDict{"app": app},
+		MaxSteps:       s.opts.ScriptMaxSteps,
+		Timeout:        s.opts.ScriptTimeout,
+		MaxOutput:      s.opts.ScriptMaxOutput,
+	}, hdr.Filename, string(src))
+	if res.Printed != "" {
+		s.log.Info("run_script output", "file", hdr.Filename, "printed", res.Printed)
+	}
+	if err != nil {
+		s.log.Warn("run_script failed", "file", hdr.Filename, "err", err)
+		writeText(w, http.StatusInternalServerError, "Error executing script: "+err.Error())
+		return nil
+	}
+	writeText(w, http.StatusOK, res.Text)
+	return nil
+}
+
+// scriptApp is the read-only "app" a script sees: snapshots of version,
+// config, adapters, status and periodic loops as frozen values (upstream
+// injects the live FastAPI app, which is full remote code execution).
+func (s *Server) scriptApp() (starlark.Value, error) {
+	toValue := func(v any) (starlark.Value, error) {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		var g any
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.UseNumber()
+		if err := dec.Decode(&g); err != nil {
+			return nil, err
+		}
+		return script.FromGo(numbersToGo(g))
+	}
+	fn := func(name string, get func() (any, error)) *starlark.Builtin {
+		return starlark.NewBuiltin(name, func(_ *starlark.Thread, b *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
+			if err := starlark.UnpackArgs(b.Name(), args, kwargs); err != nil {
+				return nil, err
+			}
+			v, err := get()
+			if err != nil {
+				return nil, err
+			}
+			return toValue(v)
+		})
+	}
+	members := starlark.StringDict{
+		"version": starlark.String(s.opts.Version),
+		"commit":  starlark.String(s.opts.Commit),
+		"config":  fn("config", func() (any, error) { return s.opts.Config, nil }),
+		"periodic_threads": fn("periodic_threads", func() (any, error) {
+			return s.loops.All(), nil
+		}),
+		"adapters": fn("adapters", func() (any, error) {
+			e, err := s.engine()
+			if err != nil {
+				return nil, err
+			}
+			return e.Adapters(), nil
+		}),
+		"status": fn("status", func() (any, error) {
+			e, err := s.engine()
+			if err != nil {
+				return nil, err
+			}
+			return e.Status(), nil
+		}),
+	}
+	return starlarkstruct.FromStringDict(starlark.String("app"), members), nil
+}
+
+// numbersToGo turns json.Number into int64 or float64 for FromGo.
+func numbersToGo(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if i, err := x.Int64(); err == nil {
+			return i
+		}
+		f, _ := x.Float64()
+		return f
+	case []any:
+		for i := range x {
+			x[i] = numbersToGo(x[i])
+		}
+	case map[string]any:
+		for k := range x {
+			x[k] = numbersToGo(x[k])
+		}
+	}
+	return v
+}

@@ -1,0 +1,151 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strconv"
+
+	"github.com/lmcache-go/lmcache/internal/engine"
+)
+
+func (s *Server) handleRoot(w http.ResponseWriter, _ *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "service": "LMCache HTTP API"})
+	return nil
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) error {
+	if _, err := s.engine(); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unhealthy", "reason": "engine not initialized"})
+		return nil
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "healthy"})
+	return nil
+}
+
+func notInitError() error { return errf(ErrNotInitialized, "engine not initialized") }
+
+// engineOr wraps s.engine with the message a route reports.
+func (s *Server) engineOr(msg string) (Engine, error) {
+	e, err := s.engine()
+	if err != nil {
+		return nil, errf(ErrNotInitialized, "%s", msg)
+	}
+	return e, nil
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) error {
+	e, err := s.engineOr("engine not initialized")
+	if err != nil {
+		return err
+	}
+	sm := e.Status()
+	healthy := true
+	if v, ok := sm["is_healthy"].(bool); ok {
+		healthy = v
+	}
+	ctxMeta := map[string]any{}
+	for i, l := range e.Layouts() {
+		meta := map[string]any{}
+		for k, v := range l.Meta {
+			meta[k] = v
+		}
+		ctxMeta[strconv.Itoa(i)] = map[string]any{
+			"model_name":      l.ModelName,
+			"world_size":      l.WorldSize,
+			"object_bytes":    l.ObjectBytes,
+			"kv_cache_layout": meta,
+		}
+	}
+	c := e.Counters()
+	out := map[string]any{
+		"is_healthy":           healthy,
+		"engine_type":          "MPCacheServer",
+		"chunk_size":           s.hasher.ChunkSize(),
+		"hash_algorithm":       s.hasher.Algorithm(),
+		"active_sessions":      0,
+		"registered_gpu_ids":   []int{},
+		"cache_context_meta":   ctxMeta,
+		"active_prefetch_jobs": c.ActivePrefetchJobs,
+		"storage_manager":      sm,
+	}
+	if s.opts.StatusExtra != nil {
+		for k, v := range s.opts.StatusExtra() {
+			out[k] = v
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) handleConfig(w http.ResponseWriter, _ *http.Request) error {
+	if s.opts.Config == nil {
+		return errf(ErrNotInitialized, "configs not initialized")
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(s.opts.Config); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(buf.Bytes())
+	return nil
+}
+
+func (s *Server) handleConfigAdapters(w http.ResponseWriter, _ *http.Request) error {
+	e, err := s.engineOr("server not initialized")
+	if err != nil {
+		return err
+	}
+	out := []map[string]any{}
+	for i, a := range e.Adapters() {
+		out = append(out, map[string]any{
+			"index": a.Index, "type_name": a.TypeName, "tier": "l2",
+			"primary": i == 0, "reconfigurable": a.Reconfigurable, "shared": a.Shared,
+		})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"adapters": out})
+	return nil
+}
+
+func (s *Server) handleVersion(w http.ResponseWriter, _ *http.Request) error {
+	v, c := s.opts.Version, s.opts.Commit
+	if v == "" {
+		v = "NA"
+	}
+	if c == "" {
+		c = "NA"
+	}
+	writeJSON(w, http.StatusOK, v+"-"+c)
+	return nil
+}
+
+func (s *Server) handleLMCVersion(w http.ResponseWriter, _ *http.Request) error {
+	writeJSON(w, http.StatusOK, s.opts.Version)
+	return nil
+}
+
+func (s *Server) handleCommitID(w http.ResponseWriter, _ *http.Request) error {
+	writeJSON(w, http.StatusOK, s.opts.Commit)
+	return nil
+}
+
+// resolveAdapter picks the adapter by type_name ("" = primary); the first
+// match wins on duplicates.
+func resolveAdapter(e Engine, name string) (engine.AdapterInfo, error) {
+	ads := e.Adapters()
+	if len(ads) == 0 {
+		return engine.AdapterInfo{}, errf(ErrUnavailable, "no L2 adapters configured")
+	}
+	if name == "" {
+		return ads[0], nil
+	}
+	for _, a := range ads {
+		if a.TypeName == name {
+			return a, nil
+		}
+	}
+	return engine.AdapterInfo{}, errf(ErrNotFound, "no L2 adapter with type_name='%s'", name)
+}

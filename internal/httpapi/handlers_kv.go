@@ -1,0 +1,250 @@
+package httpapi
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// Headers of the bytes-level KV API.
+const (
+	HeaderModel       = "X-LMCache-Model"
+	HeaderTokens      = "X-LMCache-Tokens"
+	HeaderCacheSalt   = "X-LMCache-Cache-Salt"
+	HeaderWorldSize   = "X-LMCache-World-Size"
+	HeaderHitChunks   = "X-LMCache-Hit-Chunks"
+	HeaderHitTokens   = "X-LMCache-Hit-Tokens"
+	HeaderTotalChunks = "X-LMCache-Total-Chunks"
+	HeaderL1Keys      = "X-LMCache-L1-Keys"
+	HeaderL2Keys      = "X-LMCache-L2-Keys"
+)
+
+// kvRequest is the parsed header set of a /api/kv/* call.
+type kvRequest struct {
+	model     string
+	worldSize int
+	salt      string
+	tokens    []int64
+}
+
+func parseKVHeaders(h http.Header) (kvRequest, error) {
+	req := kvRequest{model: h.Get(HeaderModel), salt: h.Get(HeaderCacheSalt), worldSize: 1}
+	if req.model == "" {
+		return req, errf(ErrBadRequest, "%s is required", HeaderModel)
+	}
+	if strings.Contains(req.model, "@") {
+		return req, errf(ErrBadRequest, "%s must not contain '@'", HeaderModel)
+	}
+	if v := h.Get(HeaderWorldSize); v != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 1 || n > 255 {
+			return req, errf(ErrBadRequest, "%s must be an integer in [1, 255] (got %q)", HeaderWorldSize, v)
+		}
+		req.worldSize = n
+	}
+	if err := objkey.ValidateSalt(req.salt); err != nil {
+		return req, errf(ErrBadRequest, "%s: %v", HeaderCacheSalt, err)
+	}
+	toks, err := parseTokens(h.Get(HeaderTokens))
+	if err != nil {
+		return req, err
+	}
+	req.tokens = toks
+	return req, nil
+}
+
+// kvSetup resolves the engine, layout and chunk keys of a KV request.
+func (s *Server) kvSetup(r *http.Request) (Engine, engine.Layout, kvRequest, [][]objkey.Key, error) {
+	req, err := parseKVHeaders(r.Header)
+	if err != nil {
+		return nil, engine.Layout{}, req, nil, err
+	}
+	e, err := s.engineOr("server not initialized")
+	if err != nil {
+		return nil, engine.Layout{}, req, nil, err
+	}
+	l, err := s.layoutFor(e, req.model, req.worldSize)
+	if err != nil {
+		return nil, l, req, nil, err
+	}
+	chunks, err := s.chunkKeys(l, req.tokens, req.salt)
+	return e, l, req, chunks, err
+}
+
+func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
+	e, l, _, chunks, err := s.kvSetup(r)
+	if err != nil {
+		return err
+	}
+	var keys []objkey.Key
+	var sizes []int64
+	var want int64
+	for _, ck := range chunks {
+		for _, k := range ck {
+			sz := l.SizeOf(k.ObjectGroupID)
+			keys = append(keys, k)
+			sizes = append(sizes, sz)
+			want += sz
+		}
+	}
+	if r.ContentLength >= 0 && r.ContentLength != want {
+		return errf(ErrBadRequest, "body is %d bytes; %d full chunks of this layout need %d bytes", r.ContentLength, len(chunks), want)
+	}
+	if want > s.opts.MaxKVBodyBytes {
+		return errf(ErrTooLarge, "store of %d bytes exceeds the %d-byte limit", want, s.opts.MaxKVBodyBytes)
+	}
+	body, err := readBody(w, r, want+1)
+	if err != nil {
+		return err
+	}
+	if int64(len(body)) != want {
+		return errf(ErrBadRequest, "body is %d bytes; %d full chunks of this layout need %d bytes", len(body), len(chunks), want)
+	}
+	data := make([][]byte, len(keys))
+	off := int64(0)
+	for i, sz := range sizes {
+		data[i] = body[off : off+sz]
+		off += sz
+	}
+	stored := 0
+	if len(keys) > 0 {
+		if stored, err = e.Put(keys, data); err != nil {
+			return err
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"chunks": len(chunks), "tokens": len(chunks) * s.hasher.ChunkSize(), "keys": len(keys), "stored": stored,
+	})
+	return nil
+}
+
+// kvProbe runs a read-locking lookup over chunks and returns the result; the
+// caller releases the locks of the prefix with release.
+func (s *Server) kvProbe(r *http.Request, e Engine, chunks [][]objkey.Key) (engine.PrefetchResult, func(), error) {
+	id := "kvapi-" + newRequestID()
+	if err := e.Prefetch(engine.PrefetchRequest{ID: id, Chunks: chunks, Readers: 1}); err != nil {
+		return engine.PrefetchResult{}, nil, err
+	}
+	res, err := e.WaitPrefetch(r.Context(), id)
+	if err != nil {
+		return res, nil, err
+	}
+	release := func() {
+		var ks []objkey.Key
+		for _, ck := range chunks[:min(res.PrefixChunks, len(chunks))] {
+			ks = append(ks, ck...)
+		}
+		if len(ks) > 0 {
+			e.ReleaseRead(id, ks, 1)
+		}
+	}
+	return res, release, res.Err
+}
+
+func (s *Server) recordLookup(req kvRequest, chunks int, res engine.PrefetchResult) {
+	cs := s.hasher.ChunkSize()
+	m := s.metrics
+	m.Lookups.WithLabelValues(req.model, req.salt).Inc()
+	m.LookupRequestedTokens.WithLabelValues(req.model, req.salt).Add(float64(chunks * cs))
+	m.LookupHitTokens.WithLabelValues(req.model, req.salt).Add(float64(res.PrefixChunks * cs))
+	m.LookupHitL1Keys.WithLabelValues(req.model, req.salt).Add(float64(res.L1Keys))
+	m.LookupHitL2Keys.WithLabelValues(req.model, req.salt).Add(float64(res.L2Keys))
+}
+
+func setHitHeaders(h http.Header, res engine.PrefetchResult, prefix, total, chunkSize int) {
+	h.Set(HeaderHitChunks, strconv.Itoa(prefix))
+	h.Set(HeaderHitTokens, strconv.Itoa(prefix*chunkSize))
+	h.Set(HeaderTotalChunks, strconv.Itoa(total))
+	h.Set(HeaderL1Keys, strconv.Itoa(res.L1Keys))
+	h.Set(HeaderL2Keys, strconv.Itoa(res.L2Keys))
+}
+
+func (s *Server) handleKVRetrieve(w http.ResponseWriter, r *http.Request) error {
+	e, _, req, chunks, err := s.kvSetup(r)
+	if err != nil {
+		return err
+	}
+	if len(chunks) == 0 {
+		return errf(ErrNotFound, "no cached prefix: fewer tokens than one chunk (%d)", s.hasher.ChunkSize())
+	}
+	res, release, err := s.kvProbe(r, e, chunks)
+	if release != nil {
+		defer release()
+	}
+	if err != nil {
+		return err
+	}
+	prefix := min(res.PrefixChunks, len(chunks))
+	var keys []objkey.Key
+	for _, ck := range chunks[:prefix] {
+		keys = append(keys, ck...)
+	}
+	var objs [][]byte
+	if len(keys) > 0 {
+		if objs, err = e.Get(keys); err != nil {
+			return err
+		}
+	}
+	// Trust only what was actually copied out: stop at the first chunk with
+	// a missing object.
+	var out []byte
+	got := 0
+	for c := 0; c < prefix; c++ {
+		n := len(chunks[c])
+		complete := true
+		for _, o := range objs[c*n : (c+1)*n] {
+			if o == nil {
+				complete = false
+				break
+			}
+		}
+		if !complete {
+			break
+		}
+		for _, o := range objs[c*n : (c+1)*n] {
+			out = append(out, o...)
+		}
+		got++
+	}
+	res.PrefixChunks = got
+	s.recordLookup(req, len(chunks), res)
+	setHitHeaders(w.Header(), res, got, len(chunks), s.hasher.ChunkSize())
+	if got == 0 {
+		return errf(ErrNotFound, "no cached prefix for these tokens")
+	}
+	w.Header().Set("Content-Type", ctBinary)
+	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out)
+	return nil
+}
+
+func (s *Server) handleKVLookup(w http.ResponseWriter, r *http.Request) error {
+	e, _, req, chunks, err := s.kvSetup(r)
+	if err != nil {
+		return err
+	}
+	var res engine.PrefetchResult
+	if len(chunks) > 0 {
+		var release func()
+		res, release, err = s.kvProbe(r, e, chunks)
+		if release != nil {
+			release()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	prefix := min(res.PrefixChunks, len(chunks))
+	s.recordLookup(req, len(chunks), res)
+	setHitHeaders(w.Header(), res, prefix, len(chunks), s.hasher.ChunkSize())
+	cs := s.hasher.ChunkSize()
+	writeJSON(w, http.StatusOK, map[string]any{
+		"hit_chunks": prefix, "hit_tokens": prefix * cs, "total_chunks": len(chunks), "total_tokens": len(chunks) * cs,
+		"l1_keys": res.L1Keys, "l2_keys": res.L2Keys,
+	})
+	return nil
+}
