@@ -145,9 +145,9 @@ func (c Config) validate() error {
 // the server command's own flag wiring; the caller copies them into Config
 // (and --shm-name into the engine config, which owns the pool).
 type Flags struct {
-	cfg        *Config
-	reapSecs   float64
-	graceSecs  float64
+	cfg       *Config
+	reapSecs  float64
+	graceSecs float64
 }
 
 // AddFlags registers --host, --port, --supported-transfer-mode,

@@ -1,0 +1,99 @@
+package mq_test
+
+import (
+	"testing"
+
+	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/wire"
+)
+
+func TestStoreLookupRetrieveTP1(t *testing.T) {
+	h := start(t, opts{})
+	w := h.worker(101, "org/model-a", 1, 0)
+	sched := h.dial(mqclient.Options{})
+	data := chunkData{}
+	tokens := prompt(1, 5*testChunk+7) // 5 full chunks and a partial tail
+	end := 5 * testChunk
+
+	lk := key(w.model, 1, -1, tokens, 0, end, "req-1")
+	if n := lookupOnce(t, sched, lk); n != 0 {
+		t.Fatalf("lookup before store hit %d", n)
+	}
+	if n := w.store(tokens, 0, end, "req-1", func(c int) []byte { return data.get(1, 0, c) }); n != 5 {
+		t.Fatalf("PREPARE_STORE asked for %d chunks, want 5", n)
+	}
+	// Storing again: everything is cached, no slots, no commit needed.
+	k := key(w.model, 1, 0, tokens, 0, end, "req-1")
+	plan, err := w.c.PrepareStore(k, w.inst)
+	if err != nil || plan.Refused || len(plan.Slots) != 0 {
+		t.Fatalf("second PREPARE_STORE: %+v %v", plan, err)
+	}
+
+	lookupUntil(t, sched, key(w.model, 1, -1, tokens, 0, end, "req-2"), 5)
+	if !w.retrieve(tokens, 0, end, "req-2", func(c int) []byte { return data.get(1, 0, c) }) {
+		t.Fatal("PREPARE_RETRIEVE failed after a full hit")
+	}
+	if err := sched.EndSession("req-2"); err != nil {
+		t.Fatal(err)
+	}
+
+	// A prompt sharing the first 3 chunks hits exactly 3; the retrieve of a
+	// sub-range [1, 3) works too.
+	other := append(append([]wire.Int{}, tokens[:3*testChunk]...), prompt(2, 2*testChunk)...)
+	lookupUntil(t, sched, key(w.model, 1, -1, other, 0, 5*testChunk, "req-3"), 3)
+	if !w.retrieve(other, testChunk, 3*testChunk, "req-3", func(c int) []byte { return data.get(1, 0, c) }) {
+		t.Fatal("sub-range retrieve failed")
+	}
+	if err := sched.FreeLookupLocks(key(w.model, 1, -1, other, 0, testChunk, "req-3"), 1); err != nil {
+		t.Fatal(err)
+	}
+	// Without a lookup the chunks are not read-locked: retrieve is refused.
+	if w.retrieve(tokens, 0, end, "req-nolookup", func(c int) []byte { return data.get(1, 0, c) }) {
+		t.Fatal("PREPARE_RETRIEVE succeeded without a LOOKUP lock")
+	}
+	// Different salt and different world size never share objects.
+	salted := key(w.model, 1, -1, tokens, 0, end, "req-4")
+	salted.CacheSalt = "tenant-b"
+	if n := lookupOnce(t, sched, salted); n != 0 {
+		t.Fatalf("salted lookup hit %d", n)
+	}
+	if err := w.c.Unregister(w.inst); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStoreLookupRetrieveTP2(t *testing.T) {
+	h := start(t, opts{})
+	w0 := h.worker(200, "tp2-model", 2, 0)
+	w1 := h.worker(201, "tp2-model", 2, 1)
+	sched := h.dial(mqclient.Options{})
+	data := chunkData{}
+	tokens := prompt(7, 4*testChunk)
+	end := 4 * testChunk
+	d0 := func(c int) []byte { return data.get(7, 0, c) }
+	d1 := func(c int) []byte { return data.get(7, 1, c) }
+
+	if n := w0.store(tokens, 0, end, "s", d0); n != 4 {
+		t.Fatalf("rank 0 stored %d", n)
+	}
+	// Only rank 0 has the chunks: a lookup counts chunks present for every rank.
+	if n := lookupOnce(t, sched, key("tp2-model", 2, -1, tokens, 0, end, "l0")); n != 0 {
+		t.Fatalf("lookup with one rank stored hit %d, want 0", n)
+	}
+	// Rank 1 stores only the first 3 chunks: the common prefix is 3.
+	if n := w1.store(tokens[:3*testChunk], 0, 3*testChunk, "s", d1); n != 3 {
+		t.Fatalf("rank 1 stored %d", n)
+	}
+	lookupUntil(t, sched, key("tp2-model", 2, -1, tokens, 0, end, "l1"), 3)
+	if err := sched.FreeLookupLocks(key("tp2-model", 2, -1, tokens, 0, 3*testChunk, "l1"), 2); err != nil {
+		t.Fatal(err)
+	}
+	if n := w1.store(tokens, 0, end, "s", d1); n != 1 {
+		t.Fatalf("rank 1 second store asked for %d chunks, want 1", n)
+	}
+	lookupUntil(t, sched, key("tp2-model", 2, -1, tokens, 0, end, "l2"), 4)
+	// Each rank reads back its own bytes.
+	if !w0.retrieve(tokens, 0, end, "l2", d0) || !w1.retrieve(tokens, 0, end, "l2", d1) {
+		t.Fatal("TP=2 retrieve failed")
+	}
+}
