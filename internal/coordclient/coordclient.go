@@ -1,0 +1,531 @@
+// Package coordclient is the MP server's side of the fleet coordinator:
+// registration and heartbeats under an instance id, re-registration when the
+// coordinator forgot us, deregistration on shutdown, and L2 usage events
+// (store, lookup, delete) reported in batches to POST /quota/events.
+//
+// Nothing here is fatal: while the coordinator is unreachable the client
+// keeps retrying and the server keeps serving. Events wait in a bounded
+// queue; when it is full new events are dropped and counted.
+package coordclient
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// Defaults, as upstream.
+const (
+	DefaultHeartbeatInterval  = 5 * time.Second
+	DefaultEventFlushInterval = time.Second
+	DefaultQueueSize          = 100_000
+	DefaultMaxBatch           = 5_000
+	DefaultHTTPTimeout        = 10 * time.Second
+)
+
+// Environment variables read by FromEnv (flag > env > default).
+const (
+	EnvURL                  = "LMCACHE_COORDINATOR_URL"
+	EnvAdvertiseIP          = "LMCACHE_COORDINATOR_ADVERTISE_IP"
+	EnvHeartbeatInterval    = "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL"
+	EnvL2EventReporting     = "LMCACHE_COORDINATOR_L2_EVENT_REPORTING"
+	EnvL2EventFlushInterval = "LMCACHE_COORDINATOR_L2_EVENT_FLUSH_INTERVAL"
+	EnvEventReporting       = "LMCACHE_COORDINATOR_EVENT_REPORTING"
+	EnvEventFlushInterval   = "LMCACHE_COORDINATOR_EVENT_FLUSH_INTERVAL"
+)
+
+// Config configures the client. The lead wires the flags
+// --coordinator-url, --coordinator-advertise-ip,
+// --coordinator-heartbeat-interval, --coordinator-l2-event-reporting,
+// --coordinator-l2-event-flush-interval and --instance-id onto it, over the
+// values FromEnv returns.
+type Config struct {
+	// URL is the coordinator base URL; empty disables the client.
+	URL string
+	// AdvertiseIP is the address the coordinator should reach this
+	// server's HTTP API at; empty means the outbound IP toward URL.
+	AdvertiseIP string
+	// HTTPPort is this server's --http-port (required, 1..65535).
+	HTTPPort int
+	// InstanceID is --instance-id; empty means a random UUID4.
+	InstanceID string
+	// P2PAdvertisedURL is sent verbatim at registration ("" when P2P is off).
+	P2PAdvertisedURL string
+	// HeartbeatInterval is --coordinator-heartbeat-interval (default 5 s).
+	HeartbeatInterval time.Duration
+	// EventReporting is --coordinator-l2-event-reporting.
+	EventReporting bool
+	// EventFlushInterval is --coordinator-l2-event-flush-interval (1 s).
+	EventFlushInterval time.Duration
+	// QueueSize bounds the pending events; MaxBatch bounds one POST.
+	QueueSize int
+	MaxBatch  int
+	// HTTPClient defaults to a client with a 10 s timeout.
+	HTTPClient *http.Client
+	// Metrics, if set, receives queue and batch counters.
+	Metrics *mpmetrics.Metrics
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+}
+
+// FromEnv returns the defaults overridden by the LMCACHE_COORDINATOR_* env
+// vars. The renamed LMCACHE_COORDINATOR_EVENT_* names win over the older
+// L2_EVENT_* ones. Malformed values are errors, as upstream (startup fails).
+func FromEnv(getenv func(string) string) (Config, error) {
+	cfg := Config{
+		URL:                strings.TrimSpace(getenv(EnvURL)),
+		AdvertiseIP:        strings.TrimSpace(getenv(EnvAdvertiseIP)),
+		HeartbeatInterval:  DefaultHeartbeatInterval,
+		EventFlushInterval: DefaultEventFlushInterval,
+	}
+	var err error
+	if v := getenv(EnvHeartbeatInterval); v != "" {
+		if cfg.HeartbeatInterval, err = ParseSeconds(v); err != nil {
+			return cfg, fmt.Errorf("%s: %w", EnvHeartbeatInterval, err)
+		}
+	}
+	for _, name := range []string{EnvL2EventFlushInterval, EnvEventFlushInterval} {
+		if v := getenv(name); v != "" {
+			if cfg.EventFlushInterval, err = ParseSeconds(v); err != nil {
+				return cfg, fmt.Errorf("%s: %w", name, err)
+			}
+		}
+	}
+	for _, name := range []string{EnvL2EventReporting, EnvEventReporting} {
+		if v := getenv(name); v != "" {
+			cfg.EventReporting = Truthy(v)
+		}
+	}
+	return cfg, nil
+}
+
+// ParseSeconds parses a finite, positive number of seconds ("5", "0.5").
+func ParseSeconds(s string) (time.Duration, error) {
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f <= 0 {
+		return 0, fmt.Errorf("must be a finite number of seconds > 0 (got %q)", s)
+	}
+	return time.Duration(f * float64(time.Second)), nil
+}
+
+// Truthy is upstream's env truth test: 1, true or yes (case-insensitive).
+func Truthy(s string) bool {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "1", "true", "yes":
+		return true
+	}
+	return false
+}
+
+// Event is one /quota/events entry.
+type Event struct {
+	Type  string         `json:"type"`
+	Key   objkey.Encoded `json:"key"`
+	Bytes int64          `json:"bytes"`
+}
+
+// Batch is the POST /quota/events body.
+type Batch struct {
+	InstanceID string  `json:"instance_id"`
+	Seq        int64   `json:"seq"`
+	Events     []Event `json:"events"`
+	Tier       string  `json:"tier"`
+}
+
+// Client registers with the coordinator and reports L2 events. It
+// implements l2.Listener; register it with the engine's AddL2Listener.
+type Client struct {
+	cfg  Config
+	base string
+	hc   *http.Client
+	log  *slog.Logger
+
+	id         atomic.Pointer[string] // current instance id (desired, then assigned)
+	registered atomic.Bool
+
+	mu      sync.Mutex // guards queue
+	queue   []Event
+	seq     atomic.Int64
+	dropped atomic.Int64
+	sent    atomic.Int64
+}
+
+var _ l2.Listener = (*Client)(nil)
+
+// New validates cfg. A client with an empty URL is valid and inert (Run
+// returns at once; listener calls are no-ops).
+func New(cfg Config) (*Client, error) {
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if cfg.EventFlushInterval <= 0 {
+		cfg.EventFlushInterval = DefaultEventFlushInterval
+	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = DefaultQueueSize
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Client{cfg: cfg, log: cfg.Logger, hc: cfg.HTTPClient}
+	if c.hc == nil {
+		c.hc = &http.Client{Timeout: DefaultHTTPTimeout}
+	}
+	if cfg.URL != "" {
+		u, err := url.Parse(cfg.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("coordinator url %q: want http(s)://host[:port]", cfg.URL)
+		}
+		if cfg.HTTPPort < 1 || cfg.HTTPPort > 65535 {
+			return nil, fmt.Errorf("coordinator client: http port %d out of range", cfg.HTTPPort)
+		}
+		c.base = strings.TrimRight(cfg.URL, "/")
+	}
+	id := cfg.InstanceID
+	if id == "" {
+		id = uuid4()
+	}
+	c.id.Store(&id)
+	return c, nil
+}
+
+// Enabled reports whether a coordinator URL is configured.
+func (c *Client) Enabled() bool { return c.base != "" }
+
+// InstanceID is the id the server is (or will be) registered under.
+func (c *Client) InstanceID() string { return *c.id.Load() }
+
+// Registered reports whether the last registration or heartbeat succeeded.
+func (c *Client) Registered() bool { return c.registered.Load() }
+
+// Dropped is the number of events dropped (queue full or batch rejected
+// with no room to retry).
+func (c *Client) Dropped() int64 { return c.dropped.Load() }
+
+// SentBatches is the number of batches the coordinator accepted.
+func (c *Client) SentBatches() int64 { return c.sent.Load() }
+
+// Run registers, heartbeats and flushes events until ctx is cancelled, then
+// flushes once more and deregisters. It owns both of its goroutines and
+// returns after they stop.
+func (c *Client) Run(ctx context.Context) error {
+	if !c.Enabled() {
+		return nil
+	}
+	var wg sync.WaitGroup
+	if c.cfg.EventReporting {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.flushLoop(ctx)
+		}()
+	}
+	c.registrationLoop(ctx)
+	wg.Wait()
+	return nil
+}
+
+func (c *Client) registrationLoop(ctx context.Context) {
+	for {
+		if c.registered.Load() {
+			c.heartbeat(ctx)
+		} else {
+			c.register(ctx)
+		}
+		if !c.registered.Load() && ctx.Err() == nil {
+			// Retry registration sooner than a heartbeat, but not hot.
+			if !sleep(ctx, min(c.cfg.HeartbeatInterval, time.Second)) {
+				break
+			}
+			continue
+		}
+		if !sleep(ctx, c.cfg.HeartbeatInterval) {
+			break
+		}
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c.deregister(dctx)
+}
+
+func (c *Client) advertiseIP() string {
+	if c.cfg.AdvertiseIP != "" {
+		return c.cfg.AdvertiseIP
+	}
+	u, err := url.Parse(c.base)
+	if err == nil {
+		host := u.Host
+		if u.Port() == "" {
+			host = net.JoinHostPort(u.Hostname(), "80")
+		}
+		if conn, err := net.Dial("udp", host); err == nil {
+			defer conn.Close()
+			if a, ok := conn.LocalAddr().(*net.UDPAddr); ok {
+				return a.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
+}
+
+func (c *Client) register(ctx context.Context) {
+	body := map[string]any{
+		"instance_id":        c.InstanceID(),
+		"ip":                 c.advertiseIP(),
+		"http_port":          c.cfg.HTTPPort,
+		"metadata":           map[string]string{},
+		"p2p_advertised_url": c.cfg.P2PAdvertisedURL,
+		"mq_port":            0,
+	}
+	var resp struct {
+		InstanceID   *string `json:"instance_id"`
+		ReRegistered bool    `json:"re_registered"`
+	}
+	code, err := c.do(ctx, http.MethodPost, "/instances", body, &resp)
+	if err != nil || code/100 != 2 || resp.InstanceID == nil || *resp.InstanceID == "" {
+		if ctx.Err() == nil {
+			c.log.Warn("coordinator registration failed; retrying", "url", c.base, "status", code, "err", err)
+		}
+		return
+	}
+	id := *resp.InstanceID
+	c.id.Store(&id)
+	c.registered.Store(true)
+	if c.cfg.Metrics != nil {
+		c.cfg.Metrics.CoordRegistrations.Inc()
+	}
+	c.log.Info("registered with coordinator", "url", c.base, "instance_id", id, "re_registered", resp.ReRegistered)
+}
+
+func (c *Client) heartbeat(ctx context.Context) {
+	code, err := c.do(ctx, http.MethodPut, "/instances/"+url.PathEscape(c.InstanceID())+"/heartbeat", nil, nil)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			c.log.Warn("coordinator heartbeat failed", "err", err)
+		}
+	case code == http.StatusNotFound:
+		// The coordinator restarted or expired us: register again at once.
+		c.log.Warn("coordinator does not know this instance; re-registering", "instance_id", c.InstanceID())
+		c.registered.Store(false)
+		c.register(ctx)
+	case code/100 != 2:
+		c.log.Warn("coordinator heartbeat rejected", "status", code)
+	}
+}
+
+func (c *Client) deregister(ctx context.Context) {
+	if !c.registered.Load() {
+		return
+	}
+	code, err := c.do(ctx, http.MethodDelete, "/instances/"+url.PathEscape(c.InstanceID()), nil, nil)
+	if err != nil || code/100 != 2 {
+		c.log.Warn("coordinator deregistration failed", "status", code, "err", err)
+		return
+	}
+	c.registered.Store(false)
+	c.log.Info("deregistered from coordinator", "instance_id", c.InstanceID())
+}
+
+// do sends a JSON request and decodes a JSON reply into out (if non-nil and
+// the status is 2xx).
+func (c *Client) do(ctx context.Context, method, path string, in, out any) (int, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return 0, err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return 0, err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return resp.StatusCode, err
+	}
+	if out != nil && resp.StatusCode/100 == 2 {
+		if err := json.Unmarshal(data, out); err != nil {
+			return resp.StatusCode, fmt.Errorf("decode %s %s reply: %w", method, path, err)
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+// OnStored queues store events (l2.Listener). It never blocks.
+func (c *Client) OnStored(keys []objkey.Key, sizes []int64) {
+	c.enqueue("store", keys, sizes)
+}
+
+// OnAccessed queues lookup events (l2.Listener).
+func (c *Client) OnAccessed(keys []objkey.Key) { c.enqueue("lookup", keys, nil) }
+
+// OnDeleted queues delete events (l2.Listener).
+func (c *Client) OnDeleted(keys []objkey.Key) { c.enqueue("delete", keys, nil) }
+
+func (c *Client) enqueue(typ string, keys []objkey.Key, sizes []int64) {
+	if !c.Enabled() || !c.cfg.EventReporting || len(keys) == 0 {
+		return
+	}
+	c.mu.Lock()
+	room := c.cfg.QueueSize - len(c.queue)
+	n := min(room, len(keys))
+	for i := 0; i < n; i++ {
+		ev := Event{Type: typ, Key: keys[i].Encode()}
+		if i < len(sizes) && sizes[i] > 0 {
+			ev.Bytes = sizes[i]
+		}
+		c.queue = append(c.queue, ev)
+	}
+	c.mu.Unlock()
+	if drop := len(keys) - max(n, 0); drop > 0 {
+		c.dropped.Add(int64(drop))
+		if c.cfg.Metrics != nil {
+			c.cfg.Metrics.CoordEventsDropped.Add(float64(drop))
+		}
+	}
+	if n > 0 && c.cfg.Metrics != nil {
+		c.cfg.Metrics.CoordEventsQueued.Add(float64(n))
+	}
+}
+
+// Pending is the number of queued events.
+func (c *Client) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue)
+}
+
+// Flush posts every queued event now, in batches of at most MaxBatch.
+func (c *Client) Flush(ctx context.Context) error {
+	for {
+		c.mu.Lock()
+		n := min(len(c.queue), c.cfg.MaxBatch)
+		if n == 0 {
+			c.mu.Unlock()
+			return nil
+		}
+		events := append([]Event(nil), c.queue[:n]...)
+		c.queue = c.queue[n:]
+		c.mu.Unlock()
+		if err := c.send(ctx, events); err != nil {
+			c.requeue(events)
+			return err
+		}
+	}
+}
+
+func (c *Client) send(ctx context.Context, events []Event) error {
+	b := Batch{InstanceID: c.InstanceID(), Seq: c.seq.Add(1), Events: events, Tier: "l2"}
+	var resp struct {
+		Recorded *int `json:"recorded"`
+	}
+	code, err := c.do(ctx, http.MethodPost, "/quota/events", b, &resp)
+	if err == nil && code/100 != 2 {
+		err = fmt.Errorf("coordinator answered %d", code)
+	}
+	if err == nil && resp.Recorded == nil {
+		err = errors.New("coordinator reply lacks recorded")
+	}
+	if err != nil {
+		if c.cfg.Metrics != nil {
+			c.cfg.Metrics.CoordBatchesFailed.Inc()
+		}
+		return fmt.Errorf("post /quota/events seq=%d: %w", b.Seq, err)
+	}
+	c.sent.Add(1)
+	if c.cfg.Metrics != nil {
+		c.cfg.Metrics.CoordBatchesSent.Inc()
+	}
+	return nil
+}
+
+// requeue puts a failed batch back at the head of the queue so a later
+// flush retries it (the coordinator treats replays idempotently; each
+// attempt gets a fresh seq). What no longer fits is dropped and counted.
+func (c *Client) requeue(events []Event) {
+	c.mu.Lock()
+	room := c.cfg.QueueSize - len(c.queue)
+	keep := min(max(room, 0), len(events))
+	q := make([]Event, 0, keep+len(c.queue))
+	q = append(q, events[:keep]...)
+	c.queue = append(q, c.queue...)
+	c.mu.Unlock()
+	if drop := len(events) - keep; drop > 0 {
+		c.dropped.Add(int64(drop))
+		if c.cfg.Metrics != nil {
+			c.cfg.Metrics.CoordEventsDropped.Add(float64(drop))
+		}
+	}
+}
+
+func (c *Client) flushLoop(ctx context.Context) {
+	t := time.NewTicker(c.cfg.EventFlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if err := c.Flush(fctx); err != nil {
+				c.log.Warn("final coordinator event flush failed", "err", err, "pending", c.Pending())
+			}
+			cancel()
+			return
+		case <-t.C:
+			if err := c.Flush(ctx); err != nil && ctx.Err() == nil {
+				c.log.Warn("coordinator event flush failed; will retry", "err", err, "pending", c.Pending())
+			}
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// uuid4 returns a random RFC 4122 version 4 UUID in canonical form.
+func uuid4() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
