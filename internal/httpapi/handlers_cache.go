@@ -3,6 +3,7 @@ package httpapi
 import (
 	"crypto/md5"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -46,8 +47,11 @@ func (s *Server) handleListObjects(w http.ResponseWriter, r *http.Request) error
 	}
 	page, err := e.ListL2(r.Context(), a.Index, q.Get("model_name"), pageSize, q.Get("page_token"))
 	if err != nil {
-		if statusOf(err) == http.StatusNotImplemented {
+		switch {
+		case statusOf(err) == http.StatusNotImplemented:
 			return errf(ErrUnsupported, "L2 adapter '%s' does not support listing: %v", a.TypeName, err)
+		case badPageToken(err):
+			return errf(ErrBadRequest, "malformed page_token: %v", err)
 		}
 		return err
 	}
@@ -103,6 +107,18 @@ func (s *Server) handleDeleteObjects(w http.ResponseWriter, r *http.Request) err
 	out["deleted"], out["skipped"] = deleted, skipped
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// badPageToken recognises an adapter's rejection of a page token. The l2
+// contract has no sentinel for it yet, so this looks for the adapters'
+// wording and base64 decode errors.
+func badPageToken(err error) bool {
+	var ce base64.CorruptInputError
+	if errors.As(err, &ce) {
+		return true
+	}
+	m := strings.ToLower(err.Error())
+	return strings.Contains(m, "page token") || strings.Contains(m, "page_token") || strings.Contains(m, "continuation token")
 }
 
 // newRequestID is a uuid4 in hex (32 lowercase chars), as upstream.

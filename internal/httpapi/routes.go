@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"runtime/debug"
+	"sort"
 	"strings"
 )
 
@@ -184,4 +185,30 @@ func (s *Server) authorized(r *http.Request) bool {
 		return false
 	}
 	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.opts.AuthToken)) == 1
+}
+
+// RouteInfo describes one route of the table (for documentation and
+// conformance tests).
+type RouteInfo struct {
+	Method string
+	// Path is the OpenAPI path; Pattern the ServeMux pattern.
+	Path, Pattern string
+	// Auth is "never", "always" or "when setting".
+	Auth string
+	// Statuses are the documented status codes, sorted.
+	Statuses []int
+}
+
+// Routes lists every route the server serves.
+func Routes() []RouteInfo {
+	var out []RouteInfo
+	for _, rt := range routes() {
+		ri := RouteInfo{Method: rt.method, Path: rt.path, Pattern: rt.muxPattern(), Auth: [...]string{"never", "always", "when setting"}[rt.auth]}
+		for c := range rt.statuses {
+			ri.Statuses = append(ri.Statuses, c)
+		}
+		sort.Ints(ri.Statuses)
+		out = append(out, ri)
+	}
+	return out
 }
