@@ -24,10 +24,11 @@ const (
 )
 
 // Config configures the ZMQ data-path server. Zero values take the defaults
-// documented on each field (see Defaults).
+// documented on each field (see Defaults), except Port: 0 is a free port.
 type Config struct {
 	// Host and Port are --host (default "localhost") and --port (default
-	// 5555). The server binds tcp://Host:Port; "localhost" binds loopback.
+	// 5555, set by Defaults and AddFlags). The server binds tcp://Host:Port;
+	// "localhost" binds loopback; Port 0 picks a free port (see Endpoint).
 	Host string
 	Port int
 	// TransferMode is --supported-transfer-mode: auto (default) and
@@ -84,9 +85,6 @@ func (c Config) withDefaults() Config {
 	d := Defaults()
 	if c.Host == "" {
 		c.Host = d.Host
-	}
-	if c.Port == 0 {
-		c.Port = d.Port
 	}
 	if c.TransferMode == "" {
 		c.TransferMode = d.TransferMode

@@ -1,0 +1,357 @@
+package mq_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/mq"
+	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/wire"
+)
+
+func TestWireProfilesAuto(t *testing.T) {
+	h := start(t, opts{})
+	data := chunkData{}
+	for i, o := range []mqclient.Options{{Profile: wire.Gen2M}, {Profile: wire.Gen3}, {SendNames: true}} {
+		c := h.dial(o) // GET_CHUNK_SIZE first: pins the profile
+		if ok, err := c.Ping(wire.OptInt{}); err != nil || !ok {
+			t.Fatalf("client %d PING = %v %v", i, ok, err)
+		}
+		if s, err := c.Noop(); err != nil || s != "OK" {
+			t.Fatalf("client %d NOOP = %q %v", i, s, err)
+		}
+		// A full engine-driven cycle in this numbering.
+		inst := int64(500 + i)
+		if _, err := c.Register(regPayload(inst, "m", 1)); err != nil {
+			t.Fatal(err)
+		}
+		pool, err := mqclient.OpenPool(h.shmDir, h.eng.Pool().Name, h.eng.Pool().Size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := &worker{h: h, c: c, inst: inst, world: 1, pool: pool, model: "m"}
+		tokens := prompt(40+i, 2*testChunk)
+		d := func(ch int) []byte { return data.get(40+i, 0, ch) }
+		w.store(tokens, 0, 2*testChunk, "s", d)
+		lookupUntil(t, c, key("m", 1, -1, tokens, 0, 2*testChunk, fmt.Sprint("r", i)), 2)
+		if !w.retrieve(tokens, 0, 2*testChunk, fmt.Sprint("r", i), d) {
+			t.Fatalf("client %d: retrieve failed", i)
+		}
+		_ = pool.Close()
+	}
+	logs := h.logs.String()
+	for _, want := range []string{"profile=gen2m reason=\"first request GET_CHUNK_SIZE=17\"", "profile=gen3 reason=\"first request GET_CHUNK_SIZE=21\"", "profile=gen3 reason=\"first op sent by name\""} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("log lacks %q", want)
+		}
+	}
+	// A client whose first request is not GET_CHUNK_SIZE gets the default,
+	// with a warning.
+	c, err := mqclient.Dial(h.endpoint, mqclient.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if ok, err := c.Ping(wire.OptInt{}); err != nil || !ok {
+		t.Fatalf("PING first = %v %v", ok, err)
+	}
+	if !strings.Contains(h.logs.String(), "wire profile chosen by default") {
+		t.Error("default profile choice not logged")
+	}
+}
+
+func TestWireProfileForced(t *testing.T) {
+	h := start(t, opts{mq: func(c *mq.Config) { c.WireProfile = mq.ProfileGen2M }})
+	c := h.dial(mqclient.Options{Profile: wire.Gen2M})
+	if ok, err := c.Ping(wire.OptInt{}); err != nil || !ok {
+		t.Fatalf("PING = %v %v", ok, err)
+	}
+	// A gen3 client against a gen2m server: its GET_CHUNK_SIZE (21) is a
+	// CacheBlend op in gen2m and gets a refusal, not silence.
+	c3, err := mqclient.Dial(h.endpoint, mqclient.Options{Profile: wire.Gen3, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	b, err := c3.Call(wire.OpGetChunkSize)
+	if err != nil || !bytes.Equal(b, wire.Nil) {
+		t.Fatalf("gen3 GET_CHUNK_SIZE on a gen2m server = %x %v", b, err)
+	}
+	if !strings.Contains(h.logs.String(), "looks_like=gen3") {
+		t.Error("profile mismatch not logged")
+	}
+	if _, err := mq.New(mq.Config{WireProfile: "gen9"}, h.eng, nil); err == nil {
+		t.Error("New accepted --wire-profile gen9")
+	}
+	if _, err := mq.New(mq.Config{TransferMode: mq.ModeLMCacheDriven}, h.eng, nil); err == nil || !strings.Contains(err.Error(), "engine_driven") {
+		t.Errorf("New with lmcache_driven: %v", err)
+	}
+}
+
+func TestArgumentCountsAcrossVersions(t *testing.T) {
+	h := start(t, opts{})
+	c := h.dial(mqclient.Options{})
+	rid := msgp.AppendString(nil, "r")
+	cases := []struct {
+		op       wire.Op
+		payloads [][]byte
+		want     []byte
+	}{
+		{wire.OpEndSession, [][]byte{rid}, wire.Nil},
+		{wire.OpEndSession, [][]byte{rid, wire.Marshal(&wire.SessionEndInfo{FinishReason: "stop", StopTokenID: 2})}, wire.Nil},
+		{wire.OpClear, nil, wire.Nil},
+		{wire.OpClear, [][]byte{wire.False}, wire.Nil},
+		{wire.OpPing, nil, wire.True},
+		{wire.OpPing, [][]byte{wire.Nil}, wire.True},
+		{wire.OpPing, [][]byte{wire.EmptyList}, wire.True},
+		{wire.OpPing, [][]byte{wire.EncodeInt(1234)}, wire.True},
+		{wire.OpGetExperimental, nil, wire.EmptyList},
+		{wire.OpNoop, nil, wire.OK},
+		{wire.OpReportBlockAllocation, [][]byte{wire.EncodeInt(1), msgp.AppendString(nil, "m"), {0x91, 0x83, 0xa6, 'r', 'e', 'q', '_', 'i', 'd', 0xa1, 'r', 0xad, 'n', 'e', 'w', '_', 'b', 'l', 'o', 'c', 'k', '_', 'i', 'd', 's', 0x90, 0xad, 'n', 'e', 'w', '_', 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0x90}}, wire.Nil},
+		{wire.OpUnregisterKVCache, [][]byte{wire.EncodeInt(1)}, wire.Nil},
+		{wire.OpUnregisterEngineDriven, [][]byte{wire.EncodeInt(424242)}, wire.Nil},
+	}
+	for _, tc := range cases {
+		b, err := c.Call(tc.op, tc.payloads...)
+		if err != nil || !bytes.Equal(b, tc.want) {
+			t.Errorf("%s with %d frames = %x %v, want %x", tc.op, len(tc.payloads), b, err, tc.want)
+		}
+	}
+}
+
+func TestPrefetchQueries(t *testing.T) {
+	h := start(t, opts{})
+	w := h.worker(1, "m", 1, 0)
+	sched := h.dial(mqclient.Options{})
+	data := chunkData{}
+	tokens := prompt(9, 4*testChunk)
+	w.store(tokens, 0, 4*testChunk, "s", func(c int) []byte { return data.get(9, 0, c) })
+	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 4*testChunk, "warm"), 4)
+
+	// Unknown request ids answer 0.
+	if n, ready, err := sched.QueryPrefetchStatus("nobody"); err != nil || !ready || n != 0 {
+		t.Fatalf("unknown id: %d %v %v", n, ready, err)
+	}
+	// LOOKUP_HITS peeks; STATUS consumes exactly once.
+	k := key("m", 1, -1, tokens, 0, 4*testChunk, "q")
+	if err := sched.Lookup(k, 1); err != nil {
+		t.Fatal(err)
+	}
+	var hits int
+	for ready := false; !ready; {
+		var err error
+		if hits, ready, err = sched.QueryPrefetchLookupHits("q"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if hits != 4 {
+		t.Fatalf("QUERY_PREFETCH_LOOKUP_HITS = %d", hits)
+	}
+	if n, ready, _ := sched.QueryPrefetchLookupHits("q"); !ready || n != 4 {
+		t.Fatalf("second peek = %d %v", n, ready)
+	}
+	if n, ready, _ := sched.QueryPrefetchStatus("q"); !ready || n != 4 {
+		t.Fatalf("QUERY_PREFETCH_STATUS = %d %v", n, ready)
+	}
+	if n, ready, _ := sched.QueryPrefetchStatus("q"); !ready || n != 0 {
+		t.Fatalf("second QUERY_PREFETCH_STATUS = %d %v, want 0 (consumed)", n, ready)
+	}
+	// WAIT_PREFETCH_STATUS blocks until the job is done.
+	if err := sched.Lookup(key("m", 1, -1, tokens, 0, 3*testChunk, "wait"), 1); err != nil {
+		t.Fatal(err)
+	}
+	if n, ready, err := sched.WaitPrefetchStatus("wait", 5*time.Second); err != nil || !ready || n != 3 {
+		t.Fatalf("WAIT_PREFETCH_STATUS = %d %v %v", n, ready, err)
+	}
+	// A model nobody registered hits nothing.
+	if n := lookupOnce(t, sched, key("other", 1, -1, tokens, 0, 4*testChunk, "x")); n != 0 {
+		t.Fatalf("unregistered model hit %d", n)
+	}
+	// CLEAR drops unlocked data.
+	for _, id := range []string{"warm", "q", "wait"} {
+		_ = sched.FreeLookupLocks(key("m", 1, -1, tokens, 0, 4*testChunk, id), 1)
+	}
+	if err := sched.Clear(false); err != nil {
+		t.Fatal(err)
+	}
+	if n := lookupOnce(t, sched, key("m", 1, -1, tokens, 0, 4*testChunk, "after-clear")); n != 0 {
+		t.Fatalf("lookup after CLEAR hit %d", n)
+	}
+}
+
+// TestConcurrentClients: 64 DEALERs with 16 requests each in flight at
+// once, plus a worker storing and retrieving, against one server.
+func TestConcurrentClients(t *testing.T) {
+	h := start(t, opts{eng: func(c *engine.Config) { c.L1SizeBytes = 16 << 20 }})
+	w := h.worker(1, "m", 1, 0)
+	data := chunkData{}
+	tokens := prompt(77, 4*testChunk)
+	w.store(tokens, 0, 4*testChunk, "s", func(c int) []byte { return data.get(77, 0, c) })
+	// Wait until visible so every client's lookup expects 4.
+	sched := h.dial(mqclient.Options{})
+	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 4*testChunk, "probe"), 4)
+
+	const clients, inFlight = 64, 16
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for ci := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- pipelinedClient(h.endpoint, ci, inFlight, tokens)
+		}()
+	}
+	// Meanwhile the worker keeps transferring.
+	for i := range 5 {
+		rid := fmt.Sprint("busy", i)
+		lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 4*testChunk, rid), 4)
+		if !w.retrieve(tokens, 0, 4*testChunk, rid, func(c int) []byte { return data.get(77, 0, c) }) {
+			t.Fatal("retrieve under load failed")
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// pipelinedClient sends n requests without waiting, then matches every
+// reply to its uid (replies may come back out of order).
+func pipelinedClient(endpoint string, ci, n int, tokens []wire.Int) error {
+	sock, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		return err
+	}
+	defer sock.Close()
+	_ = sock.SetLinger(0)
+	_ = sock.SetRcvtimeo(20 * time.Second)
+	if err := sock.Connect(endpoint); err != nil {
+		return err
+	}
+	op := func(o wire.Op) []byte { id, _ := wire.Gen3.ID(o); return wire.EncodeInt(id) }
+	want := map[string][]byte{}
+	reqID := fmt.Sprint("c", ci)
+	for i := range n {
+		uid := wire.EncodeInt(int64(i))
+		var frames [][]byte
+		switch {
+		case i == 0:
+			frames = [][]byte{uid, op(wire.OpGetChunkSize)}
+			want[string(uid)] = wire.EncodeInt(testChunk)
+		case i == 1:
+			frames = [][]byte{uid, op(wire.OpLookup), wire.Marshal(key("m", 1, -1, tokens, 0, 4*testChunk, reqID)), wire.EncodeInt(1)}
+			want[string(uid)] = wire.Nil
+		case i%3 == 0:
+			frames = [][]byte{uid, op(wire.OpNoop)}
+			want[string(uid)] = wire.OK
+		default:
+			frames = [][]byte{uid, op(wire.OpPing), wire.Nil}
+			want[string(uid)] = wire.True
+		}
+		if _, err := sock.SendMessage(frames); err != nil {
+			return err
+		}
+	}
+	for range n {
+		msg, err := sock.RecvMessageBytes(0)
+		if err != nil {
+			return fmt.Errorf("client %d: %w (%d replies missing)", ci, err, len(want))
+		}
+		w, ok := want[string(msg[0])]
+		if !ok || len(msg) != 3 || !bytes.Equal(msg[2], w) {
+			return fmt.Errorf("client %d: unexpected reply %x", ci, msg)
+		}
+		delete(want, string(msg[0]))
+	}
+	// The lookup's job: 4 chunks, then release its locks.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := sock.SendMessage(wire.EncodeInt(1000), op(wire.OpQueryPrefetchStatus), msgp.AppendString(nil, reqID)); err != nil {
+			return err
+		}
+		msg, err := sock.RecvMessageBytes(0)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(msg[2], wire.Nil) {
+			if !bytes.Equal(msg[2], wire.EncodeInt(4)) {
+				return fmt.Errorf("client %d: lookup result %x, want 4", ci, msg[2])
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("client %d: lookup never finished", ci)
+		}
+	}
+	if _, err := sock.SendMessage(wire.EncodeInt(1001), op(wire.OpFreeLookupLocks), wire.Marshal(key("m", 1, -1, tokens, 0, 4*testChunk, reqID)), wire.EncodeInt(1)); err != nil {
+		return err
+	}
+	_, err = sock.RecvMessageBytes(0)
+	return err
+}
+
+// blockingEngine wraps the real engine and holds ReserveWrite until
+// released, standing in for a slow transfer.
+type blockingEngine struct {
+	*engine.Engine
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingEngine) ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]engine.Slot, error) {
+	b.entered <- struct{}{}
+	<-b.release
+	return b.Engine.ReserveWrite(tag, keys, sizes)
+}
+
+func TestSlowTransferDoesNotBlockOthers(t *testing.T) {
+	base := start(t, opts{}) // only for its engine
+	be := &blockingEngine{Engine: base.eng, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	srv, err := mq.New(mq.Config{Host: "127.0.0.1", ChunkSize: testChunk}, be, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	h := &harness{t: t, eng: base.eng, endpoint: srv.Endpoint(), shmDir: base.shmDir, logs: base.logs}
+	w := h.worker(1, "m", 1, 0)
+	slow := make(chan error, 1)
+	go func() {
+		_, err := w.c.PrepareStore(key("m", 1, 0, prompt(1, testChunk), 0, testChunk, "r"), 1)
+		slow <- err
+	}()
+	<-be.entered // the slow PREPARE_STORE is inside the engine
+
+	// Other peers are served meanwhile: control requests and another
+	// worker's registration.
+	other := h.dial(mqclient.Options{})
+	if ok, err := other.Ping(wire.OptInt{}); err != nil || !ok {
+		t.Fatalf("PING during a slow transfer = %v %v", ok, err)
+	}
+	if n := lookupOnce(t, other, key("m", 1, -1, prompt(2, testChunk), 0, testChunk, "x")); n != 0 {
+		t.Fatalf("lookup = %d", n)
+	}
+	if _, err := other.Register(regPayload(2, "m", 1)); err != nil {
+		t.Fatal(err)
+	}
+	close(be.release)
+	if err := <-slow; err != nil {
+		t.Fatal(err)
+	}
+}
