@@ -53,7 +53,7 @@ func (e *validationError) Unwrap() error { return ErrValidation }
 func invalid(items ...detailItem) error { return &validationError{items: items} }
 
 func badRequest(format string, a ...any) error {
-	return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, a...))
+	return withMsg(ErrBadRequest, format, a...)
 }
 
 // msgError keeps the client-facing message apart from the sentinel text.

@@ -65,6 +65,19 @@ func parseTokenRequest(w http.ResponseWriter, r *http.Request, needInstance bool
 	return tokenRequest{InstanceID: &id, ModelName: &model, WorldSize: &ws, TokenIDs: toks, CacheSalt: &salt}, nil
 }
 
+type prefetchResponse struct {
+	InstanceID string `json:"instance_id"`
+	RequestID  string `json:"request_id"`
+	Chunks     int    `json:"chunks"`
+	Status     string `json:"status"`
+}
+
+type pinResponse struct {
+	Requested int    `json:"requested"`
+	Affected  int    `json:"affected"`
+	Status    string `json:"status"`
+}
+
 func noInstance(id string) error {
 	return withMsg(ErrNotFound, "no MP server registered with instance_id='%s'", id)
 }
@@ -90,15 +103,15 @@ func (s *Server) handlePrefetch(w http.ResponseWriter, r *http.Request) error {
 		s.log.Warn("prefetch submit failed", "instance_id", id, "err", err)
 		return withMsg(ErrUpstream, "prefetch submit to '%s' failed: %v", id, err)
 	}
-	out := map[string]any{"instance_id": id, "request_id": "", "chunks": 0, "status": "submitted"}
+	out := prefetchResponse{InstanceID: id, Status: "submitted"}
 	if reply.RequestID != nil {
-		out["request_id"] = *reply.RequestID
+		out.RequestID = *reply.RequestID
 	}
 	if reply.Chunks != nil {
-		out["chunks"] = *reply.Chunks
+		out.Chunks = *reply.Chunks
 	}
 	if reply.Status != nil && *reply.Status != "" {
-		out["status"] = *reply.Status
+		out.Status = *reply.Status
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -154,7 +167,7 @@ func (s *Server) pinOrUnpin(w http.ResponseWriter, r *http.Request, delta int32,
 	}
 	chunks := s.hasher.NumChunks(len(t.TokenIDs))
 	if chunks == 0 {
-		writeJSON(w, http.StatusOK, map[string]any{"requested": 0, "affected": 0, "status": status})
+		writeJSON(w, http.StatusOK, pinResponse{0, 0, status})
 		return nil
 	}
 	if int64(chunks)*(*t.WorldSize) > maxPinKeys {
@@ -174,6 +187,6 @@ func (s *Server) pinOrUnpin(w http.ResponseWriter, r *http.Request, delta int32,
 	keys := groups[0]
 	s.ledger.Pin(keys, delta)
 	s.persist()
-	writeJSON(w, http.StatusOK, map[string]any{"requested": len(hashes), "affected": len(keys), "status": status})
+	writeJSON(w, http.StatusOK, pinResponse{len(hashes), len(keys), status})
 	return nil
 }

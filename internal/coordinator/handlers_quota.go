@@ -158,6 +158,9 @@ func (s *Server) handleListQuota(w http.ResponseWriter, r *http.Request) error {
 	for _, k := range sorted {
 		rows = append(rows, s.status(k, usage[k]))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"total_gb": pyFloat(quota.GB(total)), "by_cache_salt": rows})
+	writeJSON(w, http.StatusOK, struct {
+		TotalGB     pyFloat      `json:"total_gb"`
+		ByCacheSalt []saltStatus `json:"by_cache_salt"`
+	}{pyFloat(quota.GB(total)), rows})
 	return nil
 }

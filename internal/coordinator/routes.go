@@ -61,6 +61,19 @@ func (s *Server) routeTable() []route {
 	}
 }
 
+// RouteInfo names one served endpoint.
+type RouteInfo struct{ Method, Path string }
+
+// Routes lists every endpoint, from the same table the mux and the OpenAPI
+// document are built from.
+func (s *Server) Routes() []RouteInfo {
+	out := make([]RouteInfo, len(s.routes))
+	for i, rt := range s.routes {
+		out[i] = RouteInfo{rt.Method, rt.Path}
+	}
+	return out
+}
+
 func (s *Server) buildHandler() http.Handler {
 	mux := http.NewServeMux()
 	for _, rt := range s.routes {

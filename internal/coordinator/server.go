@@ -136,6 +136,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	}
 	wg.Wait()
 	s.dispatchWG.Wait()
+	s.mp.Close()
 	s.log.Info("MP coordinator stopped")
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil

@@ -36,8 +36,13 @@ type Client struct {
 
 // New returns a client whose requests time out after timeout (upstream: 30 s).
 func New(timeout time.Duration) *Client {
-	return &Client{HTTP: &http.Client{Timeout: timeout}}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 16
+	return &Client{HTTP: &http.Client{Timeout: timeout, Transport: tr}}
 }
+
+// Close drops idle keep-alive connections (their reader goroutines end).
+func (c *Client) Close() { c.HTTP.CloseIdleConnections() }
 
 // BaseURL is the server's HTTP API root.
 func BaseURL(ip string, port int) string {
