@@ -14,7 +14,9 @@ VERSION="v1.8.0"
 BIN_DIR="${VERSITYGW_BIN_DIR:-$(go env GOPATH)/bin}"
 BIN="${BIN_DIR}/versitygw"
 
-if [[ -x "${BIN}" ]] && "${BIN}" --version 2>/dev/null | grep -q "${VERSION#v}"; then
+# The binary's --version says "git" when built by go install, so read the
+# module version recorded in the binary instead.
+if [[ -x "${BIN}" ]] && go version -m "${BIN}" 2>/dev/null | grep -Eq "^[[:space:]]+mod[[:space:]]+github.com/versity/versitygw[[:space:]]+${VERSION}([[:space:]]|$)"; then
 	echo "${BIN}"
 	exit 0
 fi
@@ -22,5 +24,4 @@ fi
 mkdir -p "${BIN_DIR}"
 echo "installing versitygw ${VERSION} into ${BIN_DIR} (compiles from the module proxy; takes a few minutes)" >&2
 GOBIN="${BIN_DIR}" go install "github.com/versity/versitygw/cmd/versitygw@${VERSION}"
-"${BIN}" --version >&2 || true
 echo "${BIN}"
