@@ -346,7 +346,12 @@ func pyFloat(v any) (float64, bool) {
 	case json.Number:
 		f, err := strconv.ParseFloat(x.String(), 64)
 		if err != nil {
-			// Python float() of a huge integer literal overflows to an error too.
+			// Python's json turns 1e400 into inf, which the finite check
+			// then rejects.
+			var ne *strconv.NumError
+			if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
+				return f, true
+			}
 			return 0, false
 		}
 		return f, true

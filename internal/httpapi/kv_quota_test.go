@@ -1,0 +1,177 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/lmcache-go/lmcache/internal/httpapi"
+)
+
+func TestKVStoreRetrieveLookup(t *testing.T) {
+	e := start(t, envOpts{mutate: func(o *httpapi.Options) { o.MaxKVBodyBytes = 4 * objBytes }})
+	h := func(toks string) map[string]string {
+		return map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: toks, httpapi.HeaderCacheSalt: "t1"}
+	}
+	// Miss before anything is stored.
+	r := e.expect(404, "POST", "/api/kv/retrieve", nil, h(tokens(0, 2*testChunk)))
+	if r.header.Get(httpapi.HeaderHitChunks) != "0" || r.header.Get(httpapi.HeaderTotalChunks) != "2" {
+		t.Fatalf("miss headers = %v", r.header)
+	}
+	data := payload(3, 5)
+	if m := e.store(strings.ReplaceAll(tokens(0, 3*testChunk), ",", " "), "t1", data); m["stored"] != float64(3) || m["tokens"] != float64(3*testChunk) {
+		t.Fatalf("store = %v", m)
+	}
+	// Storing again is idempotent (already resident keys are skipped).
+	if m := e.store("["+tokens(0, 3*testChunk)+"]", "t1", data); m["stored"] != float64(0) || m["keys"] != float64(3) {
+		t.Fatalf("restore = %v", m)
+	}
+
+	// The longest cached prefix comes back byte-exact, even when the
+	// request asks for more chunks than are stored.
+	r = e.expect(200, "POST", "/api/kv/retrieve", nil, h(tokens(0, 5*testChunk+1)))
+	if !bytes.Equal(r.body, data) {
+		t.Fatalf("retrieve returned %d bytes, want the 3 stored chunks (%d bytes)", len(r.body), len(data))
+	}
+	if r.header.Get(httpapi.HeaderHitChunks) != "3" || r.header.Get(httpapi.HeaderHitTokens) != "48" || r.header.Get(httpapi.HeaderTotalChunks) != "5" || r.header.Get(httpapi.HeaderL1Keys) != "3" {
+		t.Fatalf("hit headers = %v", r.header)
+	}
+	// A different salt is a different key space.
+	e.expect(404, "POST", "/api/kv/retrieve", nil, map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: tokens(0, testChunk)})
+
+	m := e.expect(200, "POST", "/api/kv/lookup", nil, h(tokens(0, 4*testChunk))).json(t)
+	if m["hit_chunks"] != float64(3) || m["hit_tokens"] != float64(48) || m["total_chunks"] != float64(4) || m["total_tokens"] != float64(64) {
+		t.Fatalf("lookup = %v", m)
+	}
+	if m := e.expect(200, "POST", "/api/kv/lookup", nil, h(tokens(0, 3))).json(t); m["total_chunks"] != float64(0) || m["hit_chunks"] != float64(0) {
+		t.Fatalf("sub-chunk lookup = %v", m)
+	}
+
+	// Validation.
+	e.expect(400, "POST", "/api/kv/store", data, map[string]string{httpapi.HeaderTokens: tokens(0, testChunk)})
+	e.expect(400, "POST", "/api/kv/store", data, h("1,x,3"))
+	e.expect(400, "POST", "/api/kv/store", data, h("-1"))
+	e.expect(400, "POST", "/api/kv/store", data, h(""))
+	e.expect(400, "POST", "/api/kv/store", payload(1, 0), h(tokens(0, 2*testChunk)))
+	e.expect(400, "POST", "/api/kv/store", payload(1, 0), map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: tokens(0, testChunk), httpapi.HeaderCacheSalt: "a@b"})
+	e.expect(400, "POST", "/api/kv/store", payload(1, 0), map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: tokens(0, testChunk), httpapi.HeaderWorldSize: "zero"})
+	e.expect(400, "POST", "/api/kv/retrieve", nil, h("nope"))
+	e.expect(400, "POST", "/api/kv/lookup", nil, h("nope"))
+	e.expect(409, "POST", "/api/kv/store", payload(1, 0), map[string]string{httpapi.HeaderModel: "other", httpapi.HeaderTokens: tokens(0, testChunk)})
+	e.expect(409, "POST", "/api/kv/retrieve", nil, map[string]string{httpapi.HeaderModel: "other", httpapi.HeaderTokens: tokens(0, testChunk)})
+	e.expect(409, "POST", "/api/kv/lookup", nil, map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: tokens(0, testChunk), httpapi.HeaderWorldSize: "2"})
+	e.expect(413, "POST", "/api/kv/store", payload(5, 0), h(tokens(0, 5*testChunk)))
+}
+
+func TestQuota(t *testing.T) {
+	e := start(t, envOpts{})
+	if m := e.expect(200, "GET", "/quota", nil).json(t); len(m["users"].(map[string]any)) != 0 {
+		t.Fatalf("empty list = %v", m)
+	}
+	if m := e.expect(200, "PUT", "/quota/alice", `{"limit_gb": 10.5}`).json(t); m["cache_salt"] != "alice" || m["limit_gb"] != 10.5 || m["status"] != "ok" {
+		t.Fatalf("put = %v", m)
+	}
+	// Python float() semantics: numeric strings and booleans are accepted.
+	e.expect(200, "PUT", "/quota/bob", `{"limit_gb": "2"}`)
+	e.expect(200, "PUT", "/quota/_default", `{"limit_gb": true}`)
+	for body, msg := range map[string]string{
+		`nope`:                 "invalid JSON body",
+		`[1]`:                  "body must be {'limit_gb': <float>}",
+		`{}`:                   "body must be {'limit_gb': <float>}",
+		`{"limit_gb":"abc"}`:   "limit_gb must be numeric",
+		`{"limit_gb":null}`:    "limit_gb must be numeric",
+		`{"limit_gb":"nan"}`:   "limit_gb must be finite",
+		`{"limit_gb":"-inf"}`:  "limit_gb must be finite",
+		`{"limit_gb":1e400}`:   "limit_gb must be finite",
+		`{"limit_gb":-0.5}`:    "limit_gb must be non-negative",
+		`{"limit_gb":"1e999"}`: "limit_gb must be finite",
+	} {
+		if m := e.expect(400, "PUT", "/quota/carol", body).json(t); m["error"] != msg {
+			t.Errorf("PUT %s: %v, want %q", body, m, msg)
+		}
+	}
+	m := e.expect(200, "GET", "/quota/alice", nil).json(t)
+	if m["cache_salt"] != "alice" || m["limit_gb"] != 10.5 || m["current_usage_gb"] != float64(0) || m["exists"] != true {
+		t.Fatalf("get = %v", m)
+	}
+	if m := e.expect(200, "GET", "/quota/carol", nil).json(t); m["exists"] != false || m["limit_gb"] != float64(0) {
+		t.Fatalf("unknown salt = %v", m)
+	}
+	users := e.expect(200, "GET", "/quota", nil).json(t)["users"].(map[string]any)
+	if len(users) != 3 || users["_default"].(map[string]any)["limit_gb"] != float64(1) || users["bob"].(map[string]any)["limit_gb"] != float64(2) {
+		t.Fatalf("list = %v", users)
+	}
+	if m := e.expect(200, "GET", "/quota/_default", nil).json(t); m["cache_salt"] != "_default" || m["exists"] != true {
+		t.Fatalf("_default = %v", m)
+	}
+	if m := e.expect(200, "DELETE", "/quota/alice", nil).json(t); m["status"] != "removed" {
+		t.Fatalf("delete = %v", m)
+	}
+	if m := e.expect(200, "DELETE", "/quota/alice", nil).json(t); m["status"] != "not_found" || m["cache_salt"] != "alice" {
+		t.Fatalf("delete again = %v", m)
+	}
+	// Usage is L2 bytes per salt: store one chunk under salt "bob".
+	e.store(tokens(0, testChunk), "bob", payload(1, 1))
+	waitFor(t, "bob's L2 usage", func() bool {
+		m := e.expect(200, "GET", "/quota/bob", nil).json(t)
+		u := m["current_usage_gb"].(float64)
+		return u > 0 && math.Abs(u*(1<<30)-float64(objBytes)*3) < 1 // three adapters store the chunk
+	})
+}
+
+func TestReconfigure(t *testing.T) {
+	e := start(t, envOpts{})
+	m := e.expect(200, "GET", "/reconfigure/DAX%20/status", nil).json(t)
+	ads := m["adapters"].([]any)
+	if m["enabled"] != true || m["backend"] != "dax" || m["num_adapters"] != float64(1) || len(ads) != 1 || ads[0].(map[string]any)["adapter_index"] != float64(0) || ads[0].(map[string]any)["backend"] != "dax" {
+		t.Fatalf("dax status = %v", m)
+	}
+	if m := e.expect(200, "GET", "/reconfigure/s3/status", nil).json(t); m["enabled"] != false || m["num_adapters"] != float64(0) || len(m["adapters"].([]any)) != 0 {
+		t.Fatalf("unknown backend = %v", m)
+	}
+	if m := e.expect(400, "GET", "/reconfigure/%20/status", nil).json(t); m["error"] != "backend must be non-empty" {
+		t.Fatalf("empty backend = %v", m)
+	}
+
+	m = e.expect(200, "POST", "/reconfigure/dax/add", `{"device_path":"/dev/dax0.0","size":"100GiB"}`).json(t)
+	if m["status"] != "ok" || m["operation"] != "add" || m["device"].(map[string]any)["size_bytes"] != float64(100<<30) {
+		t.Fatalf("add = %v", m)
+	}
+	if c := e.dax.lastCall(); c["op"] != "add" || c["size_bytes"] != int64(100<<30) || c["device_path"] != "/dev/dax0.0" {
+		t.Fatalf("adapter saw %v", c)
+	}
+	e.expect(200, "POST", "/reconfigure/dax/remove", `{"device_path":"/dev/dax0.0","mode":"drain"}`)
+	if c := e.dax.lastCall(); c["op"] != "remove" || c["mode"] != "drain" || c["force"] != false {
+		t.Fatalf("adapter saw %v", c)
+	}
+	e.expect(200, "POST", "/reconfigure/dax/resize", `{"device_path":"/dev/dax0.0","size":1073741824,"mode":"evict","force":true}`)
+	if c := e.dax.lastCall(); c["op"] != "resize" || c["size_bytes"] != int64(1<<30) || c["mode"] != "evict" || c["force"] != true {
+		t.Fatalf("adapter saw %v", c)
+	}
+	e.expect(200, "POST", "/reconfigure/dax/resize", `{"device_path":"/dev/dax0.0","size":"1.5k"}`)
+	if c := e.dax.lastCall(); c["size_bytes"] != int64(1536) || c["mode"] != "migrate" {
+		t.Fatalf("adapter saw %v", c)
+	}
+	if m := e.expect(400, "POST", "/reconfigure/dax/explode", `{}`).json(t); m["error"] != "unsupported dax reconfigure operation: explode" {
+		t.Fatalf("bad op = %v", m)
+	}
+	for _, size := range []string{`"0"`, `"-1GiB"`, `"10 PB"`, `"1.GiB"`, `0`, `-5`, `""`} {
+		if m := e.expect(400, "POST", "/reconfigure/dax/add", `{"device_path":"/dev/dax0.0","size":`+size+`}`).json(t); !strings.HasPrefix(m["error"].(string), "size must be a positive integer") {
+			t.Errorf("size %s: %v", size, m)
+		}
+	}
+	e.expect(422, "POST", "/reconfigure/dax/add", `{"device_path":"/dev/dax0.0","size":"1GiB","extra":1}`)
+	e.expect(422, "POST", "/reconfigure/dax/add", `{"size":"1GiB"}`)
+	e.expect(422, "POST", "/reconfigure/dax/add", `{"device_path":"/dev/dax0.0","size":true}`)
+	e.expect(422, "POST", "/reconfigure/dax/add", `{"device_path":"/dev/dax0.0","size":1.5}`)
+	e.expect(422, "POST", "/reconfigure/dax/resize", `{"device_path":"/dev/dax0.0","size":"1g","mode":"drain"}`)
+	if m := e.expect(404, "POST", "/reconfigure/dax/add", `{"device_path":"/dev/dax0.0","size":"1GiB","adapter_index":1}`).json(t); m["error"] != "dax adapter not found" {
+		t.Fatalf("index = %v", m)
+	}
+	e.expect(404, "POST", "/reconfigure/fs/whatever", `{}`)
+	if m := e.expect(409, "POST", "/reconfigure/dax/remove", `{"device_path":"/dev/busy"}`).json(t); !strings.Contains(m["error"].(string), "locked slots") {
+		t.Fatalf("409 = %v", m)
+	}
+	e.expect(400, "POST", "/reconfigure/dax/%20", `{}`)
+}
