@@ -1,0 +1,131 @@
+package coordinator_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+)
+
+func entry(hash, salt string, size any) map[string]any {
+	return map[string]any{"key": rkey(hash, salt), "size_bytes": size, "adapter": "fs"}
+}
+
+func strp(s string) *string { return &s }
+
+func resyncConfig(pageSize int) func(*config.Config) {
+	return func(cfg *config.Config) {
+		cfg.EnableStartupResync = true
+		cfg.ResyncPollInterval = 0.01
+		cfg.ResyncMaxWait = 10
+		cfg.ResyncPageSize = pageSize
+	}
+}
+
+func (m *mpServer) queries() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, q := range m.listQueries {
+		out = append(out, q.Encode())
+	}
+	return out
+}
+
+// TestStartupResyncPaginates: the resync waits for the first server, then
+// walks its GET /cache/objects pages forwarding page tokens verbatim, and
+// seeds usage and LRU order (listing order) from the entries.
+func TestStartupResyncPaginates(t *testing.T) {
+	mp := newMP(t)
+	mp.pages = []mpPage{
+		{entries: []any{entry("01", "r", 100), entry("02", "r", 100)}, next: strp("T1")},
+		{entries: []any{entry("03", "r", 100)}, next: strp("T2")},
+		{entries: []any{entry("04", "q", 60)}, next: nil},
+	}
+	c := startCoord(t, resyncConfig(2))
+	time.Sleep(30 * time.Millisecond) // the resync is polling an empty registry
+	mp.register(c, "mp-1")
+	waitFor(t, "resync to finish", func() bool {
+		_, raw := c.do("GET", "/metrics", nil)
+		return strings.Contains(string(raw), "lmcache_coordinator_resync_keys_total 4")
+	})
+	if q := strings.Join(mp.queries(), " "); q != "page_size=2 page_size=2&page_token=T1 page_size=2&page_token=T2" {
+		t.Fatalf("queries %s", q)
+	}
+	if u := c.usageBytes("r"); u != 300 {
+		t.Fatalf("usage r %d", u)
+	}
+	if u := c.usageBytes("q"); u != 60 {
+		t.Fatalf("usage q %d", u)
+	}
+	_, raw := c.do("GET", "/metrics", nil)
+	if !strings.Contains(string(raw), "lmcache_coordinator_resync_pages_total 3") {
+		t.Fatalf("pages metric:\n%s", raw)
+	}
+	// Listing order is LRU order.
+	c.must("PUT", "/quota/r", map[string]any{"limit_gb": 0}, 200)
+	c.cycle()
+	if got := strings.Join(hexes(mp.deleteBatches()[0]), ","); got != "r/01,r/02,r/03" {
+		t.Fatalf("plan after resync %s", got)
+	}
+}
+
+// TestStartupResyncSkipsMalformedAndKeepsPartial: malformed entries are
+// skipped, and a failing second page ends the walk keeping page one.
+func TestStartupResyncSkipsMalformedAndKeepsPartial(t *testing.T) {
+	mp := newMP(t)
+	bad := entry("05", "r", 1)
+	bad["key"].(map[string]any)["model_name"] = "m@x"
+	noSize := entry("06", "r", nil)
+	delete(noSize, "size_bytes")
+	mp.pages = []mpPage{
+		{entries: []any{entry("01", "r", 50), bad, entry("zz", "r", 7), noSize, entry("07", "r", "25"), entry("08", "bad/salt", 9), "junk"}, next: strp("T1")},
+		{entries: []any{entry("09", "r", 1000)}, next: nil},
+	}
+	mp.failPage = 2
+	c := startCoord(t, resyncConfig(1000))
+	mp.register(c, "mp-1")
+	waitFor(t, "two list requests", func() bool { return len(mp.queries()) == 2 })
+	waitFor(t, "page one recorded", func() bool { return c.usageBytes("r") == 75 })
+	if q := mp.queries()[0]; q != "page_size=1000" {
+		t.Fatalf("default page size query %s", q)
+	}
+}
+
+// TestStartupResyncClampsPageSize: RESYNC_PAGE_SIZE above the server's
+// 5000 ceiling is clamped instead of failing the whole resync.
+func TestStartupResyncClampsPageSize(t *testing.T) {
+	mp := newMP(t)
+	mp.pages = []mpPage{{entries: []any{entry("01", "r", 5)}}}
+	c := startCoord(t, resyncConfig(9000))
+	mp.register(c, "mp-1")
+	waitFor(t, "resync", func() bool { return c.usageBytes("r") == 5 })
+	if q := mp.queries()[0]; q != "page_size=5000" {
+		t.Fatalf("query %s", q)
+	}
+}
+
+// TestStartupResyncDisabledOrGivesUp: ENABLE_STARTUP_RESYNC=False never
+// lists; with RESYNC_MAX_WAIT=0 and no server the resync gives up at once.
+func TestStartupResyncDisabledOrGivesUp(t *testing.T) {
+	for name, mutate := range map[string]func(*config.Config){
+		"disabled": func(cfg *config.Config) { cfg.EnableStartupResync = false },
+		"max wait 0": func(cfg *config.Config) {
+			cfg.EnableStartupResync = true
+			cfg.ResyncMaxWait = 0
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			mp := newMP(t)
+			mp.pages = []mpPage{{entries: []any{entry("01", "r", 5)}}}
+			c := startCoord(t, mutate)
+			time.Sleep(50 * time.Millisecond)
+			mp.register(c, "mp-1")
+			time.Sleep(50 * time.Millisecond)
+			if q := mp.queries(); len(q) != 0 {
+				t.Fatalf("listed: %v", q)
+			}
+		})
+	}
+}
