@@ -105,6 +105,20 @@ func (b *breaker) record(ctx context.Context, probe bool, err error) {
 	}
 }
 
+// blocked reports whether allow would refuse right now, without claiming
+// the half-open probe.
+func (b *breaker) blocked() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case open:
+		return b.now().Sub(b.openedAt) < b.cooldown
+	case halfOpen:
+		return b.probing
+	}
+	return false
+}
+
 func (b *breaker) snapshot() (state breakerState, failures int, trips int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -125,7 +139,9 @@ func isConnectionFailure(err error) bool {
 	}
 	var re *smithyhttp.ResponseError
 	if errors.As(err, &re) {
-		return re.HTTPStatusCode() >= 500
+		// The SDK wraps transport errors in a ResponseError with status 0.
+		code := re.HTTPStatusCode()
+		return code == 0 || code >= 500
 	}
 	return true
 }

@@ -290,8 +290,12 @@ func (a *Adapter) LookupAndLock(ctx context.Context, keys []objkey.Key) ([]bool,
 	if len(keys) == 0 {
 		return hits, nil
 	}
+	// Remembered sizes would answer without S3; while S3 is out they are
+	// not trusted (the engine serves from L1 only), as upstream.
+	if a.brk.blocked() {
+		return hits, fmt.Errorf("s3: lookup: %w", errBroken)
+	}
 	errs := make([]error, len(keys))
-	sizes := make([]int64, len(keys))
 	forEach(len(keys), func(i int) {
 		if sz, ok := a.book.Size(keys[i]); ok && sz > 0 {
 			hits[i] = true
@@ -307,10 +311,7 @@ func (a *Adapter) LookupAndLock(ctx context.Context, keys []objkey.Key) ([]bool,
 			if err != nil {
 				return err
 			}
-			if n := aws.ToInt64(out.ContentLength); n > 0 {
-				hits[i] = true
-				sizes[i] = n
-			}
+			hits[i] = aws.ToInt64(out.ContentLength) > 0
 			return nil
 		})
 		if isNotFound(errs[i]) {

@@ -1,0 +1,215 @@
+package s3_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/l2/l2test"
+	"github.com/lmcache-go/lmcache/internal/l2/s3"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/s3test"
+)
+
+// outage sits in front of a working S3 and can make it unreachable: in
+// "reset" mode every request's connection is closed without an answer, in
+// "hang" mode requests are held until the client gives up.
+type outage struct {
+	next     http.Handler
+	mode     atomic.Value // "", "reset", "hang"
+	requests atomic.Int64
+	release  chan struct{}
+}
+
+func newOutage() *outage {
+	o := &outage{release: make(chan struct{})}
+	o.mode.Store("")
+	return o
+}
+
+func (o *outage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	o.requests.Add(1)
+	switch o.mode.Load().(string) {
+	case "reset":
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+		return
+	case "hang":
+		select {
+		case <-r.Context().Done():
+		case <-o.release:
+		}
+		return
+	}
+	o.next.ServeHTTP(w, r)
+}
+
+// clock is a manual clock for the breaker's cool-down.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func breakerSetup(t *testing.T) (*s3.Adapter, *outage, *clock) {
+	o := newOutage()
+	srv := s3test.FakeWith(t, func(h http.Handler) http.Handler { o.next = h; return o })
+	t.Cleanup(func() { close(o.release) })
+	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	c := configFor(srv, srv.Bucket)
+	c.MaxAttempts = 2
+	c.BreakerThreshold = 3
+	c.BreakerCooldown = 10 * time.Second
+	c.OpTimeout = 300 * time.Millisecond
+	c.Now = clk.Now
+	a := newAdapter(t, c)
+	t.Cleanup(func() { _ = a.Close() })
+	return a, o, clk
+}
+
+func assertBroken(t *testing.T, a *s3.Adapter, keys []objkey.Key, objs [][]byte) {
+	t.Helper()
+	ctx := context.Background()
+	if err := a.Store(ctx, keys, objs); !errors.Is(err, l2.ErrUnavailable) {
+		t.Fatalf("Store while broken = %v, want ErrUnavailable", err)
+	}
+	hits, err := a.LookupAndLock(ctx, keys)
+	if !errors.Is(err, l2.ErrUnavailable) || slices.Contains(hits, true) {
+		t.Fatalf("LookupAndLock while broken = %v, %v; want all-miss and ErrUnavailable", hits, err)
+	}
+	dst := [][]byte{make([]byte, len(objs[0]))}
+	ok, err := a.Load(ctx, keys[:1], dst)
+	if !errors.Is(err, l2.ErrUnavailable) || ok[0] {
+		t.Fatalf("Load while broken = %v, %v", ok, err)
+	}
+	if _, err := a.List(ctx, "", 10, ""); !errors.Is(err, l2.ErrUnavailable) {
+		t.Fatalf("List while broken = %v", err)
+	}
+	if _, err := a.Delete(ctx, keys); !errors.Is(err, l2.ErrUnavailable) {
+		t.Fatalf("Delete while broken = %v", err)
+	}
+	st := a.Status()
+	if st["connection_disabled"] != true || st["is_healthy"] != false {
+		t.Fatalf("status while broken = %v", st)
+	}
+}
+
+// TestBreakerOpensFailsFastAndRecovers: with S3 resetting connections the
+// breaker opens after 3 failed calls; from then on no call reaches S3 (they
+// fail fast with ErrUnavailable); after the cool-down one probe goes out,
+// and once S3 is back the adapter serves again.
+func TestBreakerOpensFailsFastAndRecovers(t *testing.T) {
+	a, o, clk := breakerSetup(t)
+	ctx := context.Background()
+	keys := l2test.Keys(t, 1, "")
+	objs := l2test.Objects(t, 1)
+	if err := a.Store(ctx, keys, objs); err != nil {
+		t.Fatal(err)
+	}
+	more := l2test.KeysFor(t, keys[0].ModelName, 1, "")
+	o.mode.Store("reset")
+	for i := 0; i < 3; i++ {
+		err := a.Store(ctx, more, objs)
+		if err == nil || errors.Is(err, l2.ErrUnavailable) {
+			t.Fatalf("failing store %d = %v, want a transport error", i, err)
+		}
+	}
+	if st := a.Status(); st["breaker_state"] != "open" {
+		t.Fatalf("after 3 failures: %v", st)
+	}
+	before := o.requests.Load()
+	assertBroken(t, a, append(keys, more...), [][]byte{objs[0], objs[0]})
+	if got := o.requests.Load(); got != before {
+		t.Fatalf("%d requests reached S3 while the breaker was open", got-before)
+	}
+
+	// Cool-down over, S3 still down: exactly one probe call goes out.
+	clk.Advance(10 * time.Second)
+	if err := a.Store(ctx, more, objs); err == nil || errors.Is(err, l2.ErrUnavailable) {
+		t.Fatalf("probe = %v, want a transport error", err)
+	}
+	probeReqs := o.requests.Load() - before
+	if probeReqs < 1 || probeReqs > 2 { // 2 = SDK attempts of the one probe call
+		t.Fatalf("probe sent %d requests", probeReqs)
+	}
+	before = o.requests.Load()
+	assertBroken(t, a, keys, objs)
+	if got := o.requests.Load(); got != before {
+		t.Fatalf("requests reached S3 after a failed probe")
+	}
+
+	// S3 back; after the cool-down the probe succeeds and service resumes.
+	o.mode.Store("")
+	clk.Advance(10 * time.Second)
+	hits, err := a.LookupAndLock(ctx, keys)
+	if err != nil || !hits[0] {
+		t.Fatalf("lookup after recovery = %v %v", hits, err)
+	}
+	l2test.LoadAll(t, a, keys, objs)
+	a.Unlock(keys)
+	if err := a.Store(ctx, more, objs); err != nil {
+		t.Fatalf("store after recovery: %v", err)
+	}
+	st := a.Status()
+	if st["breaker_state"] != "closed" || st["is_healthy"] != true || st["breaker_trips"] != int64(2) {
+		t.Fatalf("status after recovery = %v", st)
+	}
+}
+
+// TestBreakerHangingS3: requests that hang time out (op timeout), the
+// breaker opens, and later calls do not wait at all: they never reach S3.
+func TestBreakerHangingS3(t *testing.T) {
+	a, o, _ := breakerSetup(t)
+	ctx := context.Background()
+	keys := l2test.Keys(t, 1, "")
+	o.mode.Store("hang")
+	for i := 0; i < 3; i++ {
+		hits, err := a.LookupAndLock(ctx, keys)
+		if err == nil || errors.Is(err, l2.ErrUnavailable) || hits[0] {
+			t.Fatalf("hanging lookup %d = %v %v, want a timeout error", i, hits, err)
+		}
+	}
+	before := o.requests.Load()
+	for i := 0; i < 20; i++ {
+		if _, err := a.LookupAndLock(ctx, keys); !errors.Is(err, l2.ErrUnavailable) {
+			t.Fatalf("lookup with open breaker = %v", err)
+		}
+	}
+	if got := o.requests.Load(); got != before {
+		t.Fatalf("%d requests reached the hanging S3 after the breaker opened", got-before)
+	}
+}
+
+// TestCallerCancelDoesNotTrip: cancelled calls say nothing about S3.
+func TestCallerCancelDoesNotTrip(t *testing.T) {
+	a, o, _ := breakerSetup(t)
+	o.mode.Store("hang")
+	keys := l2test.Keys(t, 1, "")
+	for i := 0; i < 5; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, _ = a.LookupAndLock(ctx, keys)
+	}
+	if st := a.Status(); st["breaker_state"] != "closed" || st["connection_failures"] != 0 {
+		t.Fatalf("status after cancelled calls = %v", st)
+	}
+}
