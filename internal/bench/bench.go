@@ -1,0 +1,551 @@
+// Package bench is the driver behind `lmcache bench`: it replays the
+// request sequence a vLLM instance sends on the engine-driven shared-memory
+// path (register, lookup, prepare/commit store, lookup, prepare/commit
+// retrieve, end session) with random KV of a real model's shape, from N
+// concurrent workers, verifies every retrieved byte, and reports throughput
+// against a plain memcpy of the same bytes measured in the same run.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/wire"
+)
+
+// Options configures Run.
+type Options struct {
+	// Endpoint is the server's ZMQ endpoint.
+	Endpoint string
+	// ShmDir is where the pool's shared-memory file lives (/dev/shm).
+	ShmDir string
+	// Workers is the number of concurrent simulated vLLM instances (each a
+	// scheduler socket and a TP=1 worker socket).
+	Workers int
+	// Requests per worker, after Warmup unmeasured ones.
+	Requests int
+	Warmup   int
+	// Model layout: Layers x Hidden of Dtype per token, MLA drops the K/V axis.
+	Model  string
+	Layers int
+	Hidden int
+	Dtype  string
+	MLA    bool
+	// PromptTokens is each request's prompt length.
+	PromptTokens int
+	// LookupTokens is the prompt length of the lookup-latency phase (whose
+	// prompts extend stored ones).
+	LookupTokens  int
+	LookupSamples int
+	// PingClients and PingDuration configure the PING round-trip phase.
+	PingClients  int
+	PingDuration time.Duration
+	// Progress is the period of the progress line (0 = none).
+	Progress time.Duration
+	// Timeout bounds each request.
+	Timeout time.Duration
+}
+
+// Defaults: a 32-layer x 1024-hidden fp16 model (32 MiB chunks at 256
+// tokens per chunk).
+func Defaults() Options {
+	return Options{Endpoint: "tcp://127.0.0.1:5555", ShmDir: "/dev/shm", Workers: 2, Requests: 4, Warmup: 1,
+		Model: "bench/llama-like", Layers: 32, Hidden: 1024, Dtype: "float16", PromptTokens: 8192,
+		LookupTokens: 32768, LookupSamples: 200, PingClients: 64, PingDuration: 3 * time.Second,
+		Progress: time.Second, Timeout: 60 * time.Second}
+}
+
+// Result is what Run measured.
+type Result struct {
+	ChunkSize      int
+	ChunkBytes     int64
+	StoredBytes    int64
+	RetrievedBytes int64
+	VerifiedBytes  int64
+	StoreGBps      float64
+	RetrieveGBps   float64
+	MemcpyGBps     float64
+	StoreRefusals  int64
+	// Lookup latency (LOOKUP + QUERY_PREFETCH_STATUS until ready).
+	LookupP50, LookupP99         time.Duration
+	LongLookupP50, LongLookupP99 time.Duration
+	LongLookupHitChunks          int
+	HitRatio                     float64
+	PingPerSec                   float64
+}
+
+var dtypeSize = map[string]int{"float16": 2, "bfloat16": 2, "float32": 4, "uint8": 1, "float8_e4m3fn": 1}
+
+type counters struct {
+	stored, retrieved, verified, refusals atomic.Int64
+	storeNanos, retrieveNanos             atomic.Int64
+	hitChunks, wantChunks                 atomic.Int64
+	mu                                    sync.Mutex
+	lookups                               []time.Duration
+}
+
+// Run executes the benchmark.
+func Run(ctx context.Context, o Options, progress io.Writer) (*Result, error) {
+	if o.Workers < 1 || o.Requests < 1 || o.Layers < 1 || o.Hidden < 1 {
+		return nil, errors.New("bench: workers, requests, layers and hidden must be >= 1")
+	}
+	item, ok := dtypeSize[o.Dtype]
+	if !ok {
+		return nil, fmt.Errorf("bench: unsupported dtype %q", o.Dtype)
+	}
+	probe, err := mqclient.Dial(o.Endpoint, mqclient.Options{Timeout: o.Timeout})
+	if err != nil {
+		return nil, err
+	}
+	defer probe.Close()
+	chunk, err := probe.GetChunkSize()
+	if err != nil {
+		return nil, fmt.Errorf("bench: GET_CHUNK_SIZE: %w (is the server running at %s?)", err, o.Endpoint)
+	}
+	if o.PromptTokens < chunk {
+		return nil, fmt.Errorf("bench: prompt of %d tokens is shorter than one chunk (%d)", o.PromptTokens, chunk)
+	}
+	objBytes := int64(item) * int64(o.Layers) * int64(chunk) * int64(o.Hidden)
+	if !o.MLA {
+		objBytes *= 2
+	}
+	res := &Result{ChunkSize: chunk, ChunkBytes: objBytes}
+	// Random source: every chunk is a window into it at a chunk-specific
+	// offset, so chunks differ without generating GiBs of randomness.
+	src := make([]byte, 2*objBytes)
+	if _, err := rand.Read(src); err != nil {
+		return nil, err
+	}
+
+	res.MemcpyGBps = memcpyBaseline(src, objBytes, o.PromptTokens/chunk, o)
+
+	var c counters
+	stop := startProgress(ctx, o.Progress, progress, &c)
+	defer stop()
+
+	runID := time.Now().UnixNano()
+	var wg sync.WaitGroup
+	errs := make([]error, o.Workers)
+	for w := range o.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[w] = runWorker(ctx, o, w, runID, chunk, objBytes, src, &c)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	res.StoredBytes, res.RetrievedBytes, res.VerifiedBytes = c.stored.Load(), c.retrieved.Load(), c.verified.Load()
+	res.StoreRefusals = c.refusals.Load()
+	res.StoreGBps = gbps(res.StoredBytes, c.storeNanos.Load(), o.Workers)
+	res.RetrieveGBps = gbps(res.RetrievedBytes, c.retrieveNanos.Load(), o.Workers)
+	if w := c.wantChunks.Load(); w > 0 {
+		res.HitRatio = float64(c.hitChunks.Load()) / float64(w)
+	}
+	res.LookupP50, res.LookupP99 = percentiles(c.lookups)
+
+	if o.LookupSamples > 0 && o.LookupTokens > 0 {
+		lat, hits, err := longLookups(ctx, o, runID, chunk)
+		if err != nil {
+			return nil, err
+		}
+		res.LongLookupP50, res.LongLookupP99 = percentiles(lat)
+		res.LongLookupHitChunks = hits
+	}
+	if o.PingClients > 0 && o.PingDuration > 0 {
+		if res.PingPerSec, err = pingPhase(ctx, o); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// gbps is aggregate throughput: bytes over the per-worker busy time
+// averaged across workers (workers run concurrently).
+func gbps(b, nanos int64, workers int) float64 {
+	if nanos == 0 {
+		return 0
+	}
+	wall := float64(nanos) / float64(workers) / 1e9
+	return float64(b) / wall / 1e9
+}
+
+func percentiles(d []time.Duration) (time.Duration, time.Duration) {
+	if len(d) == 0 {
+		return 0, 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	at := func(p float64) time.Duration { return s[min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1)] }
+	return at(0.50), at(0.99)
+}
+
+func window(src []byte, objBytes int64, seed int64) []byte {
+	off := (seed * 4099) % objBytes
+	return src[off : off+objBytes]
+}
+
+// memcpyBaseline copies the bytes one measured round moves with the same
+// concurrency, into pre-faulted buffers.
+func memcpyBaseline(src []byte, objBytes int64, chunks int, o Options) float64 {
+	var wg sync.WaitGroup
+	var nanos atomic.Int64
+	var total atomic.Int64
+	for w := range o.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dst := make([]byte, objBytes)
+			copy(dst, src) // fault the pages in
+			t0 := time.Now()
+			for i := range chunks * o.Requests {
+				copy(dst, window(src, objBytes, int64(w*100003+i)))
+			}
+			nanos.Add(int64(time.Since(t0)))
+			total.Add(int64(chunks*o.Requests) * objBytes)
+		}()
+	}
+	wg.Wait()
+	return gbps(total.Load(), nanos.Load(), o.Workers)
+}
+
+func startProgress(ctx context.Context, every time.Duration, w io.Writer, c *counters) func() {
+	if every <= 0 || w == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		start := time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				c.mu.Lock()
+				n := len(c.lookups)
+				c.mu.Unlock()
+				fmt.Fprintf(w, "bench: %5.1fs stored %.2f GiB, retrieved+verified %.2f GiB, lookups %d, store refusals %d\n",
+					time.Since(start).Seconds(), float64(c.stored.Load())/(1<<30), float64(c.verified.Load())/(1<<30), n, c.refusals.Load())
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+func tokensFor(seed int64, n int) []wire.Int {
+	out := make([]wire.Int, n)
+	x := uint64(seed)*0x9E3779B97F4A7C15 + 1
+	for i := range out {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		out[i] = wire.Int(x % 128000)
+	}
+	return out
+}
+
+func mkKey(model string, worker int, tokens []wire.Int, start, end int, reqID string) *wire.Key {
+	k := &wire.Key{ModelName: model, WorldSize: 1, TokenIDs: tokens, Start: wire.Int(start), End: wire.Int(end), RequestID: reqID, NumKVReaders: 1}
+	if worker >= 0 {
+		k.WorkerID = wire.SomeInt(int64(worker))
+	}
+	return k
+}
+
+func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, objBytes int64, src []byte, c *counters) error {
+	sched, err := mqclient.Dial(o.Endpoint, mqclient.Options{Timeout: o.Timeout})
+	if err != nil {
+		return err
+	}
+	defer sched.Close()
+	wk, err := mqclient.Dial(o.Endpoint, mqclient.Options{Timeout: o.Timeout})
+	if err != nil {
+		return err
+	}
+	defer wk.Close()
+	if _, err := sched.GetChunkSize(); err != nil {
+		return err
+	}
+	if _, err := wk.GetChunkSize(); err != nil {
+		return err
+	}
+	inst := int64(os.Getpid())<<16 | int64(w)
+	reg, err := wk.Register(registration(o, inst))
+	if err != nil {
+		return err
+	}
+	pool, err := mqclient.OpenPool(o.ShmDir, reg.ShmName, int64(reg.PoolSize))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	defer func() { _ = wk.Unregister(inst) }()
+
+	nChunks := o.PromptTokens / chunk
+	end := nChunks * chunk
+	dst := make([]byte, objBytes) // the "GPU" the worker scatters into
+	for r := range o.Warmup + o.Requests {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		measured := r >= o.Warmup
+		seed := runID ^ int64(w)<<40 ^ int64(r)<<20
+		tokens := tokensFor(seed, o.PromptTokens)
+		reqID := fmt.Sprintf("bench-%d-%d-%d", runID, w, r)
+		chunkSrc := func(i int) []byte { return window(src, objBytes, seed+int64(i)) }
+
+		// 1. Scheduler lookup (a miss for a fresh prompt).
+		if _, _, err := timedLookup(sched, mkKey(o.Model, -1, tokens, 0, end, reqID), c, measured); err != nil {
+			return err
+		}
+		_ = sched.FreeLookupLocks(mkKey(o.Model, -1, tokens, 0, end, reqID), 1)
+
+		// 2. Store: prepare, gather into the slots, commit.
+		wkey := mkKey(o.Model, 0, tokens, 0, end, reqID)
+		t0 := time.Now()
+		var plan *mqclient.StorePlan
+		for attempt := 0; ; attempt++ {
+			if plan, err = wk.PrepareStore(wkey, inst); err != nil {
+				return err
+			}
+			if !plan.Refused {
+				break
+			}
+			c.refusals.Add(1) // pool full until eviction catches up
+			if attempt > 1000 {
+				return errors.New("bench: PREPARE_STORE refused 1000 times; is the L1 pool big enough for the workers' prompts?")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		for i, s := range plan.Slots {
+			mem, err := pool.Slot(s)
+			if err != nil {
+				return err
+			}
+			copy(mem, chunkSrc(plan.ChunkIndices[i]))
+		}
+		if len(plan.Slots) > 0 {
+			ok, err := wk.CommitStore(wkey, inst, nil)
+			if err != nil || !ok {
+				return fmt.Errorf("bench: COMMIT_STORE = %v, %v", ok, err)
+			}
+		}
+		if measured {
+			c.storeNanos.Add(int64(time.Since(t0)))
+			c.stored.Add(int64(len(plan.Slots)) * objBytes)
+		}
+
+		// 3. Second lookup: should hit every chunk (poll briefly: a store
+		// may become visible just after its commit is acknowledged).
+		lreq := reqID + "-hit"
+		var hits int
+		for attempt := 0; attempt < 100; attempt++ {
+			if hits, _, err = timedLookup(sched, mkKey(o.Model, -1, tokens, 0, end, lreq), c, measured && attempt == 0); err != nil {
+				return err
+			}
+			if hits == nChunks {
+				break
+			}
+			_ = sched.FreeLookupLocks(mkKey(o.Model, -1, tokens, 0, end, lreq), 1)
+			time.Sleep(time.Millisecond)
+		}
+		if measured {
+			c.hitChunks.Add(int64(hits))
+			c.wantChunks.Add(int64(nChunks))
+		}
+		if hits == 0 {
+			continue
+		}
+		// 4. Retrieve the hit prefix, scatter it out, verify every byte.
+		rkey := mkKey(o.Model, 0, tokens, 0, hits*chunk, lreq)
+		t1 := time.Now()
+		ok, slots, err := wk.PrepareRetrieve(rkey, inst)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("bench: PREPARE_RETRIEVE failed after a %d-chunk hit", hits)
+		}
+		var verifyNanos time.Duration
+		for i, s := range slots {
+			mem, err := pool.Slot(s)
+			if err != nil {
+				return err
+			}
+			copy(dst, mem)
+			tv := time.Now()
+			if !bytes.Equal(dst, chunkSrc(i)) {
+				return fmt.Errorf("bench: worker %d request %d chunk %d: retrieved bytes differ from the stored ones", w, r, i)
+			}
+			verifyNanos += time.Since(tv)
+			c.verified.Add(objBytes)
+		}
+		if ok, err := wk.CommitRetrieve(rkey, inst); err != nil || !ok {
+			return fmt.Errorf("bench: COMMIT_RETRIEVE = %v, %v", ok, err)
+		}
+		if measured {
+			c.retrieveNanos.Add(int64(time.Since(t1) - verifyNanos))
+			c.retrieved.Add(int64(len(slots)) * objBytes)
+		}
+		// 5. Request done.
+		if err := sched.EndSession(lreq); err != nil {
+			return err
+		}
+		_ = sched.EndSession(reqID)
+	}
+	return nil
+}
+
+func registration(o Options, inst int64) *wire.RegisterPayload {
+	return &wire.RegisterPayload{InstanceID: wire.Int(inst), ModelName: o.Model, WorldSize: 1, BlockSize: 16,
+		NumLayers: wire.Int(o.Layers), HiddenDimSize: wire.Int(o.Hidden), DtypeStr: o.Dtype, UseMLA: o.MLA,
+		NumPhysicalSlots: wire.Nil, EngineGroupInfos: wire.EmptyList, GroupHiddenDimSizes: wire.Nil, GroupLayoutDescs: wire.Nil}
+}
+
+func timedLookup(c *mqclient.Client, k *wire.Key, cnt *counters, record bool) (int, time.Duration, error) {
+	t0 := time.Now()
+	n, err := c.LookupWait(k, 50*time.Microsecond)
+	d := time.Since(t0)
+	if err == nil && record {
+		cnt.mu.Lock()
+		cnt.lookups = append(cnt.lookups, d)
+		cnt.mu.Unlock()
+	}
+	return n, d, err
+}
+
+// longLookups times LOOKUP for LookupTokens-token prompts: a stored
+// PromptTokens prefix (hit) followed by new tokens (miss).
+func longLookups(ctx context.Context, o Options, runID int64, chunk int) ([]time.Duration, int, error) {
+	c, err := mqclient.Dial(o.Endpoint, mqclient.Options{Timeout: o.Timeout})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer c.Close()
+	if _, err := c.GetChunkSize(); err != nil {
+		return nil, 0, err
+	}
+	// Lookups hit only while a worker of the model is registered (as in a
+	// live vLLM instance), so keep one registered for this phase.
+	inst := int64(os.Getpid())<<16 | 0xffff
+	if _, err := c.Register(registration(o, inst)); err != nil {
+		return nil, 0, err
+	}
+	defer func() { _ = c.Unregister(inst) }()
+	// The last measured prompt of worker 0 is the stored prefix.
+	r := o.Warmup + o.Requests - 1
+	prefix := tokensFor(runID^int64(r)<<20, o.PromptTokens)
+	tail := tokensFor(runID+12345, o.LookupTokens)
+	tokens := append(slices.Clone(prefix), tail[:max(0, o.LookupTokens-len(prefix))]...)
+	end := len(tokens) / chunk * chunk
+	var lat []time.Duration
+	hits := 0
+	var cnt counters
+	for i := range o.LookupSamples {
+		if ctx.Err() != nil {
+			return nil, 0, ctx.Err()
+		}
+		id := fmt.Sprintf("bench-long-%d-%d", runID, i)
+		k := mkKey(o.Model, -1, tokens, 0, end, id)
+		n, d, err := timedLookup(c, k, &cnt, false)
+		if err != nil {
+			return nil, 0, err
+		}
+		hits = n
+		lat = append(lat, d)
+		if err := c.FreeLookupLocks(k, 1); err != nil {
+			return nil, 0, err
+		}
+		if err := c.EndSession(id); err != nil {
+			return nil, 0, err
+		}
+	}
+	return lat, hits, nil
+}
+
+func pingPhase(ctx context.Context, o Options) (float64, error) {
+	clients := make([]*mqclient.Client, o.PingClients)
+	defer func() {
+		for _, c := range clients {
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+	}()
+	for i := range clients {
+		c, err := mqclient.Dial(o.Endpoint, mqclient.Options{Timeout: o.Timeout})
+		if err != nil {
+			return 0, err
+		}
+		clients[i] = c
+		if _, err := c.GetChunkSize(); err != nil {
+			return 0, err
+		}
+	}
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, len(clients))
+	t0 := time.Now()
+	deadline := t0.Add(o.PingDuration)
+	for i, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				ok, err := c.Ping(wire.OptInt{})
+				if err != nil || !ok {
+					errs[i] = fmt.Errorf("bench: PING = %v, %v", ok, err)
+					return
+				}
+				total.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	return float64(total.Load()) / time.Since(t0).Seconds(), nil
+}
+
+// Report writes a human-readable summary.
+func Report(w io.Writer, o Options, r *Result) {
+	fmt.Fprintf(w, "layout: %d layers x %d hidden x %s, chunk %d tokens = %.1f MiB per chunk object; %d workers x %d requests of %d tokens\n",
+		o.Layers, o.Hidden, o.Dtype, r.ChunkSize, float64(r.ChunkBytes)/(1<<20), o.Workers, o.Requests, o.PromptTokens)
+	fmt.Fprintf(w, "memcpy baseline:   %7.2f GB/s\n", r.MemcpyGBps)
+	fmt.Fprintf(w, "store:             %7.2f GB/s  (%.2f of memcpy; %.2f GiB; %d refusals while eviction caught up)\n",
+		r.StoreGBps, ratio(r.StoreGBps, r.MemcpyGBps), float64(r.StoredBytes)/(1<<30), r.StoreRefusals)
+	fmt.Fprintf(w, "retrieve:          %7.2f GB/s  (%.2f of memcpy; %.2f GiB; every byte verified: %.2f GiB)\n",
+		r.RetrieveGBps, ratio(r.RetrieveGBps, r.MemcpyGBps), float64(r.RetrievedBytes)/(1<<30), float64(r.VerifiedBytes)/(1<<30))
+	fmt.Fprintf(w, "lookup (%d tokens): p50 %v  p99 %v  hit ratio %.3f\n", o.PromptTokens, r.LookupP50, r.LookupP99, r.HitRatio)
+	if o.LookupSamples > 0 {
+		fmt.Fprintf(w, "lookup (%d tokens, %d samples, %d chunks hit): p50 %v  p99 %v\n", o.LookupTokens, o.LookupSamples, r.LongLookupHitChunks, r.LongLookupP50, r.LongLookupP99)
+	}
+	if o.PingClients > 0 {
+		fmt.Fprintf(w, "PING: %.0f round trips/s with %d clients\n", r.PingPerSec, o.PingClients)
+	}
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
