@@ -117,24 +117,64 @@ func ParseSpecs(values []string) ([]Spec, error) {
 // in messages. Errors read like upstream's: "--l2-adapter #<i> ('<type>'):
 // <msg>".
 func ParseSpec(index int, data []byte) (Spec, error) {
+	spec, err := parseSpec(data)
+	if err != nil {
+		switch {
+		case err.badJSON:
+			return Spec{}, fmt.Errorf("%w: invalid JSON for --l2-adapter #%d: %s", ErrConfig, index, err.msg)
+		case err.typ == "":
+			return Spec{}, fmt.Errorf("%w: --l2-adapter #%d: %s", ErrConfig, index, err.msg)
+		default:
+			return Spec{}, fmt.Errorf("%w: --l2-adapter #%d ('%s'): %s", ErrConfig, index, err.typ, err.msg)
+		}
+	}
+	spec.Index = index
+	if len(spec.UnknownKeys) > 0 {
+		slog.Warn("ignoring unknown --l2-adapter keys", "index", index, "type", spec.Type, "keys", spec.UnknownKeys)
+	}
+	return spec, nil
+}
+
+// ParseNested parses an adapter spec embedded in another one (fault_inject's
+// "inner"), with the same common keys. Its Index is 0 until the caller sets
+// it; errors read "inner adapter ('<type>'): <msg>".
+func ParseNested(raw json.RawMessage) (Spec, error) {
+	spec, err := parseSpec(raw)
+	if err != nil {
+		if err.typ == "" {
+			return Spec{}, fmt.Errorf("inner adapter: %s", err.msg)
+		}
+		return Spec{}, fmt.Errorf("inner adapter ('%s'): %s", err.typ, err.msg)
+	}
+	return spec, nil
+}
+
+// specError is a parse failure before it is given its flag context.
+type specError struct {
+	badJSON bool
+	typ     string // "" when the type is not known yet
+	msg     string
+}
+
+func parseSpec(data []byte) (Spec, *specError) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(data, &obj); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
-			return Spec{}, fmt.Errorf("%w: --l2-adapter #%d: expected a JSON object, got %s", ErrConfig, index, typeErr.Value)
+			return Spec{}, &specError{msg: "expected a JSON object, got " + typeErr.Value}
 		}
-		return Spec{}, fmt.Errorf("%w: invalid JSON for --l2-adapter #%d: %v", ErrConfig, index, err)
+		return Spec{}, &specError{badJSON: true, msg: err.Error()}
 	}
 	if obj == nil {
-		return Spec{}, fmt.Errorf("%w: --l2-adapter #%d: expected a JSON object, got null", ErrConfig, index)
+		return Spec{}, &specError{msg: "expected a JSON object, got null"}
 	}
-	f := &Fields{raw: obj, used: map[string]bool{}}
+	f := NewFields(obj)
 	typeName, err := f.String("type", "")
 	if err != nil || typeName == "" {
 		if _, present := obj["type"]; !present {
-			return Spec{}, fmt.Errorf("%w: --l2-adapter #%d: missing 'type' field", ErrConfig, index)
+			return Spec{}, &specError{msg: "missing 'type' field"}
 		}
-		return Spec{}, fmt.Errorf("%w: --l2-adapter #%d: 'type' must be a non-empty string", ErrConfig, index)
+		return Spec{}, &specError{msg: "'type' must be a non-empty string"}
 	}
 	fac, ok := lookupFactory(typeName)
 	if !ok {
@@ -142,32 +182,18 @@ func ParseSpec(index int, data []byte) (Spec, error) {
 		if known == "" {
 			known = "(none)"
 		}
-		return Spec{}, fmt.Errorf("%w: --l2-adapter #%d: unknown adapter type '%s'. Known: %s", ErrConfig, index, typeName, known)
+		return Spec{}, &specError{msg: fmt.Sprintf("unknown adapter type '%s'. Known: %s", typeName, known)}
 	}
 	spec, err := parseCommon(f)
 	if err == nil {
 		spec.Options, err = fac.Parse(f)
 	}
 	if err != nil {
-		return Spec{}, fmt.Errorf("%w: --l2-adapter #%d ('%s'): %w", ErrConfig, index, typeName, err)
+		return Spec{}, &specError{typ: typeName, msg: err.Error()}
 	}
-	spec.Index = index
 	spec.Type = typeName
 	spec.UnknownKeys = f.Unused()
-	if len(spec.UnknownKeys) > 0 {
-		slog.Warn("ignoring unknown --l2-adapter keys", "index", index, "type", typeName, "keys", spec.UnknownKeys)
-	}
 	return spec, nil
-}
-
-// ParseNested parses an adapter spec embedded in another one (fault_inject's
-// "inner"), applying the same common keys. The index is the outer one.
-func ParseNested(index int, raw json.RawMessage) (Spec, error) {
-	s, err := ParseSpec(index, raw)
-	if err != nil {
-		return Spec{}, fmt.Errorf("inner adapter: %w", err)
-	}
-	return s, nil
 }
 
 func parseCommon(f *Fields) (Spec, error) {
