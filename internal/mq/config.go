@@ -42,12 +42,15 @@ type Config struct {
 	ChunkSize int
 	// HashAlgorithm is --hash-algorithm (default blake3).
 	HashAlgorithm string
-	// WorkerReapTimeout is --worker-reap-timeout-seconds (default 120 s; 0
-	// disables): a registered worker that pinged once and then stays silent
-	// this long is dropped with its pending transfers.
+	// WorkerReapTimeout is --worker-reap-timeout-seconds (upstream default
+	// 120 s, in Defaults): a registered worker that pinged once and then
+	// stays silent this long is dropped with its pending transfers. Zero
+	// (or negative) disables reaping, as the flag's 0 does; it is not
+	// replaced by the default.
 	WorkerReapTimeout time.Duration
-	// WorkerRegistrationGrace is --worker-registration-grace-seconds (default
-	// 3600 s): the same for a worker that never pinged.
+	// WorkerRegistrationGrace is --worker-registration-grace-seconds
+	// (upstream default 3600 s, in Defaults): the same for a worker that
+	// never pinged. Zero disables it.
 	WorkerRegistrationGrace time.Duration
 	// SessionTTL is how long an idle request session (token hashes) is kept
 	// (default 600 s, as upstream).
@@ -78,9 +81,8 @@ func Defaults() Config {
 	}
 }
 
-// withDefaults fills zero fields. WorkerReapTimeout keeps 0 only when set
-// through flags (0 = disabled), so Config users disable reaping with a
-// negative value.
+// withDefaults fills zero fields, except the reaping durations whose zero
+// means "disabled" as the flags' 0 does.
 func (c Config) withDefaults() Config {
 	d := Defaults()
 	if c.Host == "" {
@@ -97,12 +99,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.HashAlgorithm == "" {
 		c.HashAlgorithm = d.HashAlgorithm
-	}
-	if c.WorkerReapTimeout == 0 {
-		c.WorkerReapTimeout = d.WorkerReapTimeout
-	}
-	if c.WorkerRegistrationGrace == 0 {
-		c.WorkerRegistrationGrace = d.WorkerRegistrationGrace
 	}
 	if c.SessionTTL == 0 {
 		c.SessionTTL = d.SessionTTL
@@ -163,19 +159,12 @@ func AddFlags(fs *flag.FlagSet, cfg *Config) *Flags {
 	return f
 }
 
-// Apply copies the parsed duration flags into the Config. A reap timeout of
-// 0 disables reaping (stored as a negative duration).
+// Apply copies the parsed duration flags into the Config (0 disables).
 func (f *Flags) Apply() error {
 	if f.reapSecs < 0 || f.graceSecs < 0 {
 		return fmt.Errorf("worker reap/grace seconds must be >= 0")
 	}
 	f.cfg.WorkerReapTimeout = time.Duration(f.reapSecs * float64(time.Second))
-	if f.reapSecs == 0 {
-		f.cfg.WorkerReapTimeout = -1
-	}
 	f.cfg.WorkerRegistrationGrace = time.Duration(f.graceSecs * float64(time.Second))
-	if f.graceSecs == 0 {
-		f.cfg.WorkerRegistrationGrace = -1
-	}
 	return nil
 }

@@ -293,3 +293,9 @@ func lookupOnce(t *testing.T, c *mqclient.Client, k *wire.Key) int {
 	}
 	return n
 }
+
+func canceled() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
