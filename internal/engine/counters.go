@@ -2,6 +2,8 @@ package engine
 
 import (
 	"maps"
+
+	"github.com/lmcache-go/lmcache/internal/objkey"
 	"sync"
 	"sync/atomic"
 )
@@ -111,6 +113,52 @@ func (s *saltCounts) add(salt string, n int64) {
 		s.m = map[string]int64{}
 	}
 	s.m[salt] += n
+	s.mu.Unlock()
+}
+
+// addKeys adds n per key, under one lock acquisition for the batch.
+func (s *saltCounts) addKeys(keys []objkey.Key, n int64) {
+	if len(keys) == 0 || n == 0 {
+		return
+	}
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[string]int64{}
+	}
+	run, cnt := keys[0].CacheSalt, int64(0)
+	for _, k := range keys {
+		if k.CacheSalt != run {
+			s.m[run] += cnt
+			run, cnt = k.CacheSalt, 0
+		}
+		cnt += n
+	}
+	s.m[run] += cnt
+	s.mu.Unlock()
+}
+
+// addMasked adds 1 per key whose mask entry is true.
+func (s *saltCounts) addMasked(keys []objkey.Key, mask []bool) {
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[string]int64{}
+	}
+	run, cnt := "", int64(0)
+	for i, k := range keys {
+		if !mask[i] {
+			continue
+		}
+		if k.CacheSalt != run {
+			if cnt > 0 {
+				s.m[run] += cnt
+			}
+			run, cnt = k.CacheSalt, 0
+		}
+		cnt++
+	}
+	if cnt > 0 {
+		s.m[run] += cnt
+	}
 	s.mu.Unlock()
 }
 

@@ -321,8 +321,8 @@ func (e *Engine) published(hs []l1.Handle) {
 	sizes := make([]int64, len(hs))
 	for i, h := range hs {
 		keys[i], sizes[i] = h.Key(), h.Slot().Size
-		e.st.l1Write.add(keys[i].CacheSalt, 1)
 	}
+	e.st.l1Write.addKeys(keys, 1)
 	e.notify(func(l L1Listener) { l.OnL1Stored(keys, sizes) })
 	e.store.enqueue(hs)
 }
@@ -482,6 +482,12 @@ func (e *Engine) addL1Listener(l L1Listener) {
 	e.listenMu.Lock()
 	e.listeners = append(e.listeners, l)
 	e.listenMu.Unlock()
+}
+
+func (e *Engine) hasListeners() bool {
+	e.listenMu.RLock()
+	defer e.listenMu.RUnlock()
+	return len(e.listeners) > 0
 }
 
 func (e *Engine) notify(f func(L1Listener)) {

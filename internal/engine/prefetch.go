@@ -75,26 +75,36 @@ func (e *Engine) prefetch(req PrefetchRequest) error {
 		return fmt.Errorf("%w: negative reader count", ErrInvalid)
 	}
 	j := &job{req: req, retain: req.Retain || req.Readers == 0 || e.cfg.L2PrefetchPolicy == PrefetchPolicyRetain, done: make(chan struct{})}
+	n := 0
+	for _, ks := range req.Chunks {
+		n += len(ks)
+	}
+	j.flat = make([]objkey.Key, 0, n)
+	j.chunkOf = make([]int, 0, n)
 	for c, ks := range req.Chunks {
-		for _, k := range ks {
-			j.flat = append(j.flat, k)
+		j.flat = append(j.flat, ks...)
+		for range ks {
 			j.chunkOf = append(j.chunkOf, c)
 		}
 	}
-	j.hit = make([]bool, len(j.flat))
 	if req.Readers > 0 {
 		j.owner = req.ID
 		slots := e.table.ReadLock(j.owner, j.flat, req.Readers)
-		var accessed []objkey.Key
+		j.hit = make([]bool, len(j.flat))
 		for i, s := range slots {
-			if s.Size > 0 {
-				j.hit[i] = true
-				accessed = append(accessed, j.flat[i])
-				e.st.l1Read.add(j.flat[i].CacheSalt, 1)
-			}
+			j.hit[i] = s.Size > 0
 		}
-		if len(accessed) > 0 {
-			e.notify(func(l L1Listener) { l.OnL1Accessed(accessed) })
+		e.st.l1Read.addMasked(j.flat, j.hit)
+		if e.hasListeners() {
+			var accessed []objkey.Key
+			for i, h := range j.hit {
+				if h {
+					accessed = append(accessed, j.flat[i])
+				}
+			}
+			if len(accessed) > 0 {
+				e.notify(func(l L1Listener) { l.OnL1Accessed(accessed) })
+			}
 		}
 	} else {
 		j.hit = e.table.Contains(j.flat)
@@ -175,9 +185,7 @@ func (e *Engine) runJob(ctx context.Context, j *job) {
 		}
 		keys := j.keysAt(remaining)
 		e.st.l2Lookup.Add(1)
-		for _, k := range keys {
-			e.st.l2LookupObj.add(k.CacheSalt, 1)
-		}
+		e.st.l2LookupObj.addKeys(keys, 1)
 		hits, err := a.LookupAndLock(ctx, keys)
 		if err != nil {
 			e.log.Debug("prefetch: L2 lookup failed", "adapter", ai, "err", err)
@@ -284,9 +292,7 @@ func (e *Engine) runJob(ctx context.Context, j *job) {
 func (e *Engine) loadFrom(ctx context.Context, ai int, j *job, tag string, keys []objkey.Key, dst [][]byte, which []int) {
 	st := e.st.adapters[ai]
 	e.st.l2LoadSub.Add(1)
-	for _, k := range keys {
-		e.st.l2LoadSubObj.add(k.CacheSalt, 1)
-	}
+	e.st.l2LoadSubObj.addKeys(keys, 1)
 	st.inflightLoads.Add(1)
 	ok, err := e.adapters[ai].Load(ctx, keys, dst)
 	st.inflightLoads.Add(-1)
@@ -318,9 +324,9 @@ func (e *Engine) loadFrom(ctx context.Context, ai int, j *job, tag string, keys 
 	sizes := make([]int64, len(res.Published))
 	for n, h := range res.Published {
 		skeys[n], sizes[n] = h.Key(), h.Slot().Size
-		e.st.l1Write.add(h.Key().CacheSalt, 1)
-		e.st.l2LoadDone.add(h.Key().CacheSalt, 1)
 	}
+	e.st.l1Write.addKeys(skeys, 1)
+	e.st.l2LoadDone.addKeys(skeys, 1)
 	j.l2Keys += len(res.Published)
 	if len(skeys) > 0 {
 		e.notify(func(l L1Listener) { l.OnL1Stored(skeys, sizes) })

@@ -140,11 +140,13 @@ func (s *storeCtl) enqueue(hs []l1.Handle) {
 		return
 	}
 	objs := make([]*storeObj, len(hs))
+	keys := make([]objkey.Key, len(hs))
 	for i, h := range hs {
 		objs[i] = &storeObj{h: h}
 		objs[i].remaining.Store(int32(len(s.qs)))
-		s.e.st.storeSubObj.add(h.Key().CacheSalt, int64(len(s.qs)))
+		keys[i] = h.Key()
 	}
+	s.e.st.storeSubObj.addKeys(keys, int64(len(s.qs)))
 	for i, q := range s.qs {
 		q.mu.Lock()
 		for _, o := range objs {
@@ -226,8 +228,8 @@ func (s *storeCtl) upload(ctx context.Context, i int, batch []*storeItem) {
 		st.storeCompleted.Add(1)
 		st.storeObjects.Add(int64(len(batch)))
 		st.storeBytes.Add(bytes)
+		e.st.storeDoneObj.addKeys(keys, 1)
 		for _, it := range batch {
-			e.st.storeDoneObj.add(it.obj.h.Key().CacheSalt, 1)
 			s.done(i, it, true)
 		}
 		return

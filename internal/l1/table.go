@@ -54,9 +54,14 @@ type object struct {
 	writeExp int64 // unix nanos when the write lease ends (staging only)
 	readers  int32
 	pins     int32
-	epoch    uint32 // bumped when a read lease expires, invalidating owner records
-	state    state
-	temp     bool
+	// holders records which named owners (request ids) hold how many of
+	// the readers, so an owner can never release more than it took and
+	// nobody can release another owner's locks. Anonymous locks are
+	// readers minus the holders' sum. Cleared when the lease expires.
+	holders []holder
+	inline  [1]holder // backing store for the common single holder
+	state   state
+	temp    bool
 }
 
 type stageKey struct {
@@ -64,12 +69,26 @@ type stageKey struct {
 	key objkey.Key
 }
 
-// ownLock records read locks a named owner (a request id) took, so releases
-// can never exceed what the owner holds.
-type ownLock struct {
-	obj   *object
-	epoch uint32
+type holder struct {
+	owner string
 	n     int32
+}
+
+func (o *object) holder(owner string) int {
+	for i := range o.holders {
+		if o.holders[i].owner == owner {
+			return i
+		}
+	}
+	return -1
+}
+
+func (o *object) held() int32 {
+	var n int32
+	for _, h := range o.holders {
+		n += h.n
+	}
+	return n
 }
 
 // Handle refers to an object for a caller that pinned it (write-behind).
@@ -107,7 +126,9 @@ type Table struct {
 	cleared  map[stageKey]*object // staging objects removed by Clear, still owned by their writer
 	detached map[*object]struct{}
 	temps    map[*object]struct{} // resident temporary objects
-	owners   map[string]map[objkey.Key]*ownLock
+	// heldDetached indexes detached objects that named owners still hold,
+	// so their releases find them after the key was deleted or cleared.
+	heldDetached map[objkey.Key][]*object
 
 	saltBytes    map[string]int64 // resident physical bytes per salt
 	stagingBytes int64
@@ -123,17 +144,17 @@ func NewTable(cfg TableConfig) *Table {
 		p = eviction.Noop{}
 	}
 	return &Table{
-		alloc:     NewAllocator(cfg.Size, cfg.Align),
-		policy:    p,
-		readTTL:   int64(cfg.ReadTTL),
-		writeTTL:  int64(cfg.WriteTTL),
-		resident:  map[objkey.Key]*object{},
-		staging:   map[stageKey]*object{},
-		cleared:   map[stageKey]*object{},
-		detached:  map[*object]struct{}{},
-		temps:     map[*object]struct{}{},
-		owners:    map[string]map[objkey.Key]*ownLock{},
-		saltBytes: map[string]int64{},
+		alloc:        NewAllocator(cfg.Size, cfg.Align),
+		policy:       p,
+		readTTL:      int64(cfg.ReadTTL),
+		writeTTL:     int64(cfg.WriteTTL),
+		resident:     map[objkey.Key]*object{},
+		staging:      map[stageKey]*object{},
+		cleared:      map[stageKey]*object{},
+		detached:     map[*object]struct{}{},
+		temps:        map[*object]struct{}{},
+		heldDetached: map[objkey.Key][]*object{},
+		saltBytes:    map[string]int64{},
 	}
 }
 
@@ -144,7 +165,7 @@ func now() int64 { return time.Now().UnixNano() }
 func (t *Table) liveReaders(o *object, now int64) int32 {
 	if o.readers > 0 && now > o.readExp {
 		o.readers = 0
-		o.epoch++
+		o.holders = nil
 		t.expiredReads++
 	}
 	return o.readers
@@ -159,6 +180,9 @@ func (t *Table) free(o *object) {
 		return
 	}
 	t.alloc.Free(o.off, o.size)
+	if o.state == detached {
+		t.unindexDetached(o)
+	}
 	delete(t.detached, o)
 	delete(t.temps, o)
 	o.state = freed
@@ -179,6 +203,24 @@ func (t *Table) removeResident(o *object, now int64) {
 	}
 	o.state = detached
 	t.detached[o] = struct{}{}
+	if len(o.holders) > 0 {
+		t.heldDetached[o.key] = append(t.heldDetached[o.key], o)
+	}
+}
+
+func (t *Table) unindexDetached(o *object) {
+	list := t.heldDetached[o.key]
+	for i, d := range list {
+		if d == o {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(t.heldDetached, o.key)
+	} else {
+		t.heldDetached[o.key] = list
+	}
 }
 
 // Reserve gives writer tag a private staging slot for every key that is
@@ -381,7 +423,8 @@ func clampReaders(n int) int32 {
 	return int32(n)
 }
 
-// lock takes n read locks on o and renews its lease.
+// lock takes n read locks on o for owner ("" = anonymous) and renews the
+// lease.
 func (t *Table) lock(o *object, owner string, n int, now int64) {
 	c := clampReaders(n)
 	t.liveReaders(o, now)
@@ -390,16 +433,14 @@ func (t *Table) lock(o *object, owner string, n int, now int64) {
 	if owner == "" {
 		return
 	}
-	m := t.owners[owner]
-	if m == nil {
-		m = map[objkey.Key]*ownLock{}
-		t.owners[owner] = m
-	}
-	if r := m[o.key]; r != nil && r.obj == o && r.epoch == o.epoch {
-		r.n += c
+	if i := o.holder(owner); i >= 0 {
+		o.holders[i].n += c
 		return
 	}
-	m[o.key] = &ownLock{obj: o, epoch: o.epoch, n: c}
+	if o.holders == nil {
+		o.holders = o.inline[:0]
+	}
+	o.holders = append(o.holders, holder{owner, c})
 }
 
 // ReadLock takes n read locks (clamped to [1, MaxReaders]) on every
@@ -420,11 +461,12 @@ func (t *Table) ReadLock(owner string, keys []objkey.Key, n int) []Slot {
 	return out
 }
 
-// Release drops up to n read locks per key. With an owner only locks that
-// owner took and still holds are released (stale records, after a lease
-// expired or the object was replaced, are ignored). Owner "" releases
-// anonymous locks on the resident object. Temporary objects whose last
-// reader left are deleted; their keys are returned.
+// Release drops up to n read locks per key. With an owner, only locks that
+// owner took and still holds are released, on the resident object or on a
+// detached one (deleted or cleared while held); a lease that expired took
+// the owner's locks with it. Owner "" releases anonymous locks only.
+// Temporary objects whose last reader left are deleted; their keys are
+// returned.
 func (t *Table) Release(owner string, keys []objkey.Key, n int) (released int, deleted []objkey.Key) {
 	if n < 1 {
 		n = 1
@@ -432,40 +474,48 @@ func (t *Table) Release(owner string, keys []objkey.Key, n int) (released int, d
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := now()
-	m := t.owners[owner]
 	for _, k := range keys {
-		var o *object
-		var m32 int32
-		if owner != "" {
-			r := m[k]
-			if r == nil {
-				continue
-			}
-			o = r.obj
-			m32 = min(int32(n), r.n)
-			r.n -= m32
-			if r.n == 0 {
-				delete(m, k)
-			}
-			if o.state == freed || t.liveReaders(o, now) == 0 || r.epoch != o.epoch {
-				continue
-			}
-		} else {
-			o = t.resident[k]
+		o := t.resident[k]
+		var m int32
+		if owner == "" {
 			if o == nil {
 				continue
 			}
-			m32 = min(int32(n), t.liveReaders(o, now))
+			m = min(int32(n), t.liveReaders(o, now)-o.held())
+		} else {
+			hi := -1
+			if o != nil {
+				t.liveReaders(o, now)
+				hi = o.holder(owner)
+			}
+			if hi < 0 {
+				for _, d := range t.heldDetached[k] {
+					t.liveReaders(d, now)
+					if hi = d.holder(owner); hi >= 0 {
+						o = d
+						break
+					}
+				}
+			}
+			if hi < 0 {
+				continue
+			}
+			m = min(int32(n), o.holders[hi].n)
+			if o.holders[hi].n -= m; o.holders[hi].n == 0 {
+				o.holders = append(o.holders[:hi], o.holders[hi+1:]...)
+				if len(o.holders) == 0 {
+					o.holders = nil
+				}
+			}
 		}
-		m32 = min(m32, o.readers)
-		o.readers -= m32
-		released += int(m32)
+		if m <= 0 {
+			continue
+		}
+		o.readers -= m
+		released += int(m)
 		if o.readers == 0 && t.maybeFree(o, now) {
 			deleted = append(deleted, o.key)
 		}
-	}
-	if m != nil && len(m) == 0 {
-		delete(t.owners, owner)
 	}
 	return released, deleted
 }
@@ -619,7 +669,7 @@ func (t *Table) Evict(choose func(p eviction.Policy, eligible func(objkey.Key) b
 
 // Sweep reclaims what expired leases left behind: staging objects whose
 // writer vanished, detached objects whose readers vanished, temporary
-// objects whose readers vanished, and stale owner records. The eviction
+// objects whose readers vanished. The eviction
 // loop calls it every tick. It returns temporary keys deleted.
 func (t *Table) Sweep() (deleted []objkey.Key) {
 	t.mu.Lock()
@@ -645,16 +695,6 @@ func (t *Table) Sweep() (deleted []objkey.Key) {
 	for o := range t.temps {
 		if t.maybeFree(o, now) {
 			deleted = append(deleted, o.key)
-		}
-	}
-	for owner, m := range t.owners {
-		for k, r := range m {
-			if r.obj.state == freed || t.liveReaders(r.obj, now) == 0 || r.epoch != r.obj.epoch {
-				delete(m, k)
-			}
-		}
-		if len(m) == 0 {
-			delete(t.owners, owner)
 		}
 	}
 	return deleted

@@ -1,0 +1,185 @@
+package engine
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"testing"
+
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// Benchmarks. Each engine figure has its ceiling measured in the same run:
+//
+//	go test -run '^$' -bench 'L1StoreRead|Lookup128|Bookkeeping' -benchtime 2s -count 3 ./internal/engine/
+//
+// docs/bench/engine.md records the figures.
+
+// BenchmarkL1StoreRead: store one object (PREPARE_STORE, copy in,
+// COMMIT_STORE), then read it (LOOKUP, PREPARE_RETRIEVE, copy out,
+// COMMIT_RETRIEVE) and delete it. The ceiling is the same two copies with
+// plain memmove between ordinary buffers.
+func BenchmarkL1StoreRead(b *testing.B) {
+	for _, size := range []int64{2 << 20, 32 << 20} {
+		src := pattern(mkKey("", 0, 0, 1), int(size))
+		dst := make([]byte, size)
+		name := strconv.FormatInt(size>>20, 10) + "MiB"
+		b.Run(name+"/memmove", func(b *testing.B) {
+			buf := make([]byte, size)
+			copy(buf, src) // fault the pages in, as the pool's are after the first iteration
+			b.SetBytes(size)
+			for b.Loop() {
+				copy(buf, src)
+				copy(dst, buf)
+			}
+		})
+		for _, shm := range []bool{false, true} {
+			variant := "engine"
+			cfg := Config{L1SizeBytes: 4 * size}
+			if shm {
+				if _, err := os.Stat("/dev/shm"); err != nil {
+					continue
+				}
+				variant = "engine-shm"
+				cfg.ShmName = fmt.Sprintf("bench%d", os.Getpid())
+			}
+			b.Run(name+"/"+variant, func(b *testing.B) {
+				e, err := New(cfg, nil, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer e.Close()
+				sizes := []int64{size}
+				b.SetBytes(size)
+				i := 0
+				for b.Loop() {
+					k := []objkey.Key{mkKey("", i, 0, 1)}
+					i++
+					slots, err := e.ReserveWrite("w", k, sizes)
+					if err != nil {
+						b.Fatal(err)
+					}
+					copy(e.Bytes(slots[0]), src)
+					if _, err := e.CommitWrite("w", k); err != nil {
+						b.Fatal(err)
+					}
+					if err := e.Prefetch(PrefetchRequest{ID: "r", Chunks: [][]objkey.Key{k}, Readers: 1}); err != nil {
+						b.Fatal(err)
+					}
+					if r, _ := e.PollPrefetch("r"); r.PrefixChunks != 1 {
+						b.Fatalf("lookup %+v", r)
+					}
+					rs, err := e.ReadSlots(k)
+					if err != nil {
+						b.Fatal(err)
+					}
+					copy(dst, e.Bytes(rs[0]))
+					e.ReleaseRead("r", k, 1)
+					e.DeleteL1(k, false)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkLookup128: LOOKUP of a 128-chunk prefix that is resident (read
+// locks taken, job result consumed, locks released). The ceiling is 128
+// lookups in a plain Go map with the same keys.
+func BenchmarkLookup128(b *testing.B) {
+	cs := chunks("", 0, 128, 1)
+	keys := flat(cs)
+	b.Run("map", func(b *testing.B) {
+		m := make(map[objkey.Key]int64, len(keys))
+		for i, k := range keys {
+			m[k] = int64(i)
+		}
+		n := 0
+		for b.Loop() {
+			for _, k := range keys {
+				if _, ok := m[k]; ok {
+					n++
+				}
+			}
+		}
+		if n == 0 {
+			b.Fatal("no hits")
+		}
+	})
+	b.Run("engine", func(b *testing.B) {
+		e, err := New(Config{L1SizeBytes: 256 * objSize}, nil, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer e.Close()
+		if _, err := e.Put(keys, payloads(keys)); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := e.Prefetch(PrefetchRequest{ID: "req", Chunks: cs, Readers: 1}); err != nil {
+				b.Fatal(err)
+			}
+			if r, _ := e.PollPrefetch("req"); r.PrefixChunks != 128 {
+				b.Fatalf("lookup %+v", r)
+			}
+			e.ReleaseRead("req", keys, 1)
+		}
+	})
+}
+
+// BenchmarkBookkeeping reports Go heap bytes per resident L1 object (object
+// table, allocator extents, LRU node; the keys' hash bytes are allocated
+// before the measurement in both cases). The floor is a plain
+// map[objkey.Key]int64 of the same keys. Run with -benchtime 1x.
+func BenchmarkBookkeeping(b *testing.B) {
+	const n = 100_000
+	keys := make([]objkey.Key, n)
+	for i := range keys {
+		keys[i] = mkKey("tenant", i, 0, 1)
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	b.Run("map", func(b *testing.B) {
+		for b.Loop() {
+			before := heap()
+			m := make(map[objkey.Key]int64)
+			for i, k := range keys {
+				m[k] = int64(i)
+			}
+			after := heap()
+			b.ReportMetric(float64(after-before)/n, "B/object")
+			runtime.KeepAlive(m)
+		}
+	})
+	b.Run("engine", func(b *testing.B) {
+		for b.Loop() {
+			before := heap()
+			e, err := New(Config{L1SizeBytes: n * 64, L1AlignBytes: 64}, nil, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sizes := make([]int64, 128)
+			for i := range sizes {
+				sizes[i] = 64
+			}
+			for i := 0; i < n; i += 128 {
+				batch := keys[i:min(i+128, n)]
+				if _, err := e.ReserveWrite("w", batch, sizes[:len(batch)]); err != nil {
+					b.Fatal(err)
+				}
+				e.CommitWrite("w", batch)
+			}
+			after := heap()
+			if c := e.Counters(); c.L1Objects != n {
+				b.Fatalf("objects %d", c.L1Objects)
+			}
+			b.ReportMetric(float64(after-before)/n, "B/object")
+			e.Close()
+		}
+	})
+}
