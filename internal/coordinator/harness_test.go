@@ -259,3 +259,7 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+func newServer(cfg config.Config) (*coordinator.Server, error) {
+	return coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+}

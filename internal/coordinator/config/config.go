@@ -238,7 +238,8 @@ func Load(args []string, getenv func(string) (string, bool), out io.Writer) (Con
 	}
 
 	fs := flag.NewFlagSet("lmcache coordinator", flag.ContinueOnError)
-	fs.SetOutput(out)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	def := Default()
 	flagIdx := map[string]int{}
 	for idx, fd := range table {
@@ -246,31 +247,13 @@ func Load(args []string, getenv func(string) (string, bool), out io.Writer) (Con
 			continue
 		}
 		flagIdx[fd.flag] = idx
-		usage := fd.usage + " (env " + EnvPrefix + fd.env + ")"
-		switch fd.kind {
-		case "float":
-			fs.Float64(fd.flag, *fd.f(&def), usage)
-		case "int":
-			fs.Int(fd.flag, *fd.i(&def), usage)
-		case "string":
-			fs.String(fd.flag, *fd.s(&def), usage)
-		}
-	}
-	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: lmcache coordinator [flags]\n\nRuns the LMCache MP fleet coordinator. Flags override LMCACHE_MP_COORDINATOR_* env vars.\n\nFlags:\n")
-		fs.VisitAll(func(f *flag.Flag) {
-			fd := table[flagIdx[f.Name]]
-			fmt.Fprintf(out, "  --%s %s\n      %s (default %s)\n", f.Name, fd.kind, f.Usage, valueString(def, fd))
-		})
-		fmt.Fprintf(out, "\nEnvironment only:\n")
-		for _, fd := range table {
-			if fd.flag == "" {
-				fmt.Fprintf(out, "  %s%s (default %s)\n", EnvPrefix, fd.env, valueString(def, fd))
-			}
-		}
+		// Every flag is registered as a string and parsed by setValue, so a
+		// malformed value gets the same one-line message as an env var.
+		fs.String(fd.flag, valueString(def, fd), fd.usage+" (env "+EnvPrefix+fd.env+")")
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			printHelp(out, fs, table, flagIdx, def)
 			return cfg, err
 		}
 		return cfg, fmt.Errorf("%w: %v", ErrInvalid, firstLine(err.Error()))
@@ -305,6 +288,20 @@ func Load(args []string, getenv func(string) (string, bool), out io.Writer) (Con
 		}
 	}
 	return cfg, nil
+}
+
+func printHelp(out io.Writer, fs *flag.FlagSet, table []field, flagIdx map[string]int, def Config) {
+	fmt.Fprintf(out, "Usage: lmcache coordinator [flags]\n\nRuns the LMCache MP fleet coordinator. Flags override LMCACHE_MP_COORDINATOR_* env vars.\n\nFlags:\n")
+	fs.VisitAll(func(f *flag.Flag) {
+		fd := table[flagIdx[f.Name]]
+		fmt.Fprintf(out, "  --%s %s\n      %s (default %s)\n", f.Name, fd.kind, f.Usage, valueString(def, fd))
+	})
+	fmt.Fprintf(out, "\nEnvironment only:\n")
+	for _, fd := range table {
+		if fd.flag == "" {
+			fmt.Fprintf(out, "  %s%s (default %s)\n", EnvPrefix, fd.env, valueString(def, fd))
+		}
+	}
 }
 
 func firstLine(s string) string {

@@ -1,0 +1,164 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := Load(nil, env(nil), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Default()
+	if c != d {
+		t.Fatalf("got %+v", c)
+	}
+	if c.Addr() != "0.0.0.0:9300" || c.InstanceTimeout != 30 || c.HealthCheckInterval != 10 || c.EvictionCheckInterval != 5 ||
+		c.EvictionRatio != 0.2 || c.TriggerWatermark != 1 || c.ChunkSize != 256 || c.HashAlgorithm != "blake3" ||
+		c.BlendProbeStride != 1 || c.TimeoutKeepAlive != 10 || !c.EnableStartupResync || c.ResyncPollInterval != 1 ||
+		c.ResyncMaxWait != 60 || c.ResyncPageSize != 1000 || c.StateFile != "" {
+		t.Fatalf("defaults %+v", c)
+	}
+}
+
+// TestPrecedence: defaults < env < flags, for every flag and env var.
+func TestPrecedence(t *testing.T) {
+	e := map[string]string{
+		EnvPrefix + "HOST": "10.0.0.1", EnvPrefix + "PORT": "1234", EnvPrefix + "INSTANCE_TIMEOUT": "7.5",
+		EnvPrefix + "HEALTH_CHECK_INTERVAL": "0", EnvPrefix + "EVICTION_CHECK_INTERVAL": "0",
+		EnvPrefix + "EVICTION_RATIO": "0.5", EnvPrefix + "TRIGGER_WATERMARK": "0.9", EnvPrefix + "CHUNK_SIZE": "16",
+		EnvPrefix + "HASH_ALGORITHM": "sha256_cbor", EnvPrefix + "BLEND_PROBE_STRIDE": "3", EnvPrefix + "TIMEOUT_KEEP_ALIVE": "20",
+		EnvPrefix + "ENABLE_STARTUP_RESYNC": "False", EnvPrefix + "RESYNC_POLL_INTERVAL": "0.5",
+		EnvPrefix + "RESYNC_MAX_WAIT": "0", EnvPrefix + "RESYNC_PAGE_SIZE": "200", EnvPrefix + "STATE_FILE": "/tmp/s.json",
+	}
+	c, err := Load(nil, env(e), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{Host: "10.0.0.1", Port: 1234, InstanceTimeout: 7.5, HealthCheckInterval: 0, EvictionCheckInterval: 0,
+		EvictionRatio: 0.5, TriggerWatermark: 0.9, ChunkSize: 16, HashAlgorithm: "sha256_cbor", BlendProbeStride: 3,
+		TimeoutKeepAlive: 20, EnableStartupResync: false, ResyncPollInterval: 0.5, ResyncMaxWait: 0, ResyncPageSize: 200,
+		StateFile: "/tmp/s.json", MetricsTopSalts: 20, InflightTTL: 30, LogLevel: "info"}
+	if c != want {
+		t.Fatalf("env:\n got %+v\nwant %+v", c, want)
+	}
+	c, err = Load([]string{"--host", "127.0.0.1", "--port", "9999", "--instance-timeout", "3", "--health-check-interval", "2",
+		"--eviction-check-interval", "1", "--eviction-ratio", "1", "--trigger-watermark", "0.5", "--chunk-size", "4",
+		"--hash-algorithm", "blake3", "--blend-probe-stride", "2", "--timeout-keep-alive", "30", "--state-file", "",
+		"--metrics-top-salts", "0", "--inflight-ttl", "0", "--log-level", "debug"}, env(e), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = Config{Host: "127.0.0.1", Port: 9999, InstanceTimeout: 3, HealthCheckInterval: 2, EvictionCheckInterval: 1,
+		EvictionRatio: 1, TriggerWatermark: 0.5, ChunkSize: 4, HashAlgorithm: "blake3", BlendProbeStride: 2,
+		TimeoutKeepAlive: 30, EnableStartupResync: false, ResyncPollInterval: 0.5, ResyncMaxWait: 0, ResyncPageSize: 200,
+		StateFile: "", MetricsTopSalts: 0, InflightTTL: 0, LogLevel: "debug"}
+	if c != want {
+		t.Fatalf("flags:\n got %+v\nwant %+v", c, want)
+	}
+}
+
+func TestEnvBool(t *testing.T) {
+	for v, want := range map[string]bool{"1": true, "true": true, "TRUE": true, " yes ": true, "on": true, "0": false, "False": false, "no": false, "": false, "maybe": false} {
+		c, err := Load(nil, env(map[string]string{EnvPrefix + "ENABLE_STARTUP_RESYNC": v}), &bytes.Buffer{})
+		if err != nil || c.EnableStartupResync != want {
+			t.Errorf("%q -> %v %v", v, c.EnableStartupResync, err)
+		}
+	}
+}
+
+// TestInvalidValues: each rule, from a flag and from its env var, gives one
+// line naming the source and the rule.
+func TestInvalidValues(t *testing.T) {
+	cases := []struct {
+		flag, env, value, rule string
+	}{
+		{"--eviction-ratio", "EVICTION_RATIO", "2", "between 0.0 and 1.0"},
+		{"--eviction-ratio", "EVICTION_RATIO", "-0.1", "between 0.0 and 1.0"},
+		{"--trigger-watermark", "TRIGGER_WATERMARK", "0", "greater than 0.0"},
+		{"--trigger-watermark", "TRIGGER_WATERMARK", "1.5", "at most 1.0"},
+		{"--instance-timeout", "INSTANCE_TIMEOUT", "0", "> 0"},
+		{"--health-check-interval", "HEALTH_CHECK_INTERVAL", "-1", ">= 0"},
+		{"--eviction-check-interval", "EVICTION_CHECK_INTERVAL", "-1", ">= 0"},
+		{"--chunk-size", "CHUNK_SIZE", "0", ">= 1"},
+		{"--blend-probe-stride", "BLEND_PROBE_STRIDE", "0", ">= 1"},
+		{"--timeout-keep-alive", "TIMEOUT_KEEP_ALIVE", "0", ">= 1"},
+		{"--hash-algorithm", "HASH_ALGORITHM", "", "non-empty"},
+		{"--hash-algorithm", "HASH_ALGORITHM", "builtin", "blake3 or sha256_cbor"},
+		{"--port", "PORT", "70000", "between 0 and 65535"},
+		{"--eviction-ratio", "EVICTION_RATIO", "abc", "number"},
+		{"--chunk-size", "CHUNK_SIZE", "10.0", "integer"},
+		{"", "RESYNC_POLL_INTERVAL", "0", "> 0"},
+		{"", "RESYNC_MAX_WAIT", "-1", ">= 0"},
+		{"", "RESYNC_PAGE_SIZE", "0", ">= 1"},
+	}
+	for _, tc := range cases {
+		if tc.flag != "" {
+			_, err := Load([]string{tc.flag, tc.value}, env(nil), &bytes.Buffer{})
+			checkErr(t, err, tc.flag, tc.rule)
+		}
+		_, err := Load(nil, env(map[string]string{EnvPrefix + tc.env: tc.value}), &bytes.Buffer{})
+		checkErr(t, err, EnvPrefix+tc.env, tc.rule)
+	}
+	// A valid flag overrides an invalid env value.
+	if _, err := Load([]string{"--eviction-ratio", "0.3"}, env(map[string]string{EnvPrefix + "EVICTION_RATIO": "2"}), &bytes.Buffer{}); err != nil {
+		t.Fatalf("flag should win over env: %v", err)
+	}
+	_, err := Load([]string{"--no-such-flag"}, env(nil), &bytes.Buffer{})
+	checkErr(t, err, "no-such-flag", "not defined")
+	_, err = Load([]string{"stray"}, env(nil), &bytes.Buffer{})
+	checkErr(t, err, "stray", "unexpected")
+}
+
+func checkErr(t *testing.T, err error, name, rule string) {
+	t.Helper()
+	if err == nil || !errors.Is(err, ErrInvalid) {
+		t.Errorf("%s: want ErrInvalid, got %v", name, err)
+		return
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "\n") || !strings.Contains(msg, name) || !strings.Contains(msg, rule) {
+		t.Errorf("%s: message %q should be one line naming %q and %q", name, msg, name, rule)
+	}
+}
+
+func TestHelpListsEveryFlagWithDefault(t *testing.T) {
+	var out bytes.Buffer
+	_, err := Load([]string{"--help"}, env(nil), &out)
+	if !errors.Is(err, ErrHelp) {
+		t.Fatalf("err %v", err)
+	}
+	flags, envs := Names()
+	if len(flags) != 15 || len(envs) != 19 {
+		t.Fatalf("%d flags, %d env vars", len(flags), len(envs))
+	}
+	text := out.String()
+	for _, f := range flags {
+		i := strings.Index(text, "  "+f+" ")
+		if i < 0 {
+			t.Errorf("help lacks %s", f)
+			continue
+		}
+		lines := strings.SplitN(text[i:], "\n", 3)
+		if !strings.Contains(lines[1], "(default ") {
+			t.Errorf("help for %s lacks its default", f)
+		}
+	}
+	for _, e := range envs {
+		if !strings.Contains(text, e) {
+			t.Errorf("help lacks %s", e)
+		}
+	}
+	for _, d := range []string{"(default 0.2)", "(default 9300)", `(default "0.0.0.0")`, "(default 256)", `(default "blake3")`, "(default 10)", "(default 30)"} {
+		if !strings.Contains(text, d) {
+			t.Errorf("help lacks %s", d)
+		}
+	}
+}
