@@ -7,9 +7,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"sync"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/bench"
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/mq"
 )
 
 func init() {
@@ -39,6 +44,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&o.Progress, "progress", o.Progress, "progress line period on stderr (0 = none)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "per-request timeout")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
+	inproc := fs.Float64("inprocess-l1-gb", 0, "start an engine with this L1 size (GiB, in /dev/shm) and the data-path server inside this process on a free loopback port, and benchmark it over ZMQ (0 = use --endpoint)")
+	chunk := fs.Int("inprocess-chunk-size", 256, "--chunk-size of the in-process server")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -48,6 +55,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "lmcache bench: unexpected arguments %q\n", fs.Args())
 		return 2
+	}
+	if *inproc > 0 {
+		stop, endpoint, err := serveInProcess(ctx, int64(*inproc*(1<<30)), *chunk, stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "lmcache bench: in-process server: %v\n", err)
+			return 1
+		}
+		defer stop()
+		o.Endpoint, o.ShmDir = endpoint, "/dev/shm"
 	}
 	t0 := time.Now()
 	res, err := bench.Run(ctx, o, stderr)
@@ -64,4 +80,24 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	bench.Report(stdout, o, res)
 	fmt.Fprintf(stdout, "total time: %v\n", time.Since(t0).Round(time.Millisecond))
 	return 0
+}
+
+// serveInProcess runs the real engine and data-path server for --inprocess-l1-gb.
+func serveInProcess(ctx context.Context, l1Bytes int64, chunk int, stderr io.Writer) (stop func(), endpoint string, err error) {
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	eng, err := engine.New(engine.Config{L1SizeBytes: l1Bytes, ShmName: fmt.Sprintf("bench%d", os.Getpid())}, nil, logger)
+	if err != nil {
+		return nil, "", err
+	}
+	srv, err := mq.New(mq.Config{Host: "127.0.0.1", ChunkSize: chunk}, eng, logger)
+	if err != nil {
+		_ = eng.Close()
+		return nil, "", err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = eng.Run(ctx) }()
+	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
+	return func() { cancel(); wg.Wait(); _ = eng.Close() }, srv.Endpoint(), nil
 }
