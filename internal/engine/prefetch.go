@@ -114,8 +114,11 @@ func (e *Engine) prefetch(req PrefetchRequest) error {
 	e.st.activeJobs.Add(1)
 
 	p := e.pf
+	// A newer job replaces an unconsumed one of the same id. Both lock for
+	// the same owner name, which is safe: each job only ever releases
+	// locks it took itself, so the owner's count stays exact.
 	p.mu.Lock()
-	p.jobs[req.ID] = j // replaces an unconsumed job of the same id
+	p.jobs[req.ID] = j
 	p.mu.Unlock()
 
 	missing := false
