@@ -355,3 +355,35 @@ func TestSlowTransferDoesNotBlockOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUnsupportedKnownOps: operations that exist in a numbering but that
+// this server does not implement get a reply (nil, their void type) and a
+// log line, never silence.
+func TestUnsupportedKnownOps(t *testing.T) {
+	h := start(t, opts{})
+	c := h.dial(mqclient.Options{})
+	for _, op := range []wire.Op{wire.OpRegisterQCache, wire.OpUnregisterQCache, wire.OpStoreQ, wire.OpCBRegisterRope,
+		wire.OpCBUnregisterRope, wire.OpCBRetrievePreComputed, wire.OpCBUnifiedLookup, wire.OpP2PLookupAndLock,
+		wire.OpP2PQueryLookupResults, wire.OpP2PUnlockObjects, wire.OpCBProtocolHandshake, wire.OpPollKVEvents} {
+		b, err := c.Call(op, wire.Nil)
+		if err != nil || !bytes.Equal(b, wire.Nil) {
+			t.Errorf("%s = %x %v", op, b, err)
+		}
+		if !strings.Contains(h.logs.String(), "op="+op.EnumName()) {
+			t.Errorf("%s not logged", op)
+		}
+	}
+	g2, err := mqclient.Dial(h.endpoint, mqclient.Options{Profile: wire.Gen2M, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g2.Close()
+	if _, err := g2.GetChunkSize(); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []wire.Op{wire.OpCBRegisterKVCache, wire.OpCBStoreFinal, wire.OpCBRetrievePreComputedV2} {
+		if b, err := g2.Call(op); err != nil || !bytes.Equal(b, wire.Nil) {
+			t.Errorf("gen2m %s = %x %v", op, b, err)
+		}
+	}
+}
