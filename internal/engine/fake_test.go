@@ -18,6 +18,10 @@ type fakeAdapter struct {
 	name     string
 	failing  atomic.Bool
 	capacity int64
+	// gate, when set, blocks Load until it is closed or ctx ends; inflight
+	// and maxInflight measure concurrent Loads.
+	gate                  chan struct{}
+	inflight, maxInflight atomic.Int64
 
 	mu        sync.Mutex
 	objs      map[objkey.Key][]byte
@@ -87,6 +91,21 @@ func (f *fakeAdapter) Unlock(keys []objkey.Key) {
 }
 
 func (f *fakeAdapter) Load(ctx context.Context, keys []objkey.Key, dst [][]byte) ([]bool, error) {
+	n := f.inflight.Add(1)
+	defer f.inflight.Add(-1)
+	for {
+		m := f.maxInflight.Load()
+		if n <= m || f.maxInflight.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	if f.gate != nil {
+		select {
+		case <-f.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := make([]bool, len(keys))
@@ -166,4 +185,10 @@ func (f *fakeAdapter) loadCount(k objkey.Key) int {
 // openFS opens the real fs adapter over dir.
 func openFS(dir string) (l2.Adapter, error) {
 	return fs.New(fs.Config{BasePath: dir, PersistEnabled: true})
+}
+
+func (f *fakeAdapter) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.objs)
 }

@@ -1,0 +1,195 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// TestStorePolicySkipL1: once every adapter holds an object, its L1 copy is
+// dropped; an object whose upload was abandoned stays.
+func TestStorePolicySkipL1(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := newFake("a"), newFake("b")
+		h := start(t, Config{L2StorePolicy: StorePolicySkipL1, StoreMaxAttempts: 2}, a, b)
+		defer h.stop(t)
+		keys := flat(chunks("", 0, 4, 1))
+		h.mustPut(t, keys[:2])
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got, _ := h.Get(keys[:2]); got[0] != nil || got[1] != nil {
+			t.Fatal("skip_l1 kept the L1 copy after both uploads landed")
+		}
+		if _, ok := b.has(keys[0]); !ok {
+			t.Fatal("object missing in L2")
+		}
+		b.failing.Store(true)
+		h.mustPut(t, keys[2:])
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if got, _ := h.Get(keys[2:]); got[0] == nil || got[1] == nil {
+			t.Fatal("skip_l1 dropped an object one adapter never received")
+		}
+		if c := h.Counters(); c.L2[1].StoreAbandoned != 2 {
+			t.Fatalf("abandoned = %d", c.L2[1].StoreAbandoned)
+		}
+	})
+}
+
+// TestPrefetchRetainPolicy: with --l2-prefetch-policy retain, loaded
+// objects stay resident after the last reader leaves.
+func TestPrefetchRetainPolicy(t *testing.T) {
+	a := newFake("a")
+	h := start(t, Config{L2PrefetchPolicy: PrefetchPolicyRetain}, a)
+	defer h.stop(t)
+	cs := chunks("", 0, 2, 1)
+	for _, k := range flat(cs) {
+		a.put(k, pattern(k, objSize))
+	}
+	if r := h.lookup(t, "req", cs); r.PrefixChunks != 2 || r.L2Keys != 2 {
+		t.Fatalf("lookup %+v", r)
+	}
+	h.ReleaseRead("req", flat(cs), 1)
+	if c := h.Counters(); c.L1Objects != 2 || c.L1Temporary != 0 {
+		t.Fatalf("retain policy: %+v", c)
+	}
+}
+
+// TestPrefetchMaxInFlightAndTimeout: no more than
+// --l2-prefetch-max-in-flight jobs touch L2 at once, and
+// --l2-prefetch-load-timeout ends a stuck load (the job completes with an
+// error and L1 keeps no staging buffer).
+func TestPrefetchMaxInFlightAndTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newFake("slow")
+		a.gate = make(chan struct{})
+		h := start(t, Config{L2PrefetchMaxInFlight: 2, L2PrefetchLoadTimeout: 10 * time.Second}, a)
+		defer h.stop(t)
+		for i := range 5 {
+			cs := chunks("", i, i+1, 1)
+			a.put(cs[0][0], pattern(cs[0][0], objSize))
+			if err := h.Prefetch(PrefetchRequest{ID: fmt.Sprint(i), Chunks: cs, Readers: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		synctest.Wait()
+		if got := a.inflight.Load(); got != 2 {
+			t.Fatalf("in-flight loads = %d, want 2", got)
+		}
+		if c := h.Counters(); c.ActivePrefetchJobs != 5 {
+			t.Fatalf("active jobs = %d", c.ActivePrefetchJobs)
+		}
+		time.Sleep(11 * time.Second) // first two time out, next two start
+		synctest.Wait()
+		r, err := h.PollPrefetch("0")
+		if err != nil || !r.Done || r.PrefixChunks != 0 || r.Err == nil {
+			t.Fatalf("timed-out job: %+v %v", r, err)
+		}
+		close(a.gate)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for _, id := range []string{"2", "3", "4"} {
+			if r, err := h.WaitPrefetch(ctx, id); err != nil || r.PrefixChunks != 1 {
+				t.Fatalf("job %s: %+v %v", id, r, err)
+			}
+		}
+		if a.maxInflight.Load() != 2 {
+			t.Fatalf("max in-flight = %d, want 2", a.maxInflight.Load())
+		}
+		if c := h.Counters(); c.L1StagingObjects != 0 || c.ActivePrefetchJobs != 0 {
+			t.Fatalf("after jobs: %+v", c)
+		}
+	})
+}
+
+type recListener struct {
+	mu      sync.Mutex
+	deleted []objkey.Key
+}
+
+func (r *recListener) OnStored([]objkey.Key, []int64) {}
+func (r *recListener) OnAccessed([]objkey.Key)        {}
+func (r *recListener) OnDeleted(ks []objkey.Key) {
+	r.mu.Lock()
+	r.deleted = append(r.deleted, ks...)
+	r.mu.Unlock()
+}
+
+// TestL2Eviction: an adapter's "eviction" block. LRU evicts ratio of its
+// tracked keys once the adapter crosses the watermark of its capacity;
+// IsolatedLRU holds each salt to its quota and wipes salts without one.
+// Deletions reach registered L2 listeners.
+func TestL2Eviction(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lru, iso, unbounded := newFake("lru"), newFake("iso"), newFake("unbounded")
+		lru.capacity = 10 * objSize
+		h := start(t, Config{EvictionPolicy: PolicyNoop, L2: []AdapterConfig{
+			{Eviction: &l2.EvictionConfig{Policy: PolicyLRU, TriggerWatermark: 0.8, EvictionRatio: 0.5}},
+			{Eviction: &l2.EvictionConfig{Policy: PolicyIsolatedLRU}},
+			{Eviction: &l2.EvictionConfig{Policy: PolicyLRU}},
+		}}, lru, iso, unbounded)
+		defer h.stop(t)
+		rec := &recListener{}
+		h.AddL2Listener(rec)
+		h.SetQuota("a", 100*objSize)
+		h.SetQuota("c", 4*objSize)
+		a, b, c := flat(chunks("a", 0, 4, 1)), flat(chunks("b", 0, 4, 1)), flat(chunks("c", 0, 8, 1))
+		h.mustPut(t, a)
+		time.Sleep(10 * time.Millisecond) // a lands in L2 before b and c
+		synctest.Wait()
+		h.mustPut(t, b)
+		h.mustPut(t, c) // 16 objects: lru is at 160% of capacity
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		time.Sleep(500 * time.Millisecond) // one eviction tick
+		synctest.Wait()
+		// lru: 16 tracked, ratio 0.5 → 8 victims, tail first of the oldest
+		// request ("a" was stored first, so a's chunks go first).
+		for _, k := range a {
+			if _, ok := lru.has(k); ok {
+				t.Fatalf("lru kept %v, oldest request must go first", k)
+			}
+		}
+		if n := lru.count(); n != 8 {
+			t.Fatalf("lru holds %d objects, want 8", n)
+		}
+		// iso: a within quota, b has no quota (wiped), c over 0.8×4 → 20%.
+		for _, k := range a {
+			if _, ok := iso.has(k); !ok {
+				t.Fatalf("iso evicted %v within quota", k)
+			}
+		}
+		for _, k := range b {
+			if _, ok := iso.has(k); ok {
+				t.Fatalf("iso kept %v of a salt without quota", k)
+			}
+		}
+		if u := iso.Usage().BytesByCacheSalt["c"]; u != 7*objSize {
+			t.Fatalf("salt c uses %d bytes, want 7 objects (8 minus 20%%)", u/objSize)
+		}
+		// unbounded adapter (capacity 0) is never aggregate-evicted.
+		if n := unbounded.count(); n != 16 {
+			t.Fatalf("unbounded adapter lost objects: %d", n)
+		}
+		cs := h.Counters()
+		if cs.L2[0].EvictedObjects != 8 || cs.L2[1].EvictedObjects != 5 || cs.L2[2].EvictedObjects != 0 {
+			t.Fatalf("evicted %d %d %d", cs.L2[0].EvictedObjects, cs.L2[1].EvictedObjects, cs.L2[2].EvictedObjects)
+		}
+		rec.mu.Lock()
+		n := len(rec.deleted)
+		rec.mu.Unlock()
+		if n != 13 {
+			t.Fatalf("listener saw %d deletions, want 13", n)
+		}
+		if !slices.Contains(h.Adapters(), AdapterInfo{Index: 1, TypeName: "iso"}) {
+			t.Fatalf("adapters %+v", h.Adapters())
+		}
+	})
+}
