@@ -6,9 +6,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -326,6 +328,7 @@ func TestReconfigureUnderLoad(t *testing.T) {
 	paths := []string{devices(a)[0]["device_path"].(string), devices(a)[1]["device_path"].(string)}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var loaded atomic.Int64
 	errs := make(chan error, 8)
 	for w := 0; w < 3; w++ {
 		wg.Add(1)
@@ -355,10 +358,16 @@ func TestReconfigureUnderLoad(t *testing.T) {
 						errs <- errors.New("loaded wrong bytes")
 						return
 					}
+					if ok[i] {
+						loaded.Add(1)
+					}
 				}
 				_, _ = a.Delete(ctx, keys)
 			}
 		}()
+	}
+	for loaded.Load() < 50 && len(errs) == 0 {
+		runtime.Gosched()
 	}
 	for i := 0; i < 20; i++ {
 		_, _ = a.Resize(paths[0], int64(32+i%3*16)*slot, "migrate", true)
@@ -366,6 +375,10 @@ func TestReconfigureUnderLoad(t *testing.T) {
 	}
 	_, _ = a.Remove(paths[0], "migrate", true)
 	_, _ = a.Add(paths[0], 16*slot)
+	before := loaded.Load()
+	for loaded.Load() < before+50 && len(errs) == 0 {
+		runtime.Gosched()
+	}
 	close(stop)
 	wg.Wait()
 	close(errs)
