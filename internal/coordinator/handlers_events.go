@@ -26,7 +26,7 @@ type wireKey struct {
 
 type wireEvent struct {
 	Type  string   `json:"type"`
-	Key   *wireKey `json:"key"`
+	Key   wireKey  `json:"key"`
 	Bytes *int64   `json:"bytes"`
 }
 
@@ -41,10 +41,11 @@ type wireBatch struct {
 var eventBufs = sync.Pool{New: func() any { s := make([]ledger.Event, 0, 1024); return &s }}
 
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(w, r, eventsBodyLimit)
+	buf, err := readPooledBody(w, r, eventsBodyLimit)
 	if err != nil {
 		return err
 	}
+	body := buf.Bytes()
 	var b wireBatch
 	if !jsonContentType(r) || gojson.UnmarshalNoEscape(body, &b) != nil || b.InstanceID == nil || b.Seq == nil || b.Events == nil {
 		n, err := s.ingestSlow(r, body)
@@ -77,6 +78,10 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 		prepared = append(prepared, ev)
 	}
 	c := s.ledger.Apply(prepared)
+	// Decoded strings may alias buf; the ledger cloned what it keeps, and
+	// error paths (whose details may quote the body) never reach here.
+	clear(events)
+	bodyBufs.Put(buf)
 	s.metrics.eventBatches.Inc()
 	if c.Store > 0 {
 		s.metrics.events.WithLabelValues("store").Add(float64(c.Store))
@@ -124,7 +129,7 @@ func prepareWireEvent(i int, e *wireEvent) (ledger.Event, error) {
 	} else if *e.Bytes < 0 {
 		items = append(items, detailItem{Type: "greater_than_equal", Loc: evLoc(i, "bytes"), Msg: "Input should be greater than or equal to 0", Input: *e.Bytes, Ctx: map[string]any{"ge": 0}})
 	}
-	if e.Key == nil {
+	if e.Key.ChunkHashHex == nil && e.Key.ModelName == nil && e.Key.KVRank == nil {
 		items = append(items, detailItem{Type: "missing", Loc: evLoc(i, "key"), Msg: "Field required"})
 	} else {
 		for name, missing := range map[string]bool{"chunk_hash_hex": e.Key.ChunkHashHex == nil, "model_name": e.Key.ModelName == nil, "kv_rank": e.Key.KVRank == nil} {
@@ -194,7 +199,7 @@ func (s *Server) ingestSlow(r *http.Request, body []byte) (int, error) {
 			if err := kf.err(); err != nil {
 				return 0, err
 			}
-			we.Key = &wireKey{ChunkHashHex: &h, ModelName: &mn, KVRank: &rk, ObjectGroupID: g, CacheSalt: salt}
+			we.Key = wireKey{ChunkHashHex: &h, ModelName: &mn, KVRank: &rk, ObjectGroupID: g, CacheSalt: salt}
 		}
 		if err := ef.err(); err != nil {
 			return 0, err

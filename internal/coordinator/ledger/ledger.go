@@ -170,7 +170,11 @@ type Ledger struct {
 	n     uint32   // entries ever allocated (high-water mark)
 	free  []uint32 // reusable entry slots
 	live  int
-	index []uint32 // open addressing; 0 empty, else entry index + 1
+	// index is an open-addressing table; each slot is 0 (empty) or the
+	// entry index + 1 in the low 32 bits and the key hash's high 32 bits in
+	// the high half, so probes skip non-matching entries without touching
+	// them (the entries are the cache misses).
+	index []uint64
 	mask  uint64
 
 	models   []string
@@ -194,7 +198,7 @@ func New() *Ledger {
 		longIDs:  map[string]uint32{},
 		pins:     map[ckey]int32{},
 	}
-	l.index = make([]uint32, 1024)
+	l.index = make([]uint64, 1024)
 	l.mask = 1023
 	return l
 }
@@ -221,15 +225,19 @@ func (l *Ledger) hashOf(k *ckey) uint64 {
 	return mix(h ^ (uint64(k.group)<<8 | uint64(k.hlen)))
 }
 
-func (l *Ledger) find(k *ckey) (slot uint64, idx uint32, ok bool) {
-	slot = l.hashOf(k) & l.mask
+func (l *Ledger) find(k *ckey) (slot uint64, idx uint32, tag uint64, ok bool) {
+	h := l.hashOf(k)
+	tag = h &^ 0xFFFFFFFF
+	slot = h & l.mask
 	for {
 		v := l.index[slot]
 		if v == 0 {
-			return slot, 0, false
+			return slot, 0, tag, false
 		}
-		if l.at(v-1).k == *k {
-			return slot, v - 1, true
+		if v&^0xFFFFFFFF == tag {
+			if i := uint32(v) - 1; l.at(i).k == *k {
+				return slot, i, tag, true
+			}
 		}
 		slot = (slot + 1) & l.mask
 	}
@@ -237,13 +245,13 @@ func (l *Ledger) find(k *ckey) (slot uint64, idx uint32, ok bool) {
 
 func (l *Ledger) grow() {
 	old := l.index
-	l.index = make([]uint32, len(old)*2)
+	l.index = make([]uint64, len(old)*2)
 	l.mask = uint64(len(l.index) - 1)
 	for _, v := range old {
 		if v == 0 {
 			continue
 		}
-		s := l.hashOf(&l.at(v-1).k) & l.mask
+		s := l.hashOf(&l.at(uint32(v)-1).k) & l.mask
 		for l.index[s] != 0 {
 			s = (s + 1) & l.mask
 		}
@@ -263,7 +271,7 @@ func (l *Ledger) unindex(slot uint64) {
 			if v == 0 {
 				return
 			}
-			home := l.hashOf(&l.at(v-1).k) & l.mask
+			home := l.hashOf(&l.at(uint32(v)-1).k) & l.mask
 			// Move v back into the hole when its home is not in (slot, next].
 			if (next > slot && (home <= slot || home > next)) || (next < slot && home <= slot && home > next) {
 				l.index[slot] = v
@@ -278,6 +286,8 @@ func (l *Ledger) intern(ids map[string]uint32, names *[]string, s string) uint32
 	if id, ok := ids[s]; ok {
 		return id
 	}
+	// Clone: s may alias a pooled request buffer.
+	s = strings.Clone(s)
 	id := uint32(len(*names))
 	*names = append(*names, s)
 	ids[s] = id
@@ -288,6 +298,7 @@ func (l *Ledger) saltID(s string) uint32 {
 	if id, ok := l.saltIDs[s]; ok {
 		return id
 	}
+	s = strings.Clone(s)
 	id := uint32(len(l.salts))
 	l.salts = append(l.salts, &saltState{name: s, head: nilIdx, tail: nilIdx})
 	l.saltIDs[s] = id
@@ -386,7 +397,7 @@ func (l *Ledger) pushTail(s *saltState, i uint32, e *entry) {
 // replaces the size, it never double-counts); must hold mu.
 func (l *Ledger) store(k *Key, size int64) {
 	c := l.compact(k)
-	slot, i, ok := l.find(&c)
+	slot, i, tag, ok := l.find(&c)
 	s := l.salts[c.salt]
 	if ok {
 		e := l.at(i)
@@ -403,7 +414,7 @@ func (l *Ledger) store(k *Key, size int64) {
 	i = l.alloc()
 	e := l.at(i)
 	*e = entry{k: c, size: size}
-	l.index[slot] = i + 1
+	l.index[slot] = tag | uint64(i+1)
 	l.pushTail(s, i, e)
 	s.count++
 	s.bytes += size
@@ -419,7 +430,7 @@ func (l *Ledger) touch(k *Key) {
 	if !ok {
 		return
 	}
-	if _, i, ok := l.find(&c); ok {
+	if _, i, _, ok := l.find(&c); ok {
 		s := l.salts[c.salt]
 		if s.tail != i {
 			e := l.at(i)
@@ -434,7 +445,7 @@ func (l *Ledger) remove(k *Key) {
 	if !ok {
 		return
 	}
-	slot, i, ok := l.find(&c)
+	slot, i, _, ok := l.find(&c)
 	if !ok {
 		return
 	}

@@ -49,7 +49,7 @@ func TestIndexMatchesMap(t *testing.T) {
 		k := key(t, h, "m", "s")
 		l.mu.Lock()
 		c, ok := l.lookupKey(&k)
-		_, _, found := l.find(&c)
+		_, _, _, found := l.find(&c)
 		l.mu.Unlock()
 		if !ok || !found {
 			t.Fatalf("key %s lost", h)
