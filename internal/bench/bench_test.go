@@ -63,12 +63,12 @@ func TestBenchSmall(t *testing.T) {
 	if res.VerifiedBytes != int64(3*4*10)*obj || res.HitRatio != 1 || res.LongLookupHitChunks != 10 {
 		t.Fatalf("result %+v", res)
 	}
-	if res.StoreGBps <= 0 || res.RetrieveGBps <= 0 || res.MemcpyGBps <= 0 || res.PingPerSec <= 0 || res.LookupP99 < res.LookupP50 {
+	if res.StoreGBps <= 0 || res.RetrieveGBps <= 0 || res.MemcpyToShmGBps <= 0 || res.MemcpyFromShmGBps <= 0 || res.PingPerSec <= 0 || res.LookupP99 < res.LookupP50 {
 		t.Fatalf("result %+v", res)
 	}
 	var out bytes.Buffer
 	bench.Report(&out, o, res)
-	for _, s := range []string{"store:", "retrieve:", "memcpy baseline", "p99", "PING"} {
+	for _, s := range []string{"store:", "retrieve:", "memcpy into shm", "p99", "PING"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("report lacks %q:\n%s", s, out.String())
 		}

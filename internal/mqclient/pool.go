@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
@@ -37,13 +39,14 @@ func OpenPool(dir, name string, size int64) (*Pool, error) {
 	if st.Size() < size {
 		return nil, fmt.Errorf("mqclient: pool file is %d bytes, registration says %d", st.Size(), size)
 	}
-	// MAP_POPULATE faults the whole pool in up front, as a vLLM worker
-	// does when it pins the pool for DMA; copies then measure memory
-	// bandwidth, not page faults.
-	mem, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE)
+	mem, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("mqclient: mmap pool: %w", err)
 	}
+	// Fault the whole pool in writable up front, without changing a byte,
+	// as a vLLM worker does when it pins the pool for DMA. Kernels before
+	// 5.14 lack MADV_POPULATE_WRITE; pages then fault in on first use.
+	_ = unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
 	return &Pool{mem: mem}, nil
 }
 
