@@ -83,7 +83,7 @@ type Result struct {
 	// the second.
 	MemcpyToShmGBps   float64
 	MemcpyFromShmGBps float64
-	StoreRefusals  int64
+	StoreRefusals     int64
 	// Lookup latency (LOOKUP + QUERY_PREFETCH_STATUS until ready).
 	LookupP50, LookupP99         time.Duration
 	LongLookupP50, LongLookupP99 time.Duration
