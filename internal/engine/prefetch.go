@@ -166,8 +166,14 @@ func (p *prefetchCtl) shutdown() {
 	}
 }
 
-// runJob is the L2 phase of one job.
+// runJob is the L2 phase of one job; the L2 locks are released before the
+// job is published as done.
 func (e *Engine) runJob(ctx context.Context, j *job) {
+	e.loadL2(ctx, j)
+	e.finishJob(j)
+}
+
+func (e *Engine) loadL2(ctx context.Context, j *job) {
 	if t := e.cfg.L2PrefetchLoadTimeout; t > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, t)
@@ -236,7 +242,6 @@ func (e *Engine) runJob(ctx context.Context, j *job) {
 		}
 	}
 	if len(loadIdx) == 0 {
-		e.finishJob(j)
 		return
 	}
 	tag := "prefetch\x00" + j.req.ID + "\x00" + strconv.FormatUint(e.seq.Add(1), 10)
@@ -245,7 +250,6 @@ func (e *Engine) runJob(ctx context.Context, j *job) {
 		e.st.allocFailPrefetch.Add(1)
 		e.st.prefetchOOM.Add(1)
 		j.err = mapErr(err)
-		e.finishJob(j)
 		return
 	}
 	slotOf := make(map[int]l1.Slot, len(loadIdx))
@@ -287,7 +291,6 @@ func (e *Engine) runJob(ctx context.Context, j *job) {
 			}
 		}
 	}
-	e.finishJob(j)
 }
 
 // loadFrom loads keys from adapter ai into their staging buffers and

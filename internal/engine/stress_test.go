@@ -47,6 +47,7 @@ func TestConcurrentStress(t *testing.T) {
 		wg                      sync.WaitGroup
 		mismatches, oom         atomic.Int64
 		verified, stored, found atomic.Int64
+		cleared                 atomic.Int64
 		stop                    = make(chan struct{})
 	)
 	salts := []string{"", "t1"}
@@ -141,7 +142,12 @@ func TestConcurrentStress(t *testing.T) {
 				found.Add(int64(len(keys)))
 				if len(keys) > 0 {
 					slots, err := h.ReadSlots(keys)
-					if err != nil {
+					if errors.Is(err, ErrNotFound) {
+						// A concurrent CLEAR or forced delete removed a
+						// locked object (its bytes stay valid, but it is
+						// no longer retrievable by key).
+						cleared.Add(1)
+					} else if err != nil {
 						fail("retrieve of locked prefix: %v", err)
 					}
 					for j, s := range slots {
@@ -196,8 +202,8 @@ func TestConcurrentStress(t *testing.T) {
 	if mismatches.Load() != 0 {
 		t.Fatalf("%d mismatches", mismatches.Load())
 	}
-	t.Logf("stored %d, verified %d bytes-checked objects (%d found), oom %d, evicted %v, l2 loads %d, l2 stores %d, retries %d, abandoned %d",
-		stored.Load(), verified.Load(), found.Load(), oom.Load(), c.L1Evicted, c.L2[0].LoadObjects, c.L2[0].StoreObjects, c.L2[0].StoreRetried, c.L2[0].StoreAbandoned)
+	t.Logf("cleared under lookups %d, stored %d, verified %d bytes-checked objects (%d found), oom %d, evicted %v, l2 loads %d, l2 stores %d, retries %d, abandoned %d",
+		cleared.Load(), stored.Load(), verified.Load(), found.Load(), oom.Load(), c.L1Evicted, c.L2[0].LoadObjects, c.L2[0].StoreObjects, c.L2[0].StoreRetried, c.L2[0].StoreAbandoned)
 	if verified.Load() == 0 || stored.Load() == 0 {
 		t.Fatal("stress verified nothing")
 	}
