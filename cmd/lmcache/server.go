@@ -2,16 +2,30 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
+	"os"
 	"strconv"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
+	"github.com/lmcache-go/lmcache/internal/coordclient"
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/httpapi"
+	"github.com/lmcache-go/lmcache/internal/l2"
+	_ "github.com/lmcache-go/lmcache/internal/l2/dax"   // registers type "dax"
+	_ "github.com/lmcache-go/lmcache/internal/l2/fault" // registers type "fault_inject"
+	_ "github.com/lmcache-go/lmcache/internal/l2/fs"    // registers type "fs"
+	_ "github.com/lmcache-go/lmcache/internal/l2/s3"    // registers type "s3"
+	"github.com/lmcache-go/lmcache/internal/loglevel"
+	"github.com/lmcache-go/lmcache/internal/mq"
 	"github.com/lmcache-go/lmcache/internal/serverconfig"
+	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
 
 func init() {
@@ -27,39 +41,221 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "lmcache server: %v\n", err)
 		return 2
 	}
-	logger := newLogger(cfg.LogFormat, cfg.LogLevel, stderr)
-	if err := serve(ctx, cfg, logger); err != nil {
+	base, err := loglevel.NewHandler(stderr, cfg.LogFormat)
+	if err != nil {
+		fmt.Fprintf(stderr, "lmcache server: --log-format: %v\n", err)
+		return 2
+	}
+	root, _ := loglevel.ParseLevel(cfg.LogLevel) // validated by serverconfig
+	levels := loglevel.New(base, root)
+	logger := levels.Logger("lmcache")
+
+	s, err := newServer(ctx, cfg, levels)
+	if err != nil {
+		// Configuration that only fails when applied (adapter JSON, layouts,
+		// ports in use) is still the operator's input: one line, status 2
+		// for bad values, 1 for runtime failures.
+		var bad *usageError
+		if errors.As(err, &bad) {
+			fmt.Fprintf(stderr, "lmcache server: %v\n", err)
+			return 2
+		}
+		logger.Error("startup failed", "err", err)
+		return 1
+	}
+	if err := s.run(ctx); err != nil {
 		logger.Error("server stopped with an error", "err", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(ctx context.Context, cfg *serverconfig.Config, logger *slog.Logger) error {
-	addr := net.JoinHostPort(cfg.HTTPHost, strconv.Itoa(cfg.HTTPPort))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("http listen: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"message":"LMCache MP server is running"}`)
-	})
-	mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"status":"healthy"}`)
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	logger.Info("HTTP API listening", "addr", ln.Addr().String())
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	return srv.Shutdown(shutdownCtx)
+// usageError marks a startup failure caused by a flag value.
+type usageError struct{ err error }
+
+func (u *usageError) Error() string { return u.err.Error() }
+func (u *usageError) Unwrap() error { return u.err }
+
+// server holds the components of `lmcache server`; run starts them in
+// dependency order and stops them in reverse (engine last).
+type server struct {
+	log      *slog.Logger
+	eng      *engine.Engine
+	adapters []l2.Adapter
+	mq       *mq.Server
+	api      *httpapi.Server
+	httpLn   net.Listener
+	coord    *coordclient.Client
 }
+
+func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.Registry) (*server, error) {
+	s := &server{log: levels.Logger("lmcache")}
+	var root []byte
+	if cfg.HashRootHex != "" {
+		root, _ = hex.DecodeString(cfg.HashRootHex) // validated by serverconfig
+	}
+	var hopts []tokenhash.Option
+	if root != nil {
+		hopts = append(hopts, tokenhash.WithRoot(root))
+	}
+	hasher, err := tokenhash.New(cfg.HashAlgorithm, cfg.ChunkSize, hopts...)
+	if err != nil {
+		return nil, &usageError{fmt.Errorf("--hash-algorithm: %w", err)}
+	}
+
+	specs, err := l2.ParseSpecs(cfg.L2Adapters)
+	if err != nil {
+		return nil, &usageError{err}
+	}
+	var layouts []engine.Layout
+	for _, m := range cfg.RegisterModel {
+		l, err := httpapi.ParseRegisterModel(m, cfg.ChunkSize)
+		if err != nil {
+			return nil, &usageError{err}
+		}
+		layouts = append(layouts, l)
+	}
+	shmMode, _ := cfg.SHMModeBits()
+
+	ecfg := engine.Config{
+		L1SizeBytes:              cfg.L1SizeBytes(),
+		L1UseLazy:                cfg.L1UseLazy,
+		L1InitSizeBytes:          cfg.L1InitSizeBytes(),
+		L1AlignBytes:             int64(cfg.L1AlignBytes),
+		L1ReadTTL:                seconds(cfg.L1ReadTTLSeconds),
+		L1WriteTTL:               seconds(cfg.L1WriteTTLSeconds),
+		ShmName:                  cfg.SHMName,
+		ShmMode:                  os.FileMode(shmMode),
+		EvictionPolicy:           cfg.EvictionPolicy,
+		EvictionTriggerWatermark: cfg.EvictionWatermark,
+		EvictionRatio:            cfg.EvictionRatio,
+		L2StorePolicy:            cfg.L2StorePolicy,
+		L2PrefetchPolicy:         cfg.L2PrefetchPolicy,
+		L2PrefetchMaxInFlight:    cfg.L2PrefetchMaxInFlight,
+		L2PrefetchLoadTimeout:    seconds(cfg.L2PrefetchLoadTimeout),
+		StoreMaxAttempts:         cfg.L2StoreMaxRetries,
+		StoreRetryBase:           seconds(cfg.L2StoreRetryBackoffSecs),
+	}
+	for _, sp := range specs {
+		ac := engine.AdapterConfig{Shared: sp.Shared}
+		if sp.Eviction != nil {
+			ev := *sp.Eviction
+			ac.Eviction = &ev
+		}
+		ecfg.L2 = append(ecfg.L2, ac)
+	}
+
+	// Acquire resources; on any failure release what was acquired, in reverse.
+	ok := false
+	defer func() {
+		if !ok {
+			s.release()
+		}
+	}()
+	if s.adapters, err = l2.OpenAll(ctx, specs); err != nil {
+		return nil, err
+	}
+	if s.eng, err = engine.New(ecfg, s.adapters, levels.Logger("lmcache.engine")); err != nil {
+		return nil, &usageError{err}
+	}
+	for _, l := range layouts {
+		if err := s.eng.RegisterLayout(l); err != nil {
+			return nil, &usageError{fmt.Errorf("--register-model %s: %w", l.ModelName, err)}
+		}
+	}
+
+	mqcfg := mq.Defaults()
+	mqcfg.Host, mqcfg.Port = cfg.Host, cfg.Port
+	mqcfg.TransferMode, mqcfg.WireProfile = cfg.SupportedTransferMode, cfg.WireProfile
+	mqcfg.ChunkSize, mqcfg.HashAlgorithm = cfg.ChunkSize, cfg.HashAlgorithm
+	mqcfg.WorkerReapTimeout = seconds(cfg.WorkerReapTimeoutSeconds)
+	mqcfg.WorkerRegistrationGrace = seconds(cfg.WorkerRegistrationGrace)
+	mqcfg.SessionTTL = seconds(cfg.SessionTTLSeconds)
+	if s.mq, err = mq.New(mqcfg, s.eng, levels.Logger("lmcache.mq")); err != nil {
+		return nil, &usageError{err}
+	}
+
+	s.coord, err = coordclient.New(coordclient.Config{
+		URL:                cfg.CoordinatorURL,
+		AdvertiseIP:        cfg.CoordinatorAdvertiseIP,
+		HTTPPort:           cfg.HTTPPort,
+		InstanceID:         cfg.InstanceID,
+		HeartbeatInterval:  seconds(cfg.CoordinatorHeartbeatInterval),
+		EventReporting:     cfg.CoordinatorEventReporting,
+		EventFlushInterval: seconds(cfg.CoordinatorEventFlushInterval),
+		QueueSize:          cfg.EventBusQueueSize,
+		Logger:             levels.Logger("lmcache.coordinator_client"),
+	})
+	if err != nil {
+		return nil, &usageError{err}
+	}
+	if s.coord.Enabled() && cfg.CoordinatorEventReporting {
+		s.eng.AddL2Listener(s.coord)
+	}
+
+	s.api, err = httpapi.New(httpapi.Options{
+		Engine:               s.eng,
+		Config:               cfg.Groups(),
+		AuthToken:            cfg.HTTPAuthToken,
+		RunScriptEnabled:     cfg.RunScriptAPIEnabled,
+		ScriptAllowedImports: cfg.ScriptAllowedImports,
+		RegisteredModels:     layouts,
+		ChunkSize:            cfg.ChunkSize,
+		HashAlgorithm:        cfg.HashAlgorithm,
+		Hasher:               hasher,
+		InstanceID:           s.coord.InstanceID(),
+		LogLevels:            levels,
+		EnvShowSecrets:       cfg.EnvShowSecret,
+		Logger:               levels.Logger("lmcache.http"),
+	})
+	if err != nil {
+		return nil, &usageError{err}
+	}
+	addr := net.JoinHostPort(cfg.HTTPHost, strconv.Itoa(cfg.HTTPPort))
+	if s.httpLn, err = net.Listen("tcp", addr); err != nil {
+		return nil, fmt.Errorf("http listen on %s: %w", addr, err)
+	}
+	ok = true
+	return s, nil
+}
+
+// run serves until ctx is cancelled. The engine runs under its own context
+// so that it outlives the front ends: they drain first, then it stops.
+func (s *server) run(ctx context.Context) error {
+	defer s.release()
+	engCtx, stopEngine := context.WithCancel(context.Background())
+	engDone := make(chan error, 1)
+	go func() { engDone <- s.eng.Run(engCtx) }()
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.mq.Run(gctx) })
+	g.Go(func() error { return s.api.Serve(gctx, s.httpLn) })
+	g.Go(func() error { return s.coord.Run(gctx) })
+	s.log.Info("lmcache server started", "http", s.httpLn.Addr().String(), "zmq", s.mq.Endpoint(), "pool", s.eng.Pool().Name)
+	err := g.Wait()
+	stopEngine()
+	if engErr := <-engDone; err == nil && engErr != nil && !errors.Is(engErr, context.Canceled) {
+		err = engErr
+	}
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	s.log.Info("lmcache server stopped")
+	return err
+}
+
+// release frees what newServer acquired; safe on a partial server.
+func (s *server) release() {
+	if s.httpLn != nil {
+		_ = s.httpLn.Close()
+	}
+	if s.eng != nil {
+		_ = s.eng.Close()
+	}
+	// The engine releases its pool only; adapters belong to the server.
+	for _, a := range s.adapters {
+		_ = a.Close()
+	}
+}
+
+func seconds(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
