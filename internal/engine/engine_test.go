@@ -575,6 +575,7 @@ func TestConfigValidation(t *testing.T) {
 		{},
 		{L1SizeBytes: 1 << 20, L1AlignBytes: 1000},
 		{L1SizeBytes: 1 << 20, EvictionPolicy: "lru"},
+		{L1SizeBytes: 1 << 20, EvictionPolicy: "ARC"},
 		{L1SizeBytes: 1 << 20, EvictionRatio: 2},
 		{L1SizeBytes: 1 << 20, L2StorePolicy: "sometimes"},
 	}
