@@ -25,9 +25,9 @@ type wireKey struct {
 }
 
 type wireEvent struct {
-	Type  string   `json:"type"`
-	Key   wireKey  `json:"key"`
-	Bytes *int64   `json:"bytes"`
+	Type  string  `json:"type"`
+	Key   wireKey `json:"key"`
+	Bytes *int64  `json:"bytes"`
 }
 
 type wireBatch struct {

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -215,20 +216,26 @@ func mix(h uint64) uint64 {
 }
 
 func (l *Ledger) hashOf(k *ckey) uint64 {
+	const p = 0x9E3779B97F4A7C15
 	h := l.seed
-	h = mix(h ^ binary.LittleEndian.Uint64(k.hash[0:8]))
-	h = mix(h ^ binary.LittleEndian.Uint64(k.hash[8:16]))
-	h = mix(h ^ binary.LittleEndian.Uint64(k.hash[16:24]))
-	h = mix(h ^ binary.LittleEndian.Uint64(k.hash[24:32]))
-	h = mix(h ^ uint64(k.rank))
-	h = mix(h ^ (uint64(k.model)<<32 | uint64(k.salt)))
+	h = bits.RotateLeft64((h^binary.LittleEndian.Uint64(k.hash[0:8]))*p, 31)
+	h = bits.RotateLeft64((h^binary.LittleEndian.Uint64(k.hash[8:16]))*p, 31)
+	h = bits.RotateLeft64((h^binary.LittleEndian.Uint64(k.hash[16:24]))*p, 31)
+	h = bits.RotateLeft64((h^binary.LittleEndian.Uint64(k.hash[24:32]))*p, 31)
+	h = bits.RotateLeft64((h^uint64(k.rank))*p, 31)
+	h = bits.RotateLeft64((h^(uint64(k.model)<<32|uint64(k.salt)))*p, 31)
 	return mix(h ^ (uint64(k.group)<<8 | uint64(k.hlen)))
 }
 
+// home is a slot's home position, derived from its 32-bit tag alone so that
+// growing and backward-shift deletion never touch the entries.
+func (l *Ledger) home(slot uint64) uint64 {
+	return ((slot >> 32) * 0x9E3779B97F4A7C15 >> 29) & l.mask
+}
+
 func (l *Ledger) find(k *ckey) (slot uint64, idx uint32, tag uint64, ok bool) {
-	h := l.hashOf(k)
-	tag = h &^ 0xFFFFFFFF
-	slot = h & l.mask
+	tag = l.hashOf(k) &^ 0xFFFFFFFF
+	slot = l.home(tag)
 	for {
 		v := l.index[slot]
 		if v == 0 {
@@ -251,7 +258,7 @@ func (l *Ledger) grow() {
 		if v == 0 {
 			continue
 		}
-		s := l.hashOf(&l.at(uint32(v)-1).k) & l.mask
+		s := l.home(v)
 		for l.index[s] != 0 {
 			s = (s + 1) & l.mask
 		}
@@ -271,7 +278,7 @@ func (l *Ledger) unindex(slot uint64) {
 			if v == 0 {
 				return
 			}
-			home := l.hashOf(&l.at(uint32(v)-1).k) & l.mask
+			home := l.home(v)
 			// Move v back into the hole when its home is not in (slot, next].
 			if (next > slot && (home <= slot || home > next)) || (next < slot && home <= slot && home > next) {
 				l.index[slot] = v

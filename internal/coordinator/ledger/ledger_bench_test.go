@@ -1,0 +1,121 @@
+package ledger
+
+import (
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
+)
+
+// fill stores n distinct keys with 32-byte hashes over salts salts and 4
+// models, as an MP fleet would report them.
+func fill(n, salts int) *Ledger {
+	l := New()
+	batch := make([]Event, 0, 1000)
+	models := []string{"Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B", "mistralai/Mistral-7B", "google/gemma-2-9b"}
+	saltNames := make([]string, salts)
+	for i := range saltNames {
+		saltNames[i] = fmt.Sprintf("tenant-%05d", i)
+	}
+	for i := 0; i < n; i++ {
+		var k Key
+		binary.LittleEndian.PutUint64(k.hash[0:], uint64(i)*0x9E3779B97F4A7C15)
+		binary.LittleEndian.PutUint64(k.hash[8:], uint64(i))
+		binary.LittleEndian.PutUint64(k.hash[16:], ^uint64(i))
+		binary.LittleEndian.PutUint64(k.hash[24:], uint64(i)*31)
+		k.hlen = 32
+		k.Model = models[i%len(models)]
+		k.Salt = saltNames[i%salts]
+		k.Rank = 16777472
+		batch = append(batch, Event{Op: OpStore, Key: k, Bytes: 2 << 20})
+		if len(batch) == cap(batch) {
+			l.Apply(batch)
+			batch = batch[:0]
+		}
+	}
+	l.Apply(batch)
+	return l
+}
+
+func heap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// BenchmarkLedgerMemory reports retained heap per tracked key (run with
+// -benchtime=1x).
+func BenchmarkLedgerMemory(b *testing.B) {
+	for _, n := range []int{1_000_000, 10_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				before := heap()
+				l := fill(n, 10_000)
+				after := heap()
+				b.ReportMetric(float64(after-before)/float64(n), "B/key")
+				runtime.KeepAlive(l)
+			}
+		})
+	}
+}
+
+// BenchmarkEvictionPlan times one plan over 10M keys in 10,000 salts:
+// every salt over quota (2M victims at ratio 0.2), 10% of salts over
+// quota, and none over quota.
+func BenchmarkEvictionPlan(b *testing.B) {
+	l := fill(10_000_000, 10_000)
+	perSalt := int64(1000) * (2 << 20)
+	for _, tc := range []struct {
+		name string
+		over int // salts over quota, of 10,000
+	}{{"all_salts_over", 10_000}, {"10pct_salts_over", 1_000}, {"none_over", 0}} {
+		b.Run(tc.name, func(b *testing.B) {
+			lim := quota.Limits{Explicit: map[string]int64{}}
+			for i := 0; i < 10_000; i++ {
+				v := perSalt * 2
+				if i < tc.over {
+					v = perSalt / 2
+				}
+				lim.Explicit[fmt.Sprintf("tenant-%05d", i)] = v
+			}
+			var victims int
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				p := l.ComputePlan(lim, PlanOptions{Ratio: 0.2, Watermark: 1, InflightTTL: 30 * time.Second})
+				victims = p.Len()
+			}
+			b.ReportMetric(float64(victims), "victims")
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/plan")
+		})
+	}
+}
+
+// BenchmarkApplyBatch is the ledger half of ingest: 1,000 prepared store
+// events into a 200k-key ledger.
+func BenchmarkApplyBatch(b *testing.B) {
+	l := fill(200_000, 1000)
+	src := fill(0, 1)
+	_ = src
+	batch := make([]Event, 1000)
+	for i := range batch {
+		var k Key
+		j := uint64(i * 199)
+		binary.LittleEndian.PutUint64(k.hash[0:], j*0x9E3779B97F4A7C15)
+		binary.LittleEndian.PutUint64(k.hash[8:], j)
+		binary.LittleEndian.PutUint64(k.hash[16:], ^j)
+		binary.LittleEndian.PutUint64(k.hash[24:], j*31)
+		k.hlen = 32
+		k.Model, k.Salt, k.Rank = "Qwen/Qwen3-8B", fmt.Sprintf("tenant-%05d", i%1000), 16777472
+		batch[i] = Event{Op: OpStore, Key: k, Bytes: 1}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		l.Apply(batch)
+	}
+	b.ReportMetric(float64(b.N)*1000/b.Elapsed().Seconds(), "events/s")
+}
