@@ -356,9 +356,10 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 
 		// 2. Store: prepare, gather into the slots, commit.
 		wkey := mkKey(o.Model, 0, tokens, 0, end, reqID)
-		t0 := time.Now()
+		var t0 time.Time
 		var plan *mqclient.StorePlan
 		for attempt := 0; ; attempt++ {
+			t0 = time.Now() // waits for eviction are counted as refusals, not store time
 			if plan, err = wk.PrepareStore(wkey, inst); err != nil {
 				return err
 			}

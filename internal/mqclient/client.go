@@ -35,14 +35,13 @@ type Options struct {
 
 // Client is one DEALER connection.
 type Client struct {
-	mu      sync.Mutex // one request at a time; guards everything below
-	zctx    *zmq.Context
-	sock    *zmq.Socket
-	poller  *zmq.Poller
-	uid     int64
-	opts    Options
-	closed  bool
-	lastUID []byte
+	mu     sync.Mutex // one request at a time; guards everything below
+	zctx   *zmq.Context
+	sock   *zmq.Socket
+	poller *zmq.Poller
+	uid    int64
+	opts   Options
+	closed bool
 }
 
 // Dial connects to endpoint, e.g. "tcp://127.0.0.1:5555".
@@ -100,25 +99,18 @@ func (c *Client) Raw(frames ...[]byte) ([][]byte, error) {
 }
 
 func (c *Client) recv() ([][]byte, error) {
-	deadline := time.Now().Add(c.opts.Timeout)
-	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return nil, ErrTimeout
-		}
-		polled, err := c.poller.Poll(left)
-		if err != nil {
-			return nil, fmt.Errorf("mqclient: poll: %w", err)
-		}
-		if len(polled) == 0 {
-			return nil, ErrTimeout
-		}
-		msg, err := c.sock.RecvMessageBytes(0)
-		if err != nil {
-			return nil, fmt.Errorf("mqclient: receive: %w", err)
-		}
-		return msg, nil
+	polled, err := c.poller.Poll(c.opts.Timeout)
+	if err != nil {
+		return nil, fmt.Errorf("mqclient: poll: %w", err)
 	}
+	if len(polled) == 0 {
+		return nil, ErrTimeout
+	}
+	msg, err := c.sock.RecvMessageBytes(0)
+	if err != nil {
+		return nil, fmt.Errorf("mqclient: receive: %w", err)
+	}
+	return msg, nil
 }
 
 // OpFrame encodes op for this client's profile.
