@@ -218,6 +218,11 @@ type PrefetchRequest struct {
 type PrefetchResult struct {
 	// Done is false while the job runs.
 	Done bool
+	// LookupDone is true once every tier has answered which keys it holds
+	// (before L2 loads finish); LookupPrefixChunks is then the leading run
+	// of chunks complete in L1 or some adapter (QUERY_PREFETCH_LOOKUP_HITS).
+	LookupDone         bool
+	LookupPrefixChunks int
 	// PrefixChunks is the leading run of chunks whose every key is resident
 	// (and, with Readers > 0, read-locked on behalf of the job's ID).
 	PrefixChunks int
@@ -299,6 +304,12 @@ func (e *Engine) Layout(modelName string, worldSize int) (Layout, error) {
 	return e.layout(modelName, worldSize)
 }
 
+// UnregisterLayout forgets the layout of (modelName, worldSize) and
+// reports whether it existed. Objects already stored are kept.
+func (e *Engine) UnregisterLayout(modelName string, worldSize int) bool {
+	return e.unregisterLayout(modelName, worldSize)
+}
+
 // Layouts lists the registered layouts, sorted by model name then world
 // size.
 func (e *Engine) Layouts() []Layout { return e.layouts() }
@@ -311,6 +322,9 @@ func (e *Engine) Prefetch(req PrefetchRequest) error { return e.prefetch(req) }
 // PollPrefetch returns the job's state. A done result is returned exactly
 // once: the job is forgotten and the next poll returns ErrNotFound.
 func (e *Engine) PollPrefetch(id string) (PrefetchResult, error) { return e.pollPrefetch(id) }
+
+// PeekPrefetch is PollPrefetch without consuming a done job.
+func (e *Engine) PeekPrefetch(id string) (PrefetchResult, error) { return e.peekPrefetch(id) }
 
 // WaitPrefetch blocks until the job is done (consuming it, exactly once) or
 // ctx ends (the job is kept; the error wraps ctx.Err()).

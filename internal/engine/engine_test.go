@@ -595,6 +595,15 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := e.Layout("x", 1); !errors.Is(err, ErrNoLayout) {
 		t.Fatalf("missing layout: %v", err)
 	}
+	if err := e.RegisterLayout(Layout{ModelName: "x", WorldSize: 2, ObjectBytes: 10, GroupObjectBytes: []int64{0, 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := e.Layout("x", 2); err != nil || l.SizeOf(0) != 10 || l.SizeOf(1) != 20 || l.SizeOf(7) != 10 {
+		t.Fatalf("layout %+v %v", l, err)
+	}
+	if !e.UnregisterLayout("x", 2) || e.UnregisterLayout("x", 2) || len(e.Layouts()) != 0 {
+		t.Fatal("unregister")
+	}
 	if _, err := e.ListL2(context.Background(), 0, "", 10, ""); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("bad adapter index: %v", err)
 	}

@@ -99,11 +99,11 @@ func (e *Engine) l1EvictOnce() {
 // "eviction" block, one adapter after the other (as upstream's single
 // thread).
 func (e *Engine) l2EvictionLoop(ctx context.Context) {
-	any := false
+	enabled := false
 	for _, p := range e.l2pol {
-		any = any || p != nil
+		enabled = enabled || p != nil
 	}
-	if !any {
+	if !enabled {
 		<-ctx.Done()
 		return
 	}

@@ -51,6 +51,10 @@ type job struct {
 	done   chan struct{}
 	res    PrefetchResult
 	doneAt time.Time
+	// Guarded by prefetchCtl.mu: the lookup phase's answer, published
+	// before L2 loads start.
+	lookupDone   bool
+	lookupPrefix int
 }
 
 type prefetchCtl struct {
@@ -221,9 +225,13 @@ func (e *Engine) loadL2(ctx context.Context, j *job) {
 	}()
 	// For a prefix lookup only chunks before the first chunk that neither
 	// tier completes are worth loading.
+	lookupPrefix := j.prefix(func(i int) bool { return j.hit[i] || found[i] })
+	e.pf.mu.Lock()
+	j.lookupDone, j.lookupPrefix = true, lookupPrefix
+	e.pf.mu.Unlock()
 	limit := len(j.req.Chunks)
 	if !j.req.Sparse {
-		limit = j.prefix(func(i int) bool { return j.hit[i] || found[i] })
+		limit = lookupPrefix
 	}
 	var loadIdx []int
 	var sizes []int64
@@ -401,9 +409,12 @@ func (e *Engine) finishJob(j *job) {
 			l1Keys++
 		}
 	}
-	j.res = PrefetchResult{Done: true, PrefixChunks: prefix, TotalKeys: len(j.flat), L1Keys: l1Keys, L2Keys: j.l2Keys, Err: j.err}
 	p := e.pf
 	p.mu.Lock()
+	if !j.lookupDone {
+		j.lookupDone, j.lookupPrefix = true, prefix
+	}
+	j.res = PrefetchResult{Done: true, LookupDone: true, LookupPrefixChunks: j.lookupPrefix, PrefixChunks: prefix, TotalKeys: len(j.flat), L1Keys: l1Keys, L2Keys: j.l2Keys, Err: j.err}
 	j.doneAt = time.Now()
 	p.mu.Unlock()
 	e.st.activeJobs.Add(-1)
@@ -423,7 +434,23 @@ func (e *Engine) pollPrefetch(id string) (PrefetchResult, error) {
 		delete(p.jobs, id)
 		return j.res, nil
 	default:
-		return PrefetchResult{}, nil
+		return PrefetchResult{LookupDone: j.lookupDone, LookupPrefixChunks: j.lookupPrefix}, nil
+	}
+}
+
+func (e *Engine) peekPrefetch(id string) (PrefetchResult, error) {
+	p := e.pf
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	j, ok := p.jobs[id]
+	if !ok {
+		return PrefetchResult{}, fmt.Errorf("%w: unknown prefetch request_id='%s' (already completed or never submitted)", ErrNotFound, id)
+	}
+	select {
+	case <-j.done:
+		return j.res, nil
+	default:
+		return PrefetchResult{LookupDone: j.lookupDone, LookupPrefixChunks: j.lookupPrefix}, nil
 	}
 }
 
