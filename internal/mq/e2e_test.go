@@ -10,6 +10,11 @@ import (
 func TestStoreLookupRetrieveTP1(t *testing.T) {
 	h := start(t, opts{})
 	w := h.worker(101, "org/model-a", 1, 0)
+	// The registration made the layout known to the engine (and so to
+	// /cache/prefetches and the KV HTTP API).
+	if l, err := h.eng.Layout("org/model-a", 1); err != nil || l.ObjectBytes != testObj {
+		t.Fatalf("engine layout %+v %v", l, err)
+	}
 	sched := h.dial(mqclient.Options{})
 	data := chunkData{}
 	tokens := prompt(1, 5*testChunk+7) // 5 full chunks and a partial tail

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/mq"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/wire"
@@ -65,6 +66,7 @@ type opts struct {
 	mq      func(*mq.Config)
 	eng     func(*engine.Config)
 	realShm bool // the pool lives in /dev/shm (for the Python client)
+	l2      []l2.Adapter
 }
 
 func start(t *testing.T, o opts) *harness {
@@ -78,7 +80,7 @@ func start(t *testing.T, o opts) *harness {
 	if o.eng != nil {
 		o.eng(&ecfg)
 	}
-	eng, err := engine.New(ecfg, nil, logger)
+	eng, err := engine.New(ecfg, o.l2, logger)
 	if err != nil {
 		t.Fatalf("engine.New: %v", err)
 	}
