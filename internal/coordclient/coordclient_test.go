@@ -1,0 +1,370 @@
+package coordclient_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/lmcache-go/lmcache/internal/coordclient"
+	"github.com/lmcache-go/lmcache/internal/coordinator"
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/l2/fs"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// startCoordinator runs the real coordinator on ln (loops off).
+func startCoordinator(t *testing.T, ln net.Listener) string {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Host, cfg.Port = "127.0.0.1", 0
+	cfg.HealthCheckInterval, cfg.EvictionCheckInterval, cfg.EnableStartupResync = 0, 0, false
+	srv, err := coordinator.New(cfg, coordinator.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("coordinator Run: %v", err)
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+var hc = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+
+func getJSON(t *testing.T, url string, out any) int {
+	t.Helper()
+	res, err := hc.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if err := json.NewDecoder(res.Body).Decode(out); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return res.StatusCode
+}
+
+type instance struct {
+	InstanceID string `json:"instance_id"`
+	IP         string `json:"ip"`
+	HTTPPort   int    `json:"http_port"`
+}
+
+func instances(t *testing.T, base string) []instance {
+	var out struct{ Instances []instance }
+	getJSON(t, base+"/instances", &out)
+	return out.Instances
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func runClient(t *testing.T, c *coordclient.Client) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := c.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+func TestRegisterHeartbeatReregisterDeregister(t *testing.T) {
+	base := startCoordinator(t, listen(t))
+	c, err := coordclient.New(coordclient.Config{URL: base + "/", HTTPPort: 8123, InstanceID: "mp-a", AdvertiseIP: "10.1.2.3",
+		HeartbeatInterval: 20 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runClient(t, c)
+	waitFor(t, "registration", func() bool { return len(instances(t, base)) == 1 })
+	in := instances(t, base)[0]
+	if in.InstanceID != "mp-a" || in.IP != "10.1.2.3" || in.HTTPPort != 8123 || !c.Registered() {
+		t.Fatalf("registered as %+v", in)
+	}
+	// The coordinator forgets us: the next heartbeat gets 404 and the client
+	// registers again under the same id.
+	req, _ := http.NewRequest(http.MethodDelete, base+"/instances/mp-a", nil)
+	res, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if len(instances(t, base)) != 0 {
+		t.Fatal("instance still listed after DELETE")
+	}
+	waitFor(t, "re-registration", func() bool { l := instances(t, base); return len(l) == 1 && l[0].InstanceID == "mp-a" })
+	stop()
+	if l := instances(t, base); len(l) != 0 {
+		t.Fatalf("still registered after shutdown: %+v", l)
+	}
+}
+
+func TestRandomInstanceIDAndRetryWhileDown(t *testing.T) {
+	// Reserve an address, free it, and bring the coordinator up later.
+	ln := listen(t)
+	addr := ln.Addr().String()
+	ln.Close()
+	c, err := coordclient.New(coordclient.Config{URL: "http://" + addr, HTTPPort: 8080, HeartbeatInterval: 20 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := c.InstanceID()
+	if len(id) != 36 || id[14] != '4' {
+		t.Fatalf("instance id %q is not a UUID4", id)
+	}
+	runClient(t, c)
+	time.Sleep(100 * time.Millisecond) // a few failed attempts
+	if c.Registered() {
+		t.Fatal("registered with no coordinator")
+	}
+	ln2, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("address %s taken meanwhile: %v", addr, err)
+	}
+	base := startCoordinator(t, ln2)
+	waitFor(t, "registration after the coordinator came up", func() bool {
+		l := instances(t, base)
+		return len(l) == 1 && l[0].InstanceID == id
+	})
+}
+
+func TestDisabledClientIsInert(t *testing.T) {
+	c, err := coordclient.New(coordclient.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Enabled() {
+		t.Fatal("enabled without a URL")
+	}
+	if err := c.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c.OnStored([]objkey.Key{{ChunkHash: "a", ModelName: "m"}}, []int64{1})
+	if c.Pending() != 0 {
+		t.Fatal("queued events without a coordinator")
+	}
+	for _, bad := range []coordclient.Config{{URL: "ftp://x", HTTPPort: 1}, {URL: "http://x:1", HTTPPort: 0}} {
+		if _, err := coordclient.New(bad); err == nil {
+			t.Errorf("New(%+v) accepted", bad)
+		}
+	}
+}
+
+// TestL2EventsReachCoordinator wires the client as an L2 listener on a real
+// engine with an fs adapter: write-behind store events and DELETE events
+// move the coordinator's usage.
+func TestL2EventsReachCoordinator(t *testing.T) {
+	base := startCoordinator(t, listen(t))
+	m := mpmetrics.New("mp-e", nil)
+	c, err := coordclient.New(coordclient.Config{URL: base, HTTPPort: 8080, InstanceID: "mp-e", HeartbeatInterval: 50 * time.Millisecond,
+		EventReporting: true, EventFlushInterval: 20 * time.Millisecond, Metrics: m, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := fs.New(fs.Config{BasePath: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	eng, err := engine.New(engine.Config{L1SizeBytes: 8 << 20, L2: []engine.AdapterConfig{{}}}, []l2.Adapter{a}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.AddL2Listener(c)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = eng.Run(ctx) }()
+	defer func() { cancel(); wg.Wait(); _ = eng.Close() }()
+	runClient(t, c)
+
+	keys := make([]objkey.Key, 4)
+	data := make([][]byte, 4)
+	for i := range keys {
+		k, err := objkey.New([]byte{byte(i), 1, 2, 3}, "org/model", objkey.RankFor(1, 0), 0, "tenant")
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[i], data[i] = k, make([]byte, 4096)
+	}
+	if n, err := eng.Put(keys, data); err != nil || n != 4 {
+		t.Fatalf("Put = %d, %v", n, err)
+	}
+	usage := func() float64 {
+		var out struct {
+			TotalGB float64 `json:"total_gb"`
+		}
+		getJSON(t, base+"/quota?tier=l2", &out)
+		return out.TotalGB * (1 << 30)
+	}
+	waitFor(t, "store events", func() bool { return math.Abs(usage()-4*4096) < 0.5 })
+	removed, err := eng.DeleteL2(context.Background(), 0, keys[:3])
+	if err != nil || len(removed) != 3 {
+		t.Fatalf("DeleteL2 = %v, %v", removed, err)
+	}
+	waitFor(t, "delete events", func() bool { return math.Abs(usage()-4096) < 0.5 })
+	if c.SentBatches() < 2 || c.Dropped() != 0 || m.CoordBatchesSent.Value() < 2 {
+		t.Fatalf("sent %d batches, dropped %d", c.SentBatches(), c.Dropped())
+	}
+}
+
+// recorder is a coordinator stand-in that records /quota/events batches and
+// can fail on demand (fault injection).
+type recorder struct {
+	mu      sync.Mutex
+	batches []coordclient.Batch
+	fail    int // answer 500 to this many batches first
+}
+
+func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path != "/quota/events" {
+		http.NotFound(w, req)
+		return
+	}
+	var b coordclient.Batch
+	if err := json.NewDecoder(req.Body).Decode(&b); err != nil {
+		http.Error(w, err.Error(), 422)
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.batches = append(r.batches, b)
+	if r.fail > 0 {
+		r.fail--
+		http.Error(w, "boom", 500)
+		return
+	}
+	_ = json.NewEncoder(w).Encode(map[string]int{"recorded": len(b.Events)})
+}
+
+func TestBatchesSeqRetryAndBoundedQueue(t *testing.T) {
+	rec := &recorder{fail: 1}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	c, err := coordclient.New(coordclient.Config{URL: srv.URL, HTTPPort: 8080, InstanceID: "mp-q", EventReporting: true, QueueSize: 5, MaxBatch: 2, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := func(i int) objkey.Key {
+		key, _ := objkey.New([]byte{byte(i)}, "m", 0, 0, "")
+		return key
+	}
+	c.OnStored([]objkey.Key{k(1), k(2)}, []int64{10, 20})
+	c.OnAccessed([]objkey.Key{k(1)})
+	c.OnDeleted([]objkey.Key{k(2), k(3), k(4)}) // only 2 fit: 1 dropped
+	if c.Pending() != 5 || c.Dropped() != 1 {
+		t.Fatalf("pending %d dropped %d", c.Pending(), c.Dropped())
+	}
+	if err := c.Flush(context.Background()); err == nil {
+		t.Fatal("first flush should fail (injected 500)")
+	}
+	if c.Pending() != 5 {
+		t.Fatalf("failed batch not kept for retry: pending %d", c.Pending())
+	}
+	if err := c.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.batches) != 4 {
+		t.Fatalf("%d batches, want 4 (1 failed + 3 of at most 2 events)", len(rec.batches))
+	}
+	var types []string
+	for i, b := range rec.batches {
+		if b.Seq != int64(i+1) || b.InstanceID != "mp-q" || b.Tier != "l2" || len(b.Events) > 2 {
+			t.Fatalf("batch %d = %+v", i, b)
+		}
+		if i > 0 {
+			for _, e := range b.Events {
+				types = append(types, e.Type)
+			}
+		}
+	}
+	want := []string{"store", "store", "lookup", "delete", "delete"}
+	if len(types) != len(want) {
+		t.Fatalf("event types %v", types)
+	}
+	for i := range want {
+		if types[i] != want[i] {
+			t.Fatalf("event types %v, want %v", types, want)
+		}
+	}
+	first := rec.batches[1].Events[0]
+	if first.Bytes != 10 || first.Key.ChunkHashHex != "01" || first.Key.ModelName != "m" {
+		t.Fatalf("first event = %+v", first)
+	}
+}
+
+func TestFromEnv(t *testing.T) {
+	env := map[string]string{
+		coordclient.EnvURL: "http://c:9300", coordclient.EnvAdvertiseIP: "10.0.0.1", coordclient.EnvHeartbeatInterval: "2.5",
+		coordclient.EnvL2EventReporting: "YES", coordclient.EnvL2EventFlushInterval: "0.25",
+	}
+	cfg, err := coordclient.FromEnv(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.URL != "http://c:9300" || cfg.AdvertiseIP != "10.0.0.1" || cfg.HeartbeatInterval != 2500*time.Millisecond || !cfg.EventReporting || cfg.EventFlushInterval != 250*time.Millisecond {
+		t.Fatalf("cfg = %+v", cfg)
+	}
+	env[coordclient.EnvEventReporting] = "on" // not truthy upstream; the newer name wins
+	if cfg, _ := coordclient.FromEnv(func(k string) string { return env[k] }); cfg.EventReporting {
+		t.Fatal("'on' must not enable reporting")
+	}
+	for _, bad := range []string{"0", "-1", "nan", "inf", "x"} {
+		env[coordclient.EnvHeartbeatInterval] = bad
+		if _, err := coordclient.FromEnv(func(k string) string { return env[k] }); err == nil {
+			t.Errorf("heartbeat %q accepted", bad)
+		}
+	}
+	def, err := coordclient.FromEnv(func(string) string { return "" })
+	if err != nil || def.URL != "" || def.HeartbeatInterval != 5*time.Second || def.EventFlushInterval != time.Second || def.EventReporting {
+		t.Fatalf("defaults = %+v, %v", def, err)
+	}
+}
