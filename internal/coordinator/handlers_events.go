@@ -132,10 +132,14 @@ func prepareWireEvent(i int, e *wireEvent) (ledger.Event, error) {
 	if e.Key.ChunkHashHex == nil && e.Key.ModelName == nil && e.Key.KVRank == nil {
 		items = append(items, detailItem{Type: "missing", Loc: evLoc(i, "key"), Msg: "Field required"})
 	} else {
-		for name, missing := range map[string]bool{"chunk_hash_hex": e.Key.ChunkHashHex == nil, "model_name": e.Key.ModelName == nil, "kv_rank": e.Key.KVRank == nil} {
-			if missing {
-				items = append(items, detailItem{Type: "missing", Loc: evLoc(i, "key", name), Msg: "Field required"})
-			}
+		if e.Key.ChunkHashHex == nil {
+			items = append(items, detailItem{Type: "missing", Loc: evLoc(i, "key", "chunk_hash_hex"), Msg: "Field required"})
+		}
+		if e.Key.ModelName == nil {
+			items = append(items, detailItem{Type: "missing", Loc: evLoc(i, "key", "model_name"), Msg: "Field required"})
+		}
+		if e.Key.KVRank == nil {
+			items = append(items, detailItem{Type: "missing", Loc: evLoc(i, "key", "kv_rank"), Msg: "Field required"})
 		}
 	}
 	if len(items) > 0 {
