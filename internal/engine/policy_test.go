@@ -204,3 +204,78 @@ func TestL2Eviction(t *testing.T) {
 		}
 	})
 }
+
+type l1Rec struct {
+	mu                        sync.Mutex
+	stored, accessed, deleted int
+}
+
+func (r *l1Rec) OnL1Stored(k []objkey.Key, _ []int64) { r.mu.Lock(); r.stored += len(k); r.mu.Unlock() }
+func (r *l1Rec) OnL1Accessed(k []objkey.Key)          { r.mu.Lock(); r.accessed += len(k); r.mu.Unlock() }
+func (r *l1Rec) OnL1Deleted(k []objkey.Key)           { r.mu.Lock(); r.deleted += len(k); r.mu.Unlock() }
+
+// TestCrashedReaderLeaseExpires: a reader that locks and vanishes (no
+// COMMIT_RETRIEVE, no FREE_LOOKUP_LOCKS) wedges nothing: after the read TTL
+// the eviction loop may evict the object, and a temporary object loaded
+// for it is reclaimed. L1 listeners see every store, access and delete.
+func TestCrashedReaderLeaseExpires(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newFake("a")
+		h := start(t, Config{L1SizeBytes: 10 * objSize, L1ReadTTL: 30 * time.Second}, a)
+		defer h.stop(t)
+		rec := &l1Rec{}
+		h.AddL1Listener(rec)
+		cs := chunks("", 0, 9, 1)
+		h.mustPut(t, flat(cs[:8])) // 80% of the pool
+		a.put(cs[8][0], pattern(cs[8][0], objSize))
+		if r := h.lookup(t, "crashed", cs); r.PrefixChunks != 9 || r.L2Keys != 1 {
+			t.Fatalf("lookup %+v", r)
+		}
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		if c := h.Counters(); c.L1Objects != 9 || c.L1Evicted[""] != 0 {
+			t.Fatalf("locked objects evicted: %+v", c)
+		}
+		time.Sleep(11 * time.Second)
+		synctest.Wait()
+		c := h.Counters()
+		if c.L1Temporary != 0 || c.L1ReadLocked != 0 || c.L1ReadLeasesExpired == 0 {
+			t.Fatalf("lease did not expire: %+v", c)
+		}
+		if c.L1Evicted[""] == 0 {
+			t.Fatal("eviction still blocked by a crashed reader")
+		}
+		if _, err := h.ReadSlots(cs[0]); err == nil {
+			t.Fatal("expired lock still readable")
+		}
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		if rec.stored != 9 || rec.accessed != 8 || rec.deleted < 2 {
+			t.Fatalf("listener saw stored %d accessed %d deleted %d", rec.stored, rec.accessed, rec.deleted)
+		}
+	})
+}
+
+// TestStatusShape: the storage_manager section of /status carries
+// upstream's keys with live values.
+func TestStatusShape(t *testing.T) {
+	a := newFake("fs")
+	h := start(t, Config{L2: []AdapterConfig{{Eviction: &l2.EvictionConfig{Policy: PolicyLRU}}}}, a)
+	defer h.stop(t)
+	h.mustPut(t, flat(chunks("", 0, 2, 1)))
+	st := h.Status()
+	l1 := st["l1_manager"].(map[string]any)
+	if l1["total_object_count"] != 2 || l1["memory_used_bytes"] != int64(2*objSize) || l1["read_ttl_seconds"] != 300.0 {
+		t.Fatalf("l1_manager %v", l1)
+	}
+	ev := st["l1_eviction_controller"].(map[string]any)
+	if ev["eviction_policy"] != PolicyLRU || ev["trigger_watermark"] != 0.8 || ev["eviction_ratio"] != 0.2 {
+		t.Fatalf("l1_eviction_controller %v", ev)
+	}
+	if st["num_l2_adapters"] != 1 || len(st["l2_eviction_controller"].(map[string]any)["adapters"].([]any)) != 1 {
+		t.Fatalf("status %v", st)
+	}
+	if st["is_healthy"] != true {
+		t.Fatal("running engine reports unhealthy")
+	}
+}
