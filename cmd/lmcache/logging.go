@@ -19,5 +19,5 @@ func newLogger(format, level string, w io.Writer) *slog.Logger {
 	if err != nil {
 		lv = slog.LevelInfo
 	}
-	return slog.New(loglevel.New(h, lv).Logger("lmcache").Handler())
+	return loglevel.New(h, lv).Logger("lmcache")
 }
