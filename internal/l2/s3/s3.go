@@ -255,8 +255,8 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 			return err
 		})
 	})
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("s3: store: %w", err)
+	if n, first := countErrs(errs); n > 0 {
+		return fmt.Errorf("s3: store: %d of %d objects failed, first: %w", n, len(keys), first)
 	}
 	sizes := make([]int64, len(keys))
 	for i := range objs {
@@ -318,17 +318,7 @@ func (a *Adapter) LookupAndLock(ctx context.Context, keys []objkey.Key) ([]bool,
 			errs[i] = nil
 		}
 	})
-	failed := 0
-	var firstErr error
-	for _, err := range errs {
-		if err != nil {
-			failed++
-			if firstErr == nil {
-				firstErr = err
-			}
-		}
-	}
-	if failed == len(keys) {
+	if failed, firstErr := countErrs(errs); failed == len(keys) {
 		return make([]bool, len(keys)), fmt.Errorf("s3: lookup: %w", firstErr)
 	}
 	var accessed []objkey.Key
@@ -342,6 +332,21 @@ func (a *Adapter) LookupAndLock(ctx context.Context, keys []objkey.Key) ([]bool,
 	}
 	a.book.FireAccessed(accessed)
 	return hits, nil
+}
+
+// countErrs returns how many errs are non-nil and the first of them.
+func countErrs(errs []error) (int, error) {
+	n := 0
+	var first error
+	for _, err := range errs {
+		if err != nil {
+			if n == 0 {
+				first = err
+			}
+			n++
+		}
+	}
+	return n, first
 }
 
 // Unlock implements l2.Adapter.
