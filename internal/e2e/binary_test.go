@@ -1,0 +1,86 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func runBin(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(lmcacheBin(t), args...)
+	cmd.Env = env
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		return ee.ExitCode(), stdout.String(), stderr.String()
+	case err != nil:
+		t.Fatal(err)
+	}
+	return 0, stdout.String(), stderr.String()
+}
+
+// TestServerStartsOnEmbeddedDefaults starts `lmcache server` with no flags:
+// L1 only, HTTP on 127.0.0.1:8080, and a clean stop on SIGTERM.
+func TestServerStartsOnEmbeddedDefaults(t *testing.T) {
+	start(t, "server-defaults", nil, "server")
+	const base = "http://127.0.0.1:8080"
+	waitFor(t, "healthcheck", healthy(base+"/healthcheck"))
+	resp, err := http.Get(base + "/healthcheck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.TrimSpace(string(body)) != `{"status":"healthy"}` {
+		t.Fatalf("GET /healthcheck = %d %s", resp.StatusCode, body)
+	}
+	var adapters struct {
+		Adapters []any `json:"adapters"`
+	}
+	if code, _ := call(t, "GET", base+"/config/adapters", nil, nil, &adapters); code != 200 || len(adapters.Adapters) != 0 {
+		t.Fatalf("GET /config/adapters = %d %+v, want no L2", code, adapters)
+	}
+}
+
+// TestBadFlagsExitTwoWithOneLine checks the CLI contract for both
+// subcommands: status 2 and one line naming the flag or variable.
+func TestBadFlagsExitTwoWithOneLine(t *testing.T) {
+	cases := []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, []string{"server", "--eviction-ratio", "2"}, "--eviction-ratio"},
+		{nil, []string{"server", "--l2-adapter", `{"type":"nope"}`}, "nope"},
+		{nil, []string{"server", "--register-model", `{"model_name":"m"}`}, "--register-model"},
+		{[]string{"LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL=-1"}, []string{"server"}, "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL"},
+		{nil, []string{"coordinator", "--eviction-ratio", "2"}, "--eviction-ratio"},
+		{[]string{"LMCACHE_MP_COORDINATOR_EVICTION_RATIO=2"}, []string{"coordinator"}, "LMCACHE_MP_COORDINATOR_EVICTION_RATIO"},
+		{nil, []string{"no-such-command"}, "unknown command"},
+	}
+	for _, c := range cases {
+		code, _, stderr := runBin(t, c.env, c.args...)
+		if code != 2 || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, c.want) {
+			t.Errorf("%v %v: exit %d, stderr %q; want 2 and one line naming %s", c.env, c.args, code, stderr, c.want)
+		}
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	code, out, _ := runBin(t, nil, "server", "--help")
+	if code != 0 || !strings.Contains(out, "--l1-size-gb") || !strings.Contains(out, "--coordinator-url") {
+		t.Fatalf("server --help: exit %d\n%s", code, out)
+	}
+	code, out, _ = runBin(t, nil, "version")
+	if code != 0 || strings.TrimSpace(out) != "NA-NA" {
+		t.Fatalf("version: exit %d %q (unstamped build reports NA-NA)", code, out)
+	}
+}
