@@ -212,6 +212,13 @@ func (a *Adapter) call(ctx context.Context, fn func(ctx context.Context) error) 
 	return err
 }
 
+// transferTimeout bounds one PUT or GET of n bytes: the op timeout plus
+// one second per MiB (a 1 MiB/s floor), so a server that stops reading or
+// sending mid-body cannot stall a request forever.
+func (a *Adapter) transferTimeout(n int) time.Duration {
+	return a.cfg.OpTimeout + time.Duration(n>>20)*time.Second
+}
+
 // forEach runs fn for every index on its own goroutine (bounded by the
 // semaphore inside call) and waits for all of them.
 func forEach(n int, fn func(i int)) {
@@ -245,6 +252,8 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 	errs := make([]error, len(keys))
 	forEach(len(keys), func(i int) {
 		errs[i] = a.call(ctx, func(ctx context.Context) error {
+			ctx, cancel := context.WithTimeout(ctx, a.transferTimeout(len(objs[i])))
+			defer cancel()
 			_, err := a.client.PutObject(ctx, &s3.PutObjectInput{
 				Bucket:        aws.String(a.tgt.bucket),
 				Key:           aws.String(keys[i].S3Name()),
@@ -373,9 +382,16 @@ func (a *Adapter) Load(ctx context.Context, keys []objkey.Key, dst [][]byte) ([]
 	}
 	errs := make([]error, len(keys))
 	forEach(len(keys), func(i int) {
-		errs[i] = a.call(ctx, func(ctx context.Context) error { return a.getInto(ctx, keys[i], dst[i]) })
+		errs[i] = a.call(ctx, func(ctx context.Context) error {
+			ctx, cancel := context.WithTimeout(ctx, a.transferTimeout(len(dst[i])))
+			defer cancel()
+			return a.getInto(ctx, keys[i], dst[i])
+		})
 		ok[i] = errs[i] == nil
 	})
+	if err := ctx.Err(); err != nil {
+		return ok, fmt.Errorf("s3: load: %w", err)
+	}
 	for _, err := range errs {
 		if err == nil || !errors.Is(err, l2.ErrUnavailable) {
 			return ok, nil
