@@ -363,10 +363,15 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 			if plan, err = wk.PrepareStore(wkey, inst); err != nil {
 				return err
 			}
-			if !plan.Refused {
+			if plan.Refused {
+				return errors.New("bench: PREPARE_STORE answered without a shared-memory context")
+			}
+			if len(plan.Slots) > 0 {
 				break
 			}
-			c.refusals.Add(1) // pool full until eviction catches up
+			// A fresh prompt is never cached: no slots means the pool is
+			// full until eviction catches up.
+			c.refusals.Add(1)
 			if attempt > 1000 {
 				return errors.New("bench: PREPARE_STORE refused 1000 times; is the L1 pool big enough for the workers' prompts?")
 			}

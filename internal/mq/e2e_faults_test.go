@@ -67,7 +67,7 @@ func TestEvictionWhileReadersHoldLocks(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if plan.Refused {
+			if len(plan.Slots) == 0 { // a fresh prompt: refused until eviction frees room
 				refused++
 				if attempt > 500 {
 					t.Fatalf("prompt %d: PREPARE_STORE refused %d times", p, attempt)
@@ -121,7 +121,7 @@ func TestReapingSilentWorker(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if plan, err := w.c.PrepareStore(k, w.inst); err != nil || !plan.Refused {
+	if plan, err := w.c.PrepareStore(k, w.inst); err != nil || plan.Refused || len(plan.Slots) != 0 {
 		t.Fatalf("PREPARE_STORE from a reaped worker: %+v %v", plan, err)
 	}
 	if ok, err := w.c.CommitStore(k, w.inst, nil); err != nil || ok {
@@ -129,7 +129,7 @@ func TestReapingSilentWorker(t *testing.T) {
 	}
 	// The worker that never pinged is still registered.
 	qk := key("m", 1, 0, prompt(6, testChunk), 0, testChunk, "q")
-	if plan, err := quiet.c.PrepareStore(qk, quiet.inst); err != nil || plan.Refused {
+	if plan, err := quiet.c.PrepareStore(qk, quiet.inst); err != nil || len(plan.Slots) != 1 {
 		t.Fatalf("the never-pinged worker was reaped: %+v %v", plan, err)
 	}
 	// Re-registering works, and the aborted reservation is gone: the same
@@ -271,7 +271,7 @@ func TestRejectedRequests(t *testing.T) {
 	if err != nil || resp.ShmName == "" {
 		t.Fatalf("hybrid registration reply %+v %v", resp, err)
 	}
-	if plan, err := c.PrepareStore(key("hybrid-m", 1, 0, tokens, 0, testChunk, "r"), 9); err != nil || !plan.Refused {
+	if plan, err := c.PrepareStore(key("hybrid-m", 1, 0, tokens, 0, testChunk, "r"), 9); err != nil || len(plan.Slots) != 0 {
 		t.Fatalf("hybrid PREPARE_STORE = %+v %v", plan, err)
 	}
 	if n := lookupOnce(t, c, key("hybrid-m", 1, -1, tokens, 0, testChunk, "r")); n != 0 {

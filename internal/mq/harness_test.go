@@ -213,7 +213,7 @@ func (w *worker) store(tokens []wire.Int, start, end int, reqID string, data fun
 		w.h.t.Fatal(err)
 	}
 	if plan.Refused {
-		w.h.t.Fatalf("PREPARE_STORE refused")
+		w.h.t.Fatalf("PREPARE_STORE sent no SHM context")
 	}
 	if len(plan.Slots) == 0 {
 		return 0

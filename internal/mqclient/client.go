@@ -297,9 +297,12 @@ func (c *Client) Unregister(instance int64) error {
 	return expectNil(c.Call(wire.OpUnregisterEngineDriven, wire.EncodeInt(instance)))
 }
 
-// StorePlan is a PREPARE_STORE answer. Refused means the server sent no
-// SHM context (an empty map); otherwise Slots[i] receives chunk
-// ChunkIndices[i] of the key's range, and no slots means all are cached.
+// StorePlan is a PREPARE_STORE answer: Slots[i] receives chunk
+// ChunkIndices[i] of the key's range. No slots means nothing to write:
+// everything is cached, or the server refused the store (pool full, unknown
+// or hybrid registration); `lmcache server` refuses that way because it is
+// what the SHM client handles cheapest. Refused means the context was an
+// empty map (no SHM context at all), which `lmcache server` never sends.
 type StorePlan struct {
 	Refused      bool
 	Slots        []wire.Slot

@@ -84,7 +84,11 @@ func NegativeReply(op Op) []byte {
 	case OpCommitStore, OpCommitRetrieve, OpPing:
 		return False
 	case OpPrepareStore:
-		return Marshal(&PrepareStoreResponse{Context: EmptyMap})
+		// No slots: the SHM client skips the chunks (they are recomputed
+		// later). An empty context would make it gather into temporary
+		// tensors and send a COMMIT_STORE whose data is lost anyway
+		// (research datapath.md 10.2).
+		return EncodeStoreReply(nil, nil)
 	case OpPrepareRetrieve:
 		return Marshal(&PrepareRetrieveResponse{Success: false, Data: []byte{}, Context: EmptyMap})
 	case OpQueryPrefetchStatus, OpQueryPrefetchLookupHits, OpWaitPrefetchStatus:

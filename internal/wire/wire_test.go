@@ -183,7 +183,14 @@ func TestGoldenTransferReplies(t *testing.T) {
 	sameBytes(t, "prepare_store_response", EncodeStoreReply(
 		[]Slot{{Offset: 4096, Length: 1024, Shape: ints(2, 1, 256, 1), Dtype: "float16"}}, ints(0)))
 	sameBytes(t, "prepare_store_response_all_cached", EncodeStoreReply(nil, nil))
-	sameBytes(t, "prepare_store_response_refused", NegativeReply(OpPrepareStore))
+	sameBytes(t, "prepare_store_response_all_cached", NegativeReply(OpPrepareStore))
+	var refused PrepareStoreResponse
+	if err := Unmarshal(golden(t, "prepare_store_response_refused"), &refused); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := MapLen(refused.Context); err != nil || n != 0 {
+		t.Errorf("empty context decoded as %d entries, %v", n, err)
+	}
 	shape := ints(2, 32, 256, 1024)
 	sameBytes(t, "prepare_retrieve_response", EncodeRetrieveReply([]Slot{
 		{Offset: 0, Length: 32 << 20, Shape: shape, Dtype: "float16"},
