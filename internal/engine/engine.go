@@ -151,12 +151,16 @@ func newEngine(cfg Config, adapters []l2.Adapter, logger *slog.Logger) (*Engine,
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	pol, _ := eviction.New(cfg.EvictionPolicy)
+	table, err := l1.NewTable(l1.TableConfig{Size: pool.Size(), Align: cfg.L1AlignBytes, ReadTTL: cfg.L1ReadTTL, WriteTTL: cfg.L1WriteTTL, Policy: cfg.EvictionPolicy})
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
 	e := &Engine{
 		cfg:      cfg,
 		log:      logger,
 		pool:     pool,
-		table:    l1.NewTable(l1.TableConfig{Size: pool.Size(), Align: cfg.L1AlignBytes, ReadTTL: cfg.L1ReadTTL, WriteTTL: cfg.L1WriteTTL, Policy: pol}),
+		table:    table,
 		quotas:   quota.New(),
 		adapters: slices.Clone(adapters),
 		l2pol:    make([]*eviction.Locked, len(adapters)),

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/eviction"
+	"github.com/lmcache-go/lmcache/internal/l1"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -44,47 +45,29 @@ func (e *Engine) l1EvictOnce() {
 	wm, ratio := e.cfg.EvictionTriggerWatermark, e.cfg.EvictionRatio
 	used, total := e.table.Usage()
 	over := total > 0 && float64(used)/float64(total) >= wm
-	var evicted []objkey.Key
+	var cuts []l1.Cut
 	switch e.cfg.EvictionPolicy {
 	case PolicyLRU:
 		if over {
-			evicted, _ = e.table.Evict(func(p eviction.Policy, ok func(objkey.Key) bool) []objkey.Key {
-				return p.Victims(ratio, ok)
-			})
+			cuts = append(cuts, l1.Cut{Global: true, Ratio: ratio})
 		}
 	case PolicyIsolatedLRU:
-		bySalt := e.table.UsageBySalt()
-		type cut struct {
-			salt  string
-			ratio float64
-		}
-		var cuts []cut
-		for salt, b := range bySalt {
-			limit := e.quotas.LimitBytes(salt)
-			switch {
+		for salt, b := range e.table.UsageBySalt() {
+			switch limit := e.quotas.LimitBytes(salt); {
 			case limit == 0:
-				cuts = append(cuts, cut{salt, 1})
+				cuts = append(cuts, l1.Cut{Salt: salt, Ratio: 1})
 			case float64(b) >= wm*float64(limit):
-				cuts = append(cuts, cut{salt, ratio})
+				cuts = append(cuts, l1.Cut{Salt: salt, Ratio: ratio})
 			}
 		}
-		if len(cuts) > 0 || over {
-			evicted, _ = e.table.Evict(func(p eviction.Policy, ok func(objkey.Key) bool) []objkey.Key {
-				iso, isIso := p.(eviction.Isolated)
-				if !isIso {
-					return nil
-				}
-				var out []objkey.Key
-				for _, c := range cuts {
-					out = append(out, iso.SaltVictims(c.salt, c.ratio, ok)...)
-				}
-				if over {
-					out = append(out, iso.Victims(ratio, ok)...)
-				}
-				return out
-			})
+		if over {
+			cuts = append(cuts, l1.Cut{Global: true, Ratio: ratio})
 		}
 	}
+	if len(cuts) == 0 {
+		return
+	}
+	evicted, _ := e.table.Evict(cuts)
 	if len(evicted) == 0 {
 		return
 	}

@@ -84,67 +84,33 @@ func Target(n int, ratio float64) int {
 	return t
 }
 
-type node struct {
-	key        objkey.Key
-	prev, next *node
-}
-
-// LRU is a single least-recently-used order: an intrusive doubly linked list
-// (head = least recent) plus an index.
+// LRU is a single least-recently-used order: a List of keys plus an index.
 type LRU struct {
-	index map[objkey.Key]*node
-	head  *node // least recent
-	tail  *node // most recent
+	index map[objkey.Key]*Elem[objkey.Key]
+	list  List[objkey.Key]
 }
 
 // NewLRU returns an empty LRU.
-func NewLRU() *LRU { return &LRU{index: map[objkey.Key]*node{}} }
-
-func (l *LRU) unlink(n *node) {
-	if n.prev != nil {
-		n.prev.next = n.next
-	} else {
-		l.head = n.next
-	}
-	if n.next != nil {
-		n.next.prev = n.prev
-	} else {
-		l.tail = n.prev
-	}
-	n.prev, n.next = nil, nil
-}
-
-func (l *LRU) pushMRU(n *node) {
-	n.prev = l.tail
-	if l.tail != nil {
-		l.tail.next = n
-	} else {
-		l.head = n
-	}
-	l.tail = n
-}
+func NewLRU() *LRU { return &LRU{index: map[objkey.Key]*Elem[objkey.Key]{}} }
 
 // Add implements Policy.
 func (l *LRU) Add(keys []objkey.Key) {
 	for i := len(keys) - 1; i >= 0; i-- {
 		k := keys[i]
-		if n, ok := l.index[k]; ok {
-			l.unlink(n)
-			l.pushMRU(n)
-			continue
+		e, ok := l.index[k]
+		if !ok {
+			e = &Elem[objkey.Key]{Value: k}
+			l.index[k] = e
 		}
-		n := &node{key: k}
-		l.index[k] = n
-		l.pushMRU(n)
+		l.list.PushBack(e)
 	}
 }
 
 // Touch implements Policy; untracked keys are ignored.
 func (l *LRU) Touch(keys []objkey.Key) {
 	for i := len(keys) - 1; i >= 0; i-- {
-		if n, ok := l.index[keys[i]]; ok {
-			l.unlink(n)
-			l.pushMRU(n)
+		if e, ok := l.index[keys[i]]; ok {
+			l.list.PushBack(e)
 		}
 	}
 }
@@ -152,8 +118,8 @@ func (l *LRU) Touch(keys []objkey.Key) {
 // Remove implements Policy.
 func (l *LRU) Remove(keys []objkey.Key) {
 	for _, k := range keys {
-		if n, ok := l.index[k]; ok {
-			l.unlink(n)
+		if e, ok := l.index[k]; ok {
+			l.list.Remove(e)
 			delete(l.index, k)
 		}
 	}
@@ -164,24 +130,14 @@ func (l *LRU) Len() int { return len(l.index) }
 
 // Victims implements Policy.
 func (l *LRU) Victims(ratio float64, eligible func(objkey.Key) bool) []objkey.Key {
-	return l.victims(Target(len(l.index), ratio), eligible)
-}
-
-func (l *LRU) victims(target int, eligible func(objkey.Key) bool) []objkey.Key {
-	var out []objkey.Key
-	for n := l.head; n != nil && len(out) < target; n = n.next {
-		if eligible == nil || eligible(n.key) {
-			out = append(out, n.key)
-		}
-	}
-	return out
+	return l.list.Oldest(ratio, eligible)
 }
 
 // Order returns every tracked key, least recent first (tests, debugging).
 func (l *LRU) Order() []objkey.Key {
-	out := make([]objkey.Key, 0, len(l.index))
-	for n := l.head; n != nil; n = n.next {
-		out = append(out, n.key)
+	out := make([]objkey.Key, 0, l.list.Len())
+	for e := l.list.Front(); e != nil; e = e.Next() {
+		out = append(out, e.Value)
 	}
 	return out
 }

@@ -40,9 +40,15 @@ func sizes(n int, s int64) []int64 {
 	return out
 }
 
-func newTable(size int64, p eviction.Policy) *Table {
-	return NewTable(TableConfig{Size: size, Align: 4 * kib, ReadTTL: 300 * time.Second, WriteTTL: 600 * time.Second, Policy: p})
+func newTable(size int64, policy string) *Table {
+	t, err := NewTable(TableConfig{Size: size, Align: 4 * kib, ReadTTL: 300 * time.Second, WriteTTL: 600 * time.Second, Policy: policy})
+	if err != nil {
+		panic(err)
+	}
+	return t
 }
+
+var evictAll = []Cut{{Global: true, Ratio: 1}}
 
 // store reserves and commits keys for tag "w" with 4 KiB objects.
 func store(t *testing.T, tb *Table, keys []objkey.Key) {
@@ -163,7 +169,7 @@ func TestAllocBatchAllOrNothing(t *testing.T) {
 // TestReserveAllOrNothing: a batch reservation that does not fit stages
 // nothing; keys already resident get no slot.
 func TestReserveAllOrNothing(t *testing.T) {
-	tb := newTable(40*kib, nil)
+	tb := newTable(40*kib, "")
 	store(t, tb, keyRange(0, 2))
 	_, err := tb.Reserve("w", keyRange(0, 12), sizes(12, 4*kib))
 	if !errors.Is(err, ErrOutOfMemory) {
@@ -188,7 +194,7 @@ func TestReserveAllOrNothing(t *testing.T) {
 // TestStagingInvisible: writers stage privately; readers see nothing until
 // commit, and another tag may stage the same key concurrently.
 func TestStagingInvisible(t *testing.T) {
-	tb := newTable(64*kib, nil)
+	tb := newTable(64*kib, "")
 	k := keyRange(0, 1)
 	a, _ := tb.Reserve("a", k, sizes(1, kib))
 	b, _ := tb.Reserve("b", k, sizes(1, kib))
@@ -224,11 +230,10 @@ func TestStagingInvisible(t *testing.T) {
 // drop a newer reader's lock.
 func TestReadLeaseExpiry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tb := newTable(64*kib, eviction.NewLRU())
+		tb := newTable(64*kib, eviction.LRUName)
 		k := keyRange(0, 1)
 		store(t, tb, k)
 		tb.ReadLock("crashed", k, 1)
-		evictAll := func(p eviction.Policy, ok func(objkey.Key) bool) []objkey.Key { return p.Victims(1, ok) }
 		time.Sleep(299 * time.Second)
 		if ev, _ := tb.Evict(evictAll); len(ev) != 0 {
 			t.Fatal("read-locked object evicted before its lease ended")
@@ -261,7 +266,7 @@ func TestReadLeaseExpiry(t *testing.T) {
 // an expired reservation.
 func TestWriteLeaseExpiry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tb := newTable(16*kib, nil)
+		tb := newTable(16*kib, "")
 		k := keyRange(0, 4)
 		if _, err := tb.Reserve("w", k, sizes(4, 4*kib)); err != nil {
 			t.Fatal(err)
@@ -292,7 +297,7 @@ func TestWriteLeaseExpiry(t *testing.T) {
 // TestNoFreeWhileReader: deleting or clearing a read-locked object detaches
 // it; its memory is not handed to anyone until the reader releases.
 func TestNoFreeWhileReader(t *testing.T) {
-	tb := newTable(16*kib, eviction.NewLRU())
+	tb := newTable(16*kib, eviction.LRUName)
 	k := keyRange(0, 4)
 	store(t, tb, k)
 	locked := tb.ReadLock("r", k[:1], 1)[0]
@@ -336,7 +341,7 @@ func TestNoFreeWhileReader(t *testing.T) {
 
 // TestTemporaryFreedOnLastRelease and owner accounting.
 func TestTemporaryFreedOnLastRelease(t *testing.T) {
-	tb := newTable(16*kib, eviction.NewLRU())
+	tb := newTable(16*kib, eviction.LRUName)
 	k := keyRange(0, 1)
 	tb.Reserve("p", k, sizes(1, 4*kib))
 	res := tb.Commit("p", k, CommitOpts{Temporary: true, Readers: 2, Owner: "req"})
@@ -360,22 +365,21 @@ func TestTemporaryFreedOnLastRelease(t *testing.T) {
 // TestPinnedNotEvicted: an object with a pending upload is not evictable
 // until unpinned.
 func TestPinnedNotEvicted(t *testing.T) {
-	tb := newTable(16*kib, eviction.NewLRU())
+	tb := newTable(16*kib, eviction.LRUName)
 	k := keyRange(0, 2)
 	tb.Reserve("w", k, sizes(2, 4*kib))
 	res := tb.Commit("w", k, CommitOpts{Pins: 1})
-	all := func(p eviction.Policy, ok func(objkey.Key) bool) []objkey.Key { return p.Victims(1, ok) }
-	if ev, _ := tb.Evict(all); len(ev) != 0 {
+	if ev, _ := tb.Evict(evictAll); len(ev) != 0 {
 		t.Fatalf("evicted pinned objects %v", ev)
 	}
 	tb.Unpin(res.Published[0])
-	if ev, _ := tb.Evict(all); len(ev) != 1 || ev[0] != res.Published[0].Key() {
+	if ev, _ := tb.Evict(evictAll); len(ev) != 1 || ev[0] != res.Published[0].Key() {
 		t.Fatalf("evicted %v, want only the unpinned one", ev)
 	}
 }
 
 func TestSlotsRequireReadLock(t *testing.T) {
-	tb := newTable(16*kib, nil)
+	tb := newTable(16*kib, "")
 	store(t, tb, keyRange(0, 2))
 	if _, err := tb.Slots(keyRange(0, 2)); !errors.Is(err, ErrNotReadable) {
 		t.Fatalf("unlocked slots: %v", err)
@@ -386,5 +390,47 @@ func TestSlotsRequireReadLock(t *testing.T) {
 	tb.ReadLock("", keyRange(0, 2), 1)
 	if s, err := tb.Slots(keyRange(0, 2)); err != nil || s[1].Size != 4*kib {
 		t.Fatalf("slots: %v %v", s, err)
+	}
+}
+
+// TestEvictOrder: tail-first within a batch, per-salt lists under
+// IsolatedLRU, Touch refreshes, locked objects skipped and not counted.
+func TestEvictOrder(t *testing.T) {
+	tb := newTable(64*kib, eviction.IsolatedLRUName)
+	salted := func(salt string, from, to int) []objkey.Key {
+		ks := keyRange(from, to)
+		for i := range ks {
+			ks[i].CacheSalt = salt
+		}
+		return ks
+	}
+	a, b := salted("a", 0, 4), salted("b", 0, 4)
+	store(t, tb, append(a[:2:2], b[:2]...)) // mixed batch
+	store(t, tb, a[2:])
+	store(t, tb, b[2:])
+	tb.Touch(a[:1])
+	tb.ReadLock("r", a[1:2], 1)
+	ev, _ := tb.Evict([]Cut{{Salt: "a", Ratio: 0.5}})
+	// a's order: a1, a3, a2, a0 (a0 touched); a1 is locked → a3, a2.
+	if want := []objkey.Key{a[3], a[2]}; !slices.Equal(ev, want) {
+		t.Fatalf("evicted %v, want %v", ev, want)
+	}
+	if tb.Stats().Objects != 6 {
+		t.Fatalf("salt cut touched other salts: %+v", tb.Stats())
+	}
+	ev, _ = tb.Evict([]Cut{{Global: true, Ratio: 1}})
+	if len(ev) != 5 || slices.Contains(ev, a[1]) {
+		t.Fatalf("global cut evicted %v", ev)
+	}
+	lru := newTable(64*kib, eviction.LRUName)
+	store(t, lru, keyRange(0, 4))
+	if ev, _ := lru.Evict([]Cut{{Global: true, Ratio: 0.5}}); !slices.Equal(ev, []objkey.Key{key(3), key(2)}) {
+		t.Fatalf("LRU tail-first: %v", ev)
+	}
+	if ev, _ := lru.Evict([]Cut{{Salt: "", Ratio: 1}}); len(ev) != 0 {
+		t.Fatalf("salt cut on LRU evicted %v", ev)
+	}
+	if _, err := NewTable(TableConfig{Size: kib, Align: kib, Policy: "ARC"}); err == nil {
+		t.Fatal("unknown policy accepted")
 	}
 }

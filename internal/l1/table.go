@@ -59,7 +59,8 @@ type object struct {
 	// nobody can release another owner's locks. Anonymous locks are
 	// readers minus the holders' sum. Cleared when the lease expires.
 	holders []holder
-	inline  [1]holder // backing store for the common single holder
+	inline  [1]holder              // backing store for the common single holder
+	elem    eviction.Elem[*object] // link in the eviction order
 	state   state
 	temp    bool
 }
@@ -106,18 +107,17 @@ type TableConfig struct {
 	Align    int64
 	ReadTTL  time.Duration
 	WriteTTL time.Duration
-	Policy   eviction.Policy // nil = noop
+	Policy   string // eviction policy name: LRU, IsolatedLRU, noop ("" = noop)
 }
 
 // Table is the L1 object table. One mutex guards everything: every
 // operation is atomic over its key list, as upstream's L1 manager, and the
 // per-key work is a few map operations, so the critical sections are short.
-// The eviction policy is called under the same mutex (lock order: Table.mu,
-// then nothing).
+// The eviction order (order.go) is guarded by the same mutex.
 type Table struct {
 	mu       sync.Mutex
 	alloc    *Allocator
-	policy   eviction.Policy
+	order    *order
 	readTTL  int64
 	writeTTL int64
 
@@ -138,14 +138,14 @@ type Table struct {
 }
 
 // NewTable builds a table over [0, cfg.Size).
-func NewTable(cfg TableConfig) *Table {
-	p := cfg.Policy
-	if p == nil {
-		p = eviction.Noop{}
+func NewTable(cfg TableConfig) (*Table, error) {
+	ord, err := newOrder(cfg.Policy)
+	if err != nil {
+		return nil, err
 	}
 	return &Table{
 		alloc:        NewAllocator(cfg.Size, cfg.Align),
-		policy:       p,
+		order:        ord,
 		readTTL:      int64(cfg.ReadTTL),
 		writeTTL:     int64(cfg.WriteTTL),
 		resident:     map[objkey.Key]*object{},
@@ -155,7 +155,7 @@ func NewTable(cfg TableConfig) *Table {
 		temps:        map[*object]struct{}{},
 		heldDetached: map[objkey.Key][]*object{},
 		saltBytes:    map[string]int64{},
-	}
+	}, nil
 }
 
 func now() int64 { return time.Now().UnixNano() }
@@ -192,7 +192,7 @@ func (t *Table) free(o *object) {
 func (t *Table) removeResident(o *object, now int64) {
 	delete(t.resident, o.key)
 	delete(t.temps, o)
-	t.policy.Remove([]objkey.Key{o.key})
+	t.order.remove(o)
 	t.saltBytes[o.key.CacheSalt] -= t.alloc.RoundUp(o.size)
 	if t.saltBytes[o.key.CacheSalt] <= 0 {
 		delete(t.saltBytes, o.key.CacheSalt)
@@ -348,7 +348,7 @@ func (t *Table) Commit(tag string, keys []objkey.Key, opts CommitOpts) CommitRes
 	defer t.mu.Unlock()
 	now := now()
 	var res CommitResult
-	var added []objkey.Key
+	var added []*object
 	for _, k := range keys {
 		sk := stageKey{tag, k}
 		o, ok := t.staging[sk]
@@ -389,9 +389,9 @@ func (t *Table) Commit(tag string, keys []objkey.Key, opts CommitOpts) CommitRes
 		}
 		res.Committed++
 		res.Published = append(res.Published, Handle{o})
-		added = append(added, k)
+		added = append(added, o)
 	}
-	t.policy.Add(added)
+	t.order.add(added)
 	return res
 }
 
@@ -570,8 +570,14 @@ func (t *Table) Contains(keys []objkey.Key) []bool {
 // Touch is the recency signal for eviction.
 func (t *Table) Touch(keys []objkey.Key) {
 	t.mu.Lock()
-	t.policy.Touch(keys)
-	t.mu.Unlock()
+	defer t.mu.Unlock()
+	objs := make([]*object, 0, len(keys))
+	for _, k := range keys {
+		if o, ok := t.resident[k]; ok {
+			objs = append(objs, o)
+		}
+	}
+	t.order.touch(objs)
 }
 
 // Unpin drops one pin of h; when the object is no longer referenced and
@@ -644,25 +650,31 @@ func (t *Table) Clear() (keys []objkey.Key, bytes int64) {
 	return keys, bytes
 }
 
-// Evict lets choose pick victims from the policy; only eligible keys
-// (resident, no live read lease, no pins) can be chosen and are deleted.
-// choose runs under the table mutex and must not call the table.
-func (t *Table) Evict(choose func(p eviction.Policy, eligible func(objkey.Key) bool) []objkey.Key) (evicted []objkey.Key, bytes int64) {
+// Cut asks Evict for Ratio of the tracked objects of one salt's list
+// (IsolatedLRU) or, with Global, of every list.
+type Cut struct {
+	Salt   string
+	Global bool
+	Ratio  float64
+}
+
+// Evict applies the cuts in order. Each list gives up
+// eviction.Target(len, ratio) objects, least recent first; objects that are
+// read-locked or pinned are skipped and do not count. It returns the keys
+// deleted and their physical bytes.
+func (t *Table) Evict(cuts []Cut) (evicted []objkey.Key, bytes int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := now()
-	eligible := func(k objkey.Key) bool {
-		o, ok := t.resident[k]
-		return ok && t.evictable(o, now)
-	}
-	for _, k := range choose(t.policy, eligible) {
-		o, ok := t.resident[k]
-		if !ok || !t.evictable(o, now) {
-			continue
+	eligible := func(o *object) bool { return t.evictable(o, now) }
+	for _, c := range cuts {
+		for _, l := range t.order.lists(c) {
+			for _, o := range l.Oldest(c.Ratio, eligible) {
+				bytes += t.alloc.RoundUp(o.size)
+				evicted = append(evicted, o.key)
+				t.removeResident(o, now)
+			}
 		}
-		bytes += t.alloc.RoundUp(o.size)
-		t.removeResident(o, now)
-		evicted = append(evicted, k)
 	}
 	return evicted, bytes
 }
