@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -11,23 +12,27 @@ import (
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
-// Wire types for POST /quota/events. Required fields are pointers so a
-// missing field is told apart from a zero value. The batch is decoded with
+// Wire types for the POST /quota/events fast path, decoded with
 // goccy/go-json (measured fastest of the candidates, see
-// docs/bench/coordinator.md); any decode failure is re-checked by the
-// generic validator to produce FastAPI's 422 detail with the exact location.
+// docs/bench/coordinator.md). Strings and numbers are value types (a
+// gojson.Number is the raw digits) so decoding allocates nothing per event;
+// the price is that a missing field looks like an empty one. Real reporters
+// never send empty values, so any empty, non-integer or otherwise invalid
+// value sends the whole body to the generic validator (ingestSlow), which
+// tells missing from empty, applies Pydantic's lax coercions and writes
+// FastAPI's 422 detail with the exact location.
 type wireKey struct {
-	ChunkHashHex  *string `json:"chunk_hash_hex"`
-	ModelName     *string `json:"model_name"`
-	KVRank        *int64  `json:"kv_rank"`
-	ObjectGroupID int64   `json:"object_group_id"`
-	CacheSalt     string  `json:"cache_salt"`
+	ChunkHashHex  string        `json:"chunk_hash_hex"`
+	ModelName     string        `json:"model_name"`
+	KVRank        gojson.Number `json:"kv_rank"`
+	ObjectGroupID gojson.Number `json:"object_group_id"`
+	CacheSalt     string        `json:"cache_salt"`
 }
 
 type wireEvent struct {
-	Type  string  `json:"type"`
-	Key   wireKey `json:"key"`
-	Bytes *int64  `json:"bytes"`
+	Type  string        `json:"type"`
+	Key   wireKey       `json:"key"`
+	Bytes gojson.Number `json:"bytes"`
 }
 
 type wireBatch struct {
@@ -35,6 +40,38 @@ type wireBatch struct {
 	Seq        *int64       `json:"seq"`
 	Tier       *string      `json:"tier"`
 	Events     *[]wireEvent `json:"events"`
+}
+
+// fastEvent converts one fast-path event; ok is false for anything the
+// generic validator must look at.
+func fastEvent(e *wireEvent) (ledger.Event, bool) {
+	if e.Key.ChunkHashHex == "" || e.Key.ModelName == "" || e.Key.KVRank == "" || e.Bytes == "" {
+		return ledger.Event{}, false
+	}
+	op, ok := ledger.ParseOp(e.Type)
+	if !ok {
+		return ledger.Event{}, false
+	}
+	n, err := strconv.ParseInt(string(e.Bytes), 10, 64)
+	if err != nil || n < 0 {
+		return ledger.Event{}, false
+	}
+	rank, err := strconv.ParseInt(string(e.Key.KVRank), 10, 64)
+	if err != nil {
+		return ledger.Event{}, false
+	}
+	var group int64
+	if e.Key.ObjectGroupID != "" {
+		if group, err = strconv.ParseInt(string(e.Key.ObjectGroupID), 10, 64); err != nil {
+			return ledger.Event{}, false
+		}
+	}
+	enc := objkey.Encoded{ChunkHashHex: e.Key.ChunkHashHex, ModelName: e.Key.ModelName, KVRank: rank, ObjectGroupID: group, CacheSalt: e.Key.CacheSalt}
+	k, err := ledger.Prepare(&enc)
+	if err != nil {
+		return ledger.Event{}, false
+	}
+	return ledger.Event{Op: op, Key: k, Bytes: n}, true
 }
 
 // eventBufs recycles prepared-event slices between requests.
@@ -71,9 +108,15 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	// rejects the batch and nothing is recorded (upstream applies the
 	// events before a bad key and then answers 500).
 	for i := range events {
-		ev, err := prepareWireEvent(i, &events[i])
-		if err != nil {
-			return err
+		ev, ok := fastEvent(&events[i])
+		if !ok {
+			n, err := s.ingestSlow(r, body)
+			if err != nil {
+				return err // buf is not recycled: the error may quote it
+			}
+			bodyBufs.Put(buf)
+			writeRecorded(w, n)
+			return nil
 		}
 		prepared = append(prepared, ev)
 	}
@@ -118,40 +161,33 @@ func itoa(n int) string {
 
 func evLoc(i int, rest ...any) []any { return append([]any{"body", "events", i}, rest...) }
 
-func prepareWireEvent(i int, e *wireEvent) (ledger.Event, error) {
+// slowEvent is one event as the generic validator read it.
+type slowEvent struct {
+	typ   string
+	key   objkey.Encoded
+	bytes int64
+}
+
+// prepareSlowEvent checks the semantic rules (type, bytes >= 0, key
+// invariants) and names the event index in every error.
+func prepareSlowEvent(i int, e *slowEvent) (ledger.Event, error) {
 	var items []detailItem
-	op, ok := ledger.ParseOp(e.Type)
+	op, ok := ledger.ParseOp(e.typ)
 	if !ok {
-		items = append(items, detailItem{Type: "literal_error", Loc: evLoc(i, "type"), Msg: "Input should be 'store', 'lookup' or 'delete'", Input: e.Type, Ctx: map[string]any{"expected": "'store', 'lookup' or 'delete'"}})
+		items = append(items, detailItem{Type: "literal_error", Loc: evLoc(i, "type"), Msg: "Input should be 'store', 'lookup' or 'delete'", Input: e.typ, Ctx: map[string]any{"expected": "'store', 'lookup' or 'delete'"}})
 	}
-	if e.Bytes == nil {
-		items = append(items, detailItem{Type: "missing", Loc: evLoc(i, "bytes"), Msg: "Field required"})
-	} else if *e.Bytes < 0 {
-		items = append(items, detailItem{Type: "greater_than_equal", Loc: evLoc(i, "bytes"), Msg: "Input should be greater than or equal to 0", Input: *e.Bytes, Ctx: map[string]any{"ge": 0}})
-	}
-	if e.Key.ChunkHashHex == nil && e.Key.ModelName == nil && e.Key.KVRank == nil {
-		items = append(items, detailItem{Type: "missing", Loc: evLoc(i, "key"), Msg: "Field required"})
-	} else {
-		if e.Key.ChunkHashHex == nil {
-			items = append(items, detailItem{Type: "missing", Loc: evLoc(i, "key", "chunk_hash_hex"), Msg: "Field required"})
-		}
-		if e.Key.ModelName == nil {
-			items = append(items, detailItem{Type: "missing", Loc: evLoc(i, "key", "model_name"), Msg: "Field required"})
-		}
-		if e.Key.KVRank == nil {
-			items = append(items, detailItem{Type: "missing", Loc: evLoc(i, "key", "kv_rank"), Msg: "Field required"})
-		}
+	if e.bytes < 0 {
+		items = append(items, detailItem{Type: "greater_than_equal", Loc: evLoc(i, "bytes"), Msg: "Input should be greater than or equal to 0", Input: e.bytes, Ctx: map[string]any{"ge": 0}})
 	}
 	if len(items) > 0 {
 		return ledger.Event{}, invalid(items...)
 	}
-	enc := objkey.Encoded{ChunkHashHex: *e.Key.ChunkHashHex, ModelName: *e.Key.ModelName, KVRank: *e.Key.KVRank, ObjectGroupID: e.Key.ObjectGroupID, CacheSalt: e.Key.CacheSalt}
-	k, err := ledger.Prepare(&enc)
+	k, err := ledger.Prepare(&e.key)
 	if err != nil {
 		msg := strings.TrimPrefix(err.Error(), objkey.ErrInvalid.Error()+": ")
-		return ledger.Event{}, invalid(detailItem{Type: "value_error", Loc: evLoc(i, "key"), Msg: "Value error, event " + itoa(i) + ": " + msg, Input: enc, Ctx: map[string]any{"error": msg}})
+		return ledger.Event{}, invalid(detailItem{Type: "value_error", Loc: evLoc(i, "key"), Msg: "Value error, event " + itoa(i) + ": " + msg, Input: e.key, Ctx: map[string]any{"error": msg}})
 	}
-	return ledger.Event{Op: op, Key: k, Bytes: *e.Bytes}, nil
+	return ledger.Event{Op: op, Key: k, Bytes: e.bytes}, nil
 }
 
 // ingestSlow re-validates a body the fast decoder refused, producing
@@ -184,11 +220,8 @@ func (s *Server) ingestSlow(r *http.Request, body []byte) (int, error) {
 			return 0, invalid(detailItem{Type: "model_attributes_type", Loc: evLoc(i), Msg: "Input should be a valid dictionary or object to extract fields from", Input: item})
 		}
 		ef := &fields{m: m, loc: evLoc(i)}
-		typ := ef.str("type", true, "")
-		n, _ := ef.integer("bytes", true, 0)
-		var we wireEvent
-		we.Type = typ
-		we.Bytes = &n
+		se := slowEvent{typ: ef.str("type", true, "")}
+		se.bytes, _ = ef.integer("bytes", true, 0)
 		if kraw, ok := m["key"]; !ok {
 			ef.missing("key")
 		} else if km, ok := kraw.(map[string]any); !ok {
@@ -203,12 +236,12 @@ func (s *Server) ingestSlow(r *http.Request, body []byte) (int, error) {
 			if err := kf.err(); err != nil {
 				return 0, err
 			}
-			we.Key = wireKey{ChunkHashHex: &h, ModelName: &mn, KVRank: &rk, ObjectGroupID: g, CacheSalt: salt}
+			se.key = objkey.Encoded{ChunkHashHex: h, ModelName: mn, KVRank: rk, ObjectGroupID: g, CacheSalt: salt}
 		}
 		if err := ef.err(); err != nil {
 			return 0, err
 		}
-		ev, err := prepareWireEvent(i, &we)
+		ev, err := prepareSlowEvent(i, &se)
 		if err != nil {
 			return 0, err
 		}

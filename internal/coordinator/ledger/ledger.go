@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
 	"github.com/lmcache-go/lmcache/internal/objkey"
@@ -114,7 +115,10 @@ func Prepare(e *objkey.Encoded) (Key, error) {
 	var k Key
 	h := e.ChunkHashHex
 	if len(h) <= 2*inlineMax && len(h)%2 == 0 {
-		if _, err := hex.Decode(k.hash[:len(h)/2], []byte(h)); err == nil {
+		// A read-only byte view of h: hex.Decode never writes its source,
+		// and a []byte(h) copy would be a heap allocation per event.
+		src := unsafe.Slice(unsafe.StringData(h), len(h))
+		if _, err := hex.Decode(k.hash[:len(h)/2], src); err == nil {
 			k.hlen = len(h) / 2
 		} else {
 			k.hlen = -1
