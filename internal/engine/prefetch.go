@@ -58,10 +58,11 @@ type job struct {
 }
 
 type prefetchCtl struct {
-	e     *Engine
-	queue chan *job
-	mu    sync.Mutex
-	jobs  map[string]*job
+	e      *Engine
+	queue  chan *job
+	mu     sync.Mutex
+	jobs   map[string]*job
+	closed bool // set by shutdown; no job is queued afterwards
 }
 
 func newPrefetchCtl(e *Engine) *prefetchCtl {
@@ -118,26 +119,30 @@ func (e *Engine) prefetch(req PrefetchRequest) error {
 	e.st.activeJobs.Add(1)
 
 	p := e.pf
-	// A newer job replaces an unconsumed one of the same id. Both lock for
-	// the same owner name, which is safe: each job only ever releases
-	// locks it took itself, so the owner's count stays exact.
-	p.mu.Lock()
-	p.jobs[req.ID] = j
-	p.mu.Unlock()
-
 	missing := false
 	for _, h := range j.hit {
 		missing = missing || !h
 	}
-	if missing && len(e.adapters) > 0 {
+	// A newer job replaces an unconsumed one of the same id. Both lock for
+	// the same owner name, which is safe: each job only ever releases
+	// locks it took itself, so the owner's count stays exact. Queueing
+	// happens under p.mu so that shutdown (which sets closed under p.mu,
+	// then drains) cannot miss a job.
+	queued := false
+	p.mu.Lock()
+	p.jobs[req.ID] = j
+	if missing && len(e.adapters) > 0 && !p.closed {
 		select {
 		case p.queue <- j:
-			return nil
+			queued = true
 		default:
 			e.st.prefetchDropped.Add(1)
 		}
 	}
-	e.finishJob(j)
+	p.mu.Unlock()
+	if !queued {
+		e.finishJob(j)
+	}
 	return nil
 }
 
@@ -159,6 +164,9 @@ func (p *prefetchCtl) start(ctx context.Context, wg *sync.WaitGroup) {
 // shutdown completes queued jobs with their L1 result after the workers
 // stopped, so no waiter blocks forever.
 func (p *prefetchCtl) shutdown() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
 	for {
 		select {
 		case j := <-p.queue:
