@@ -176,7 +176,7 @@ func TestFleetEvictionResyncAndWarmPrefetch(t *testing.T) {
 
 	// A restarted coordinator resyncs usage from the servers' bucket listing.
 	coord.stop(t)
-	coord = startCoordinator("coordinator-restarted")
+	startCoordinator("coordinator-restarted")
 	waitFor(t, "servers re-registered", registered)
 	wantBytes := int64(len(names)) * objectBytes
 	waitFor(t, "resynced usage", func() bool { return usage() == wantBytes })
