@@ -35,6 +35,7 @@ type state struct {
 	sessions map[string]*session
 	jobs     map[string]*answeredJob
 	warned   map[string]bool
+	lastWarn map[string]time.Time
 }
 
 type layoutKey struct {
@@ -106,7 +107,8 @@ type answeredJob struct {
 func newState(s *Server) *state {
 	return &state{s: s, log: s.log, regs: map[int64]*registration{}, layouts: map[layoutKey]*layoutRef{},
 		writes: map[pendingKey]*pendingWrite{}, reads: map[pendingKey]*pendingRead{},
-		sessions: map[string]*session{}, jobs: map[string]*answeredJob{}, warned: map[string]bool{}}
+		sessions: map[string]*session{}, jobs: map[string]*answeredJob{}, warned: map[string]bool{},
+		lastWarn: map[string]time.Time{}}
 }
 
 // warnOnce logs msg once per key (a peer and a kind of refusal), so a worker
@@ -117,6 +119,22 @@ func (st *state) warnOnce(key, msg string, args ...any) {
 	st.warned[key] = true
 	st.mu.Unlock()
 	if !seen {
+		st.log.Warn(msg, args...)
+	}
+}
+
+// warnEvery logs msg at most once per interval per key (conditions that
+// repeat while they last, like a full pool).
+func (st *state) warnEvery(key string, every time.Duration, msg string, args ...any) {
+	now := time.Now()
+	st.mu.Lock()
+	last, seen := st.lastWarn[key]
+	due := !seen || now.Sub(last) >= every
+	if due {
+		st.lastWarn[key] = now
+	}
+	st.mu.Unlock()
+	if due {
 		st.log.Warn(msg, args...)
 	}
 }
@@ -187,7 +205,14 @@ func (st *state) transfer(req *request) []byte {
 		resp, err = st.commitRetrieve(req)
 	}
 	if err != nil {
-		st.log.Warn("request failed", "op", req.op.EnumName(), "peer", req.peer.idString(), "err", err)
+		switch {
+		case errors.Is(err, errRefused): // logged where it was decided
+		case errors.Is(err, engine.ErrOutOfMemory):
+			st.warnEvery("oom", 10*time.Second, "L1 pool full: stores are skipped until eviction frees room (logged at most every 10 s)",
+				"op", req.op.EnumName(), "peer", req.peer.idString(), "err", err)
+		default:
+			st.log.Warn("request failed", "op", req.op.EnumName(), "peer", req.peer.idString(), "err", err)
+		}
 		if resp == nil {
 			resp = wire.NegativeReply(req.op)
 		}
@@ -395,7 +420,10 @@ func (st *state) workerRequest(req *request) (*wire.Key, *registration, error) {
 	st.mu.Unlock()
 	switch {
 	case r == nil:
-		return &key, nil, fmt.Errorf("instance %d is not registered (reaped or never registered); the worker must re-register", int64(inst))
+		st.warnEvery(fmt.Sprintf("unregistered/%d", int64(inst)), 10*time.Second,
+			"transfer request from an instance that is not registered (reaped or never registered); its transfers are refused until it registers again",
+			"op", req.op.EnumName(), "instance_id", int64(inst), "peer", req.peer.idString())
+		return &key, nil, errRefused
 	case r.hybrid != "":
 		st.warnOnce(fmt.Sprintf("hybrid/%d", r.instanceID), "refused transfer for a hybrid (multi-group) model registration; "+hintEngineDriven+" with a non-hybrid model",
 			"instance_id", r.instanceID, "reason", r.hybrid)
@@ -700,6 +728,11 @@ func (st *state) sweep(now time.Time) {
 	for id, s := range st.sessions {
 		if now.Sub(s.lastUsed) > cfg.SessionTTL {
 			delete(st.sessions, id)
+		}
+	}
+	for k, t := range st.lastWarn {
+		if now.Sub(t) > time.Hour {
+			delete(st.lastWarn, k)
 		}
 	}
 	for id, j := range st.jobs {
