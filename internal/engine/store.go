@@ -115,6 +115,11 @@ func (q *storeQueue) take(now time.Time) ([]*storeItem, time.Duration) {
 type storeCtl struct {
 	e  *Engine
 	qs []*storeQueue
+	// closeMu orders enqueue against shutdown: enqueue checks closed and
+	// appends under the read lock, shutdown sets closed under the write
+	// lock before draining, so no upload is stranded (pinned forever).
+	closeMu sync.RWMutex
+	closed  bool
 }
 
 func newStoreCtl(e *Engine) *storeCtl {
@@ -130,7 +135,9 @@ func (s *storeCtl) enqueue(hs []l1.Handle) {
 	if len(s.qs) == 0 {
 		return
 	}
-	if s.e.stopped.Load() {
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.closed {
 		for _, h := range hs {
 			for range s.qs {
 				s.e.table.Unpin(h)
@@ -285,6 +292,9 @@ func (s *storeCtl) done(i int, it *storeItem, ok bool) {
 // shutdown drops whatever is still queued (after the workers stopped) and
 // returns how many objects were affected.
 func (s *storeCtl) shutdown() int {
+	s.closeMu.Lock()
+	s.closed = true
+	s.closeMu.Unlock()
 	dropped := map[*storeObj]struct{}{}
 	for i, q := range s.qs {
 		q.mu.Lock()
