@@ -102,3 +102,47 @@ func TestStoreLookupRetrieveTP2(t *testing.T) {
 		t.Fatal("TP=2 retrieve failed")
 	}
 }
+
+// TestMLAObjectShape: MLA chunk objects drop the leading K/V axis, and a
+// lookup takes num_kv_readers locks so every TP reader can retrieve.
+func TestMLAObjectShape(t *testing.T) {
+	h := start(t, opts{})
+	c := h.dial(mqclient.Options{})
+	p := regPayload(61, "mla-model", 1)
+	p.UseMLA = true
+	p.DtypeStr = "bfloat16"
+	if _, err := c.Register(p); err != nil {
+		t.Fatal(err)
+	}
+	tokens := prompt(61, 2*testChunk)
+	k := key("mla-model", 1, 0, tokens, 0, 2*testChunk, "r")
+	plan, err := c.PrepareStore(k, 61)
+	if err != nil || len(plan.Slots) != 2 {
+		t.Fatalf("PREPARE_STORE %+v %v", plan, err)
+	}
+	s := plan.Slots[0]
+	if len(s.Shape) != 3 || s.Shape[0] != testLayers || s.Shape[1] != testChunk || s.Shape[2] != testHidden || s.Dtype != "bfloat16" || s.Length != testObj/2 {
+		t.Fatalf("MLA slot %+v", s)
+	}
+	if ok, err := c.CommitStore(k, 61, nil); err != nil || !ok {
+		t.Fatalf("COMMIT_STORE %v %v", ok, err)
+	}
+	// Two readers (MLA with TP=2 reading one object): both retrieves work.
+	lk := key("mla-model", 1, -1, tokens, 0, 2*testChunk, "two-readers")
+	lk.NumKVReaders = 2
+	lookupUntil(t, c, lk, 2)
+	rk := key("mla-model", 1, 0, tokens, 0, 2*testChunk, "two-readers")
+	for reader := range 2 {
+		ok, slots, err := c.PrepareRetrieve(rk, 61)
+		if err != nil || !ok || len(slots) != 2 {
+			t.Fatalf("reader %d PREPARE_RETRIEVE %v %d %v", reader, ok, len(slots), err)
+		}
+		if ok, err := c.CommitRetrieve(rk, 61); err != nil || !ok {
+			t.Fatalf("reader %d COMMIT_RETRIEVE %v %v", reader, ok, err)
+		}
+	}
+	// Both locks are gone now: a third retrieve is refused.
+	if ok, _, err := c.PrepareRetrieve(rk, 61); err != nil || ok {
+		t.Fatalf("third reader got ok=%v %v; the lookup took only 2 locks", ok, err)
+	}
+}
