@@ -135,6 +135,9 @@ func TestPinsFanOutAndValidation(t *testing.T) {
 	c.must("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": 1, "token_ids": []int64{1, 2, 3, 1 << 32}}, 400)
 	c.must("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": 1, "token_ids": []int64{1, 2, 3, 4, -1}}, 200)
 	c.must("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": 0, "token_ids": []int{}}, 422)
+	c.must("DELETE", "/cache/pins", map[string]any{"model_name": "m", "world_size": 0, "token_ids": []int{}}, 422)
+	c.must("DELETE", "/cache/pins", map[string]any{"model_name": "m", "world_size": 1, "token_ids": []int{1}, "cache_salt": "bad@salt"}, 400)
+	c.must("DELETE", "/cache/pins", map[string]any{"model_name": "m", "world_size": 1, "token_ids": make([]int, 1_000_001)}, 400)
 	c.must("POST", "/cache/pins", map[string]any{"world_size": 1}, 422)
 	c.must("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": 1, "token_ids": []any{1, "x"}}, 422)
 	// The 1,000,000-token cap.

@@ -121,6 +121,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 		prepared = append(prepared, ev)
 	}
 	c := s.ledger.Apply(prepared)
+	s.noteSeq(*b.InstanceID, *b.Seq)
 	// Decoded strings may alias buf; the ledger cloned what it keeps, and
 	// error paths (whose details may quote the body) never reach here.
 	clear(events)
@@ -198,8 +199,8 @@ func (s *Server) ingestSlow(r *http.Request, body []byte) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	f.str("instance_id", true, "")
-	f.intRange("seq", true, 1, 1, 1<<62)
+	instance := f.str("instance_id", true, "")
+	seq := f.intRange("seq", true, 1, 1, 1<<62)
 	raw, ok := f.m["events"]
 	var list []any
 	if !ok {
@@ -248,6 +249,7 @@ func (s *Server) ingestSlow(r *http.Request, body []byte) (int, error) {
 		prepared = append(prepared, ev)
 	}
 	c := s.ledger.Apply(prepared)
+	s.noteSeq(instance, seq)
 	s.metrics.eventBatches.Inc()
 	s.metrics.events.WithLabelValues("store").Add(float64(c.Store))
 	s.metrics.events.WithLabelValues("lookup").Add(float64(c.Lookup))

@@ -21,6 +21,8 @@ type metrics struct {
 	dispatchFailures prometheus.Counter
 	resyncPages      prometheus.Counter
 	resyncKeys       prometheus.Counter
+	seqGaps          prometheus.Counter
+	seqRegressions   prometheus.Counter
 	handler          http.Handler
 }
 
@@ -36,6 +38,9 @@ func newMetrics(s *Server) *metrics {
 	m.dispatchFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_dispatch_failures_total", Help: "DELETE /cache/objects requests that failed (transport error or non-2xx)."})
 	m.resyncPages = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_pages_total", Help: "GET /cache/objects pages read by the startup resync."})
 	m.resyncKeys = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_keys_total", Help: "Keys recorded by the startup resync."})
+	m.seqGaps = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_gaps_total", Help: "Event batches whose seq skipped ahead of the instance's previous batch (lost batches)."})
+	m.seqRegressions = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_regressions_total", Help: "Event batches whose seq did not advance (reporter restart or replay); still applied."})
+	m.reg.MustRegister(m.seqGaps, m.seqRegressions)
 	m.reg.MustRegister(m.events, m.eventBatches, m.evictionCycles, m.keysDispatched, m.dispatchFailures, m.resyncPages, m.resyncKeys)
 	m.reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "registered_instances", Help: "MP servers currently registered."},

@@ -167,10 +167,20 @@ func TestEventIngest(t *testing.T) {
 	if u := c.usageBytes("z"); u != 20 {
 		t.Fatalf("hex case = %d", u)
 	}
-	// seq is only validated; a replay re-applies idempotently.
+	// seq is only validated; a replay re-applies idempotently. Gaps and
+	// regressions are counted, never dropped.
 	c.events(ev("store", "ee", "z", 20))
 	if u := c.usageBytes("z"); u != 20 {
 		t.Fatalf("replay = %d", u)
+	}
+	c.must("POST", "/quota/events", map[string]any{"instance_id": "s2", "seq": 1, "events": []any{}}, 200)
+	c.must("POST", "/quota/events", map[string]any{"instance_id": "s2", "seq": 5, "events": []any{ev("store", "ab", "z2", 1)}}, 200)
+	if u := c.usageBytes("z2"); u != 1 {
+		t.Fatalf("gap batch not applied: %d", u)
+	}
+	_, raw := c.do("GET", "/metrics", nil)
+	if !strings.Contains(string(raw), "lmcache_coordinator_event_seq_gaps_total 1\n") || !strings.Contains(string(raw), "lmcache_coordinator_event_seq_regressions_total 4\n") {
+		t.Fatalf("seq metrics:\n%s", raw)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +44,12 @@ type Server struct {
 	dispatchWG sync.WaitGroup
 	// cycleMu serialises eviction cycles (the loop and RunEvictionCycle).
 	cycleMu sync.Mutex
+
+	// seqMu guards lastSeq, the newest batch seq seen per reporting
+	// instance. Like upstream, seq never causes a batch to be dropped; gaps
+	// and regressions are only counted and logged.
+	seqMu   sync.Mutex
+	lastSeq map[string]*int64
 }
 
 // Option adjusts a Server.
@@ -69,6 +76,8 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 		ledger: ledger.New(),
 		hasher: h,
 		mp:     mpclient.New(30 * time.Second),
+
+		lastSeq: map[string]*int64{},
 	}
 	for _, o := range opts {
 		o(s)
@@ -157,6 +166,36 @@ func (s *Server) healthLoop(ctx context.Context) {
 		for _, id := range s.reg.SweepStale(timeout) {
 			s.log.Warn("instance missed heartbeats; deregistered", "instance_id", id, "timeout_s", s.cfg.InstanceTimeout)
 		}
+	}
+}
+
+// noteSeq records a batch's seq for its instance and reports gaps (lost
+// batches: the reporter drops failed ones) and regressions (a restarted
+// reporter starts again at 1).
+func (s *Server) noteSeq(instance string, seq int64) {
+	s.seqMu.Lock()
+	var last int64
+	p, seen := s.lastSeq[instance]
+	if seen {
+		// Update through the pointer: assigning to the map would store
+		// instance, which may alias a pooled request buffer.
+		last, *p = *p, seq
+	} else {
+		if len(s.lastSeq) >= 100_000 {
+			clear(s.lastSeq) // bound memory against arbitrary instance ids
+		}
+		v := seq
+		s.lastSeq[strings.Clone(instance)] = &v
+	}
+	s.seqMu.Unlock()
+	switch {
+	case !seen:
+	case seq > last+1:
+		s.metrics.seqGaps.Inc()
+		s.log.Debug("usage-event seq gap", "instance_id", instance, "last", last, "seq", seq)
+	case seq <= last:
+		s.metrics.seqRegressions.Inc()
+		s.log.Debug("usage-event seq went back (reporter restart or replay)", "instance_id", instance, "last", last, "seq", seq)
 	}
 }
 
