@@ -241,8 +241,9 @@ func (a *Adapter) Remove(path, mode string, force bool) (map[string]any, error) 
 		result["deleted_keys"] = a.evict(keys, force)
 	}
 	a.mu.Lock()
-	// Anything still indexed on d (stored concurrently with force) is lost.
-	for _, k := range a.keysOnLocked(d, 0) {
+	// Anything still indexed on d (stored concurrently, with force) is lost.
+	lost := a.keysOnLocked(d, 0)
+	for _, k := range lost {
 		a.removeLocked(k)
 	}
 	d.state = stateRemoved
@@ -252,6 +253,8 @@ func (a *Adapter) Remove(path, mode string, force bool) (map[string]any, error) 
 	err := d.unmap()
 	d.mapMu.Unlock()
 	a.mu.Unlock()
+	a.book.Forget(lost)
+	a.book.FireDeleted(lost)
 	if err != nil {
 		return nil, fmt.Errorf("%w: unmap %s: %w", ErrBadRequest, path, err)
 	}
