@@ -212,9 +212,9 @@ func window(src []byte, objBytes int64, seed int64) []byte {
 // 4 KiB pages) that is already faulted in and warm, like a long-running
 // pool. It returns GB/s into and out of that memory.
 func memcpyBaseline(src []byte, objBytes int64, chunks int, o Options) (toShm, fromShm float64, err error) {
-	// Up to 256 MiB of destination per worker so the copies leave the
-	// CPU caches, as copies into a multi-GiB pool do.
-	slots := max(1, min(int64(chunks), (256<<20)/objBytes))
+	// 256 MiB of destination per worker so the copies leave the CPU
+	// caches, as copies into a multi-GiB pool do.
+	slots := max(1, (256<<20)/objBytes)
 	var wg sync.WaitGroup
 	var toNanos, fromNanos, total atomic.Int64
 	errs := make([]error, o.Workers)
