@@ -57,6 +57,8 @@ type Options struct {
 	Progress time.Duration
 	// Timeout bounds each request.
 	Timeout time.Duration
+	// BaselineBytes is the per-worker destination of the memcpy baseline.
+	BaselineBytes int64
 }
 
 // Defaults: a 32-layer x 1024-hidden fp16 model (32 MiB chunks at 256
@@ -65,7 +67,7 @@ func Defaults() Options {
 	return Options{Endpoint: "tcp://127.0.0.1:5555", ShmDir: "/dev/shm", Workers: 2, Requests: 4, Warmup: 1,
 		Model: "bench/llama-like", Layers: 32, Hidden: 1024, Dtype: "float16", PromptTokens: 8192,
 		LookupTokens: 32768, LookupSamples: 200, PingClients: 64, PingDuration: 3 * time.Second,
-		Progress: time.Second, Timeout: 60 * time.Second}
+		Progress: time.Second, Timeout: 60 * time.Second, BaselineBytes: 256 << 20}
 }
 
 // Result is what Run measured.
@@ -212,9 +214,9 @@ func window(src []byte, objBytes int64, seed int64) []byte {
 // 4 KiB pages) that is already faulted in and warm, like a long-running
 // pool. It returns GB/s into and out of that memory.
 func memcpyBaseline(src []byte, objBytes int64, chunks int, o Options) (toShm, fromShm float64, err error) {
-	// 256 MiB of destination per worker so the copies leave the CPU
-	// caches, as copies into a multi-GiB pool do.
-	slots := max(1, (256<<20)/objBytes)
+	// BaselineBytes of destination per worker (256 MiB by default) so the
+	// copies leave the CPU caches, as copies into a multi-GiB pool do.
+	slots := max(1, o.BaselineBytes/objBytes)
 	var wg sync.WaitGroup
 	var toNanos, fromNanos, total atomic.Int64
 	errs := make([]error, o.Workers)

@@ -50,6 +50,7 @@ func TestBenchSmall(t *testing.T) {
 	o.LookupTokens, o.LookupSamples = 640, 20
 	o.PingClients, o.PingDuration = 8, 100*time.Millisecond
 	o.Progress = 10 * time.Millisecond
+	o.BaselineBytes = 1 << 20
 	var progress bytes.Buffer
 	res, err := bench.Run(context.Background(), o, &progress)
 	if err != nil {
