@@ -76,6 +76,10 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		if err != nil {
 			return nil, fmt.Errorf("l1: mmap %d bytes: %w", size, err)
 		}
+		// Best effort: where transparent huge pages are in "madvise" mode
+		// this backs the pool with 2 MiB pages (fewer TLB misses on large
+		// copies); elsewhere it is a no-op.
+		_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
 		p.mem = mem
 		return p, nil
 	}
@@ -111,6 +115,8 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		_ = os.Remove(p.path)
 		return nil, fmt.Errorf("l1: mmap shm %s: %w", p.path, err)
 	}
+	// Honoured only where shmem huge pages are in "advise" mode.
+	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
 	p.mem = mem
 	return p, nil
 }
