@@ -140,7 +140,7 @@ func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) 
 	if err != nil {
 		var ee *starlark.EvalError
 		if errors.As(err, &ee) {
-			return Result{Printed: out.String()}, fmt.Errorf("%s", ee.Backtrace())
+			return Result{Printed: out.String()}, &backtraceError{bt: ee.Backtrace(), err: ee}
 		}
 		return Result{Printed: out.String()}, err
 	}
@@ -157,6 +157,16 @@ func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) 
 	}
 	return res, nil
 }
+
+// backtraceError reports a Starlark backtrace while keeping the cause
+// reachable for errors.Is.
+type backtraceError struct {
+	bt  string
+	err error
+}
+
+func (e *backtraceError) Error() string { return e.bt }
+func (e *backtraceError) Unwrap() error { return e.err }
 
 func names(m map[string]starlark.StringDict) []string {
 	out := make([]string, 0, len(m))

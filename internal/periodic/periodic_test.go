@@ -1,0 +1,116 @@
+package periodic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func TestStatusCountsAndSummary(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	r := NewRegistry()
+	r.SetClock(clk.now)
+	n := 0
+	l := r.Register("a", High, 2*time.Second, 0, func(context.Context) (Summary, error) {
+		n++
+		if n == 3 {
+			return Summary{}, errors.New("boom")
+		}
+		return Summary{Message: fmt.Sprint("run ", n), Extra: map[string]string{"n": fmt.Sprint(n)}}, nil
+	})
+	st, _ := r.Get("a")
+	if st.TotalRuns != 0 || st.LastRunAgo != nil || st.SuccessRate != nil || st.LastSummary != nil || st.IsRunning {
+		t.Fatalf("fresh status = %+v", st)
+	}
+	for i := 0; i < 4; i++ {
+		_ = l.RunOnce(context.Background())
+	}
+	clk.add(1500 * time.Millisecond)
+	st, _ = r.Get("a")
+	if st.TotalRuns != 4 || st.FailedRuns != 1 || *st.SuccessRate != 75 || *st.LastRunAgo != 1.5 || st.LastRunTime != 1000 {
+		t.Fatalf("status = %+v", st)
+	}
+	if st.LastSummary["message"] != "run 4" || st.LastSummary["success"] != true {
+		t.Fatalf("last summary = %v", st.LastSummary)
+	}
+	// Not running → never active, never unhealthy.
+	if st.IsActive || len(Unhealthy(r.All())) != 0 {
+		t.Fatalf("idle loop active=%v", st.IsActive)
+	}
+	s := Summarize(r.All())
+	if s.TotalCount != 1 || s.ByLevel[High].Total != 1 || s.ByLevel[Low].Total != 0 || len(s.ByLevel) != 4 {
+		t.Fatalf("summary = %+v", s)
+	}
+}
+
+func TestRunActiveAndUnhealthy(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	r := NewRegistry()
+	r.SetClock(clk.now)
+	ran := make(chan struct{}, 100)
+	l := r.Register("loop", Critical, time.Hour, 0, func(context.Context) (Summary, error) {
+		ran <- struct{}{}
+		return Summary{}, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.Run(ctx); close(done) }()
+	<-ran
+	st, _ := r.Get("loop")
+	if !st.IsRunning || !st.IsActive {
+		t.Fatalf("running loop = %+v", st)
+	}
+	clk.add(3 * time.Hour)
+	bad := Unhealthy(r.All())
+	if len(bad) != 1 || bad[0].Name != "loop" {
+		t.Fatalf("unhealthy = %+v", bad)
+	}
+	cancel()
+	<-done
+	if st, _ := r.Get("loop"); st.IsRunning {
+		t.Fatal("still running after cancel")
+	}
+}
+
+func TestIrrecoverableStopsAndPanicCounts(t *testing.T) {
+	r := NewRegistry()
+	calls := 0
+	l := r.Register("x", Medium, time.Millisecond, 0, func(context.Context) (Summary, error) {
+		calls++
+		if calls == 1 {
+			panic("kaboom")
+		}
+		return Summary{}, fmt.Errorf("fatal: %w", ErrIrrecoverable)
+	})
+	l.Run(context.Background()) // returns by itself after the irrecoverable error
+	st, _ := r.Get("x")
+	if calls != 2 || st.TotalRuns != 2 || st.FailedRuns != 2 || st.IsRunning {
+		t.Fatalf("calls %d status %+v", calls, st)
+	}
+	if _, err := ParseLevel("urgent"); !errors.Is(err, ErrInvalidLevel) {
+		t.Fatal("urgent accepted")
+	}
+	r.Unregister("x")
+	if _, ok := r.Get("x"); ok {
+		t.Fatal("unregistered loop still listed")
+	}
+}
