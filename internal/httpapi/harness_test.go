@@ -167,6 +167,8 @@ func newFS(t *testing.T) (*fs.Adapter, string) {
 	return a, dir
 }
 
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
 func start(t *testing.T, o envOpts) *env {
 	t.Helper()
 	e := &env{t: t, loops: periodic.NewRegistry()}
