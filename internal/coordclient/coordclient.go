@@ -30,6 +30,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
 // Defaults, as upstream.
@@ -80,6 +81,9 @@ type Config struct {
 	MaxBatch  int
 	// HTTPClient defaults to a client with a 10 s timeout.
 	HTTPClient *http.Client
+	// Periodic, if set, lists the registrar and reporter loops (for
+	// /periodic-threads); nil uses a private registry.
+	Periodic *periodic.Registry
 	// Metrics, if set, receives queue and batch counters.
 	Metrics *mpmetrics.Metrics
 	// Logger defaults to discarding.
@@ -226,47 +230,74 @@ func (c *Client) Dropped() int64 { return c.dropped.Load() }
 // SentBatches is the number of batches the coordinator accepted.
 func (c *Client) SentBatches() int64 { return c.sent.Load() }
 
+// Loop names in the periodic registry.
+const (
+	LoopRegistrar = "coordinator-registrar"
+	LoopReporter  = "coordinator-event-reporter"
+)
+
 // Run registers, heartbeats and flushes events until ctx is cancelled, then
-// flushes once more and deregisters. It owns both of its goroutines and
-// returns after they stop.
+// flushes once more and deregisters. Both loops are periodic loops in
+// Config.Periodic (so /periodic-threads shows them); Run owns their
+// goroutines and returns after they stop.
 func (c *Client) Run(ctx context.Context) error {
 	if !c.Enabled() {
 		return nil
 	}
+	reg := c.cfg.Periodic
+	if reg == nil {
+		reg = periodic.NewRegistry()
+	}
 	var wg sync.WaitGroup
 	if c.cfg.EventReporting {
+		rep := reg.Register(LoopReporter, periodic.Medium, c.cfg.EventFlushInterval, 0, c.reportCycle)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.flushLoop(ctx)
+			rep.Run(ctx)
+			fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if err := c.Flush(fctx); err != nil {
+				c.log.Warn("final coordinator event flush failed", "err", err, "pending", c.Pending())
+			}
 		}()
 	}
-	c.registrationLoop(ctx)
+	regLoop := reg.Register(LoopRegistrar, periodic.High, c.cfg.HeartbeatInterval, 0, c.registrarCycle)
+	regLoop.Run(ctx)
 	wg.Wait()
-	return nil
-}
-
-func (c *Client) registrationLoop(ctx context.Context) {
-	for {
-		if c.registered.Load() {
-			c.heartbeat(ctx)
-		} else {
-			c.register(ctx)
-		}
-		if !c.registered.Load() && ctx.Err() == nil {
-			// Retry registration sooner than a heartbeat, but not hot.
-			if !sleep(ctx, min(c.cfg.HeartbeatInterval, time.Second)) {
-				break
-			}
-			continue
-		}
-		if !sleep(ctx, c.cfg.HeartbeatInterval) {
-			break
-		}
-	}
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	c.deregister(dctx)
+	return nil
+}
+
+// registrarCycle registers when not registered, else heartbeats (and
+// re-registers at once when the coordinator answers 404).
+func (c *Client) registrarCycle(ctx context.Context) (periodic.Summary, error) {
+	var err error
+	if c.registered.Load() {
+		err = c.heartbeat(ctx)
+	} else {
+		err = c.register(ctx)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return periodic.Summary{Message: "stopping"}, nil
+		}
+		c.log.Warn("coordinator unreachable; will retry", "url", c.base, "err", err)
+		return periodic.Summary{}, err
+	}
+	return periodic.Summary{Message: "instance_id=" + c.InstanceID()}, nil
+}
+
+func (c *Client) reportCycle(ctx context.Context) (periodic.Summary, error) {
+	err := c.Flush(ctx)
+	sum := periodic.Summary{Message: fmt.Sprintf("pending=%d dropped=%d sent_batches=%d", c.Pending(), c.Dropped(), c.SentBatches())}
+	if err != nil && ctx.Err() == nil {
+		c.log.Warn("coordinator event flush failed; will retry", "err", err, "pending", c.Pending())
+		return sum, err
+	}
+	return sum, nil
 }
 
 func (c *Client) advertiseIP() string {
@@ -289,7 +320,7 @@ func (c *Client) advertiseIP() string {
 	return "127.0.0.1"
 }
 
-func (c *Client) register(ctx context.Context) {
+func (c *Client) register(ctx context.Context) error {
 	body := map[string]any{
 		"instance_id":        c.InstanceID(),
 		"ip":                 c.advertiseIP(),
@@ -303,11 +334,13 @@ func (c *Client) register(ctx context.Context) {
 		ReRegistered bool    `json:"re_registered"`
 	}
 	code, err := c.do(ctx, http.MethodPost, "/instances", body, &resp)
-	if err != nil || code/100 != 2 || resp.InstanceID == nil || *resp.InstanceID == "" {
-		if ctx.Err() == nil {
-			c.log.Warn("coordinator registration failed; retrying", "url", c.base, "status", code, "err", err)
-		}
-		return
+	switch {
+	case err != nil:
+		return fmt.Errorf("register: %w", err)
+	case code/100 != 2:
+		return fmt.Errorf("register: coordinator answered %d", code)
+	case resp.InstanceID == nil || *resp.InstanceID == "":
+		return errors.New("register: reply lacks instance_id")
 	}
 	id := *resp.InstanceID
 	c.id.Store(&id)
@@ -316,23 +349,24 @@ func (c *Client) register(ctx context.Context) {
 		c.cfg.Metrics.CoordRegistrations.Inc()
 	}
 	c.log.Info("registered with coordinator", "url", c.base, "instance_id", id, "re_registered", resp.ReRegistered)
+	return nil
 }
 
-func (c *Client) heartbeat(ctx context.Context) {
+func (c *Client) heartbeat(ctx context.Context) error {
 	code, err := c.do(ctx, http.MethodPut, "/instances/"+url.PathEscape(c.InstanceID())+"/heartbeat", nil, nil)
 	switch {
 	case err != nil:
-		if ctx.Err() == nil {
-			c.log.Warn("coordinator heartbeat failed", "err", err)
-		}
+		return fmt.Errorf("heartbeat: %w", err)
 	case code == http.StatusNotFound:
 		// The coordinator restarted or expired us: register again at once.
 		c.log.Warn("coordinator does not know this instance; re-registering", "instance_id", c.InstanceID())
 		c.registered.Store(false)
-		c.register(ctx)
+		return c.register(ctx)
 	case code/100 != 2:
-		c.log.Warn("coordinator heartbeat rejected", "status", code)
+		// Keep the id: a transient 5xx must not cause a duplicate registration.
+		return fmt.Errorf("heartbeat: coordinator answered %d", code)
 	}
+	return nil
 }
 
 func (c *Client) deregister(ctx context.Context) {
@@ -487,37 +521,6 @@ func (c *Client) requeue(events []Event) {
 		if c.cfg.Metrics != nil {
 			c.cfg.Metrics.CoordEventsDropped.Add(float64(drop))
 		}
-	}
-}
-
-func (c *Client) flushLoop(ctx context.Context) {
-	t := time.NewTicker(c.cfg.EventFlushInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if err := c.Flush(fctx); err != nil {
-				c.log.Warn("final coordinator event flush failed", "err", err, "pending", c.Pending())
-			}
-			cancel()
-			return
-		case <-t.C:
-			if err := c.Flush(ctx); err != nil && ctx.Err() == nil {
-				c.log.Warn("coordinator event flush failed; will retry", "err", err, "pending", c.Pending())
-			}
-		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -250,7 +251,9 @@ func TestL2EventsReachCoordinator(t *testing.T) {
 		t.Fatalf("DeleteL2 = %v, %v", removed, err)
 	}
 	waitFor(t, "delete events", func() bool { return math.Abs(usage()-4096) < 0.5 })
-	if c.SentBatches() < 2 || c.Dropped() != 0 || m.CoordBatchesSent.Value() < 2 {
+	// The coordinator applies a batch before the client counts it as sent.
+	waitFor(t, "batch accounting", func() bool { return c.SentBatches() >= 2 && m.CoordBatchesSent.Value() >= 2 })
+	if c.Dropped() != 0 {
 		t.Fatalf("sent %d batches, dropped %d", c.SentBatches(), c.Dropped())
 	}
 }
@@ -367,5 +370,36 @@ func TestFromEnv(t *testing.T) {
 	def, err := coordclient.FromEnv(func(string) string { return "" })
 	if err != nil || def.URL != "" || def.HeartbeatInterval != 5*time.Second || def.EventFlushInterval != time.Second || def.EventReporting {
 		t.Fatalf("defaults = %+v, %v", def, err)
+	}
+}
+
+func TestLoopsInPeriodicRegistry(t *testing.T) {
+	rec := &recorder{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/quota/events" {
+			rec.ServeHTTP(w, r)
+			return
+		}
+		http.Error(w, "down for maintenance", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	reg := periodic.NewRegistry()
+	c, err := coordclient.New(coordclient.Config{URL: srv.URL, HTTPPort: 8080, EventReporting: true, Periodic: reg,
+		HeartbeatInterval: 10 * time.Millisecond, EventFlushInterval: 10 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runClient(t, c)
+	waitFor(t, "failed registrations recorded", func() bool {
+		st, ok := reg.Get(coordclient.LoopRegistrar)
+		return ok && st.IsRunning && st.FailedRuns >= 2 && st.Level == periodic.High
+	})
+	waitFor(t, "reporter runs", func() bool {
+		st, ok := reg.Get(coordclient.LoopReporter)
+		return ok && st.TotalRuns >= 2 && st.FailedRuns == 0
+	})
+	stop()
+	if st, _ := reg.Get(coordclient.LoopRegistrar); st.IsRunning || c.Registered() {
+		t.Fatalf("after stop: %+v registered=%v", st, c.Registered())
 	}
 }
