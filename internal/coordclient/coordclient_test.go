@@ -273,7 +273,7 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	var b coordclient.Batch
 	if err := json.NewDecoder(req.Body).Decode(&b); err != nil {
-		http.Error(w, err.Error(), 422)
+		http.Error(w, err.Error(), http.StatusUnprocessableEntity)
 		return
 	}
 	r.mu.Lock()
@@ -281,7 +281,7 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.batches = append(r.batches, b)
 	if r.fail > 0 {
 		r.fail--
-		http.Error(w, "boom", 500)
+		http.Error(w, "boom", http.StatusInternalServerError)
 		return
 	}
 	_ = json.NewEncoder(w).Encode(map[string]int{"recorded": len(b.Events)})

@@ -29,6 +29,10 @@ import (
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
 
+// EnvAuthToken is the environment variable that supplies --http-auth-token
+// when the flag is not given.
+const EnvAuthToken = "LMCACHE_HTTP_AUTH_TOKEN"
+
 // Engine is the part of *engine.Engine the HTTP API uses (consumer-side
 // interface, so handlers can be unit-tested with a fake).
 type Engine interface {

@@ -240,13 +240,9 @@ func (s *Server) handleRunScript(w http.ResponseWriter, r *http.Request) error {
 	if len(src) > maxScriptBytes {
 		return errf(ErrTooLarge, "script exceeds %d bytes", maxScriptBytes)
 	}
-	app, err := s.scriptApp()
-	if err != nil {
-		return fmt.Errorf("Error executing script: %w", err)
-	}
 	res, err := script.Run(r.Context(), script.Config{
 		AllowedImports: s.opts.ScriptAllowedImports,
-		Globals:        starlark.StringDict{"app": app},
+		Globals:        starlark.StringDict{"app": s.scriptApp()},
 		MaxSteps:       s.opts.ScriptMaxSteps,
 		Timeout:        s.opts.ScriptTimeout,
 		MaxOutput:      s.opts.ScriptMaxOutput,
@@ -266,7 +262,7 @@ func (s *Server) handleRunScript(w http.ResponseWriter, r *http.Request) error {
 // scriptApp is the read-only "app" a script sees: snapshots of version,
 // config, adapters, status and periodic loops as frozen values (upstream
 // injects the live FastAPI app, which is full remote code execution).
-func (s *Server) scriptApp() (starlark.Value, error) {
+func (s *Server) scriptApp() starlark.Value {
 	toValue := func(v any) (starlark.Value, error) {
 		b, err := json.Marshal(v)
 		if err != nil {
@@ -314,7 +310,7 @@ func (s *Server) scriptApp() (starlark.Value, error) {
 			return e.Status(), nil
 		}),
 	}
-	return starlarkstruct.FromStringDict(starlark.String("app"), members), nil
+	return starlarkstruct.FromStringDict(starlark.String("app"), members)
 }
 
 // numbersToGo turns json.Number into int64 or float64 for FromGo.

@@ -23,8 +23,6 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) error {
 	return nil
 }
 
-func notInitError() error { return errf(ErrNotInitialized, "engine not initialized") }
-
 // engineOr wraps s.engine with the message a route reports.
 func (s *Server) engineOr(msg string) (Engine, error) {
 	e, err := s.engine()
