@@ -705,6 +705,15 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 	stamp := l.stamp(now)
 	ttl := uint32(math.Ceil(o.InflightTTL.Seconds()))
 	p := &Plan{models: l.models, salts: l.salts, longs: l.longs}
+	// Pass 1 picks the salts and their targets so pass 2 can write every
+	// victim into one exactly-sized array (at millions of victims, growing
+	// per-salt slices costs more than the walk).
+	type job struct {
+		s      *saltState
+		target int
+	}
+	var jobs []job
+	total := 0
 	for _, s := range l.salts {
 		if s.bytes <= 0 || s.count == 0 {
 			continue
@@ -727,12 +736,18 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 		if target == 0 {
 			continue
 		}
-		var vs []Victim
+		jobs = append(jobs, job{s, target})
+		total += target
+	}
+	all := make([]Victim, 0, total)
+	checkPins := len(l.pins) > 0
+	for _, j := range jobs {
+		start := len(all)
 		taken := 0
-		for i := s.head; i != nilIdx && taken < target; {
+		for i := j.s.head; i != nilIdx && taken < j.target; {
 			e := l.at(i)
 			next := e.next
-			if len(l.pins) > 0 && l.pins[e.k] > 0 {
+			if checkPins && l.pins[e.k] > 0 {
 				i = next
 				continue
 			}
@@ -740,16 +755,16 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 			if ttl > 0 && e.sent != 0 && stamp-e.sent < ttl {
 				p.InFlight++
 			} else {
-				vs = append(vs, Victim{idx: i, k: e.k})
+				all = append(all, Victim{idx: i, k: e.k})
 				if o.Mark {
 					e.sent = stamp
 				}
 			}
 			i = next
 		}
-		if len(vs) > 0 {
-			p.Salts = append(p.Salts, s.name)
-			p.Victims = append(p.Victims, vs)
+		if len(all) > start {
+			p.Salts = append(p.Salts, j.s.name)
+			p.Victims = append(p.Victims, all[start:len(all):len(all)])
 		}
 	}
 	return p
