@@ -232,6 +232,13 @@ func (s *Server) SetEngine(e Engine) error {
 // coordinator client to feed).
 func (s *Server) Metrics() *mpmetrics.Metrics { return s.metrics }
 
+// Periodic returns the registry behind /periodic-threads, so other parts of
+// the server (the coordinator client, the engine's loops) can register.
+func (s *Server) Periodic() *periodic.Registry { return s.loops }
+
+// LogLevels returns the registry behind /loglevel.
+func (s *Server) LogLevels() *loglevel.Registry { return s.levels }
+
 // Handler returns the HTTP handler (the mux behind auth and recovery).
 func (s *Server) Handler() http.Handler { return s.handler }
 

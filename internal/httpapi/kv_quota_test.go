@@ -175,3 +175,39 @@ func TestReconfigure(t *testing.T) {
 	}
 	e.expect(400, "POST", "/reconfigure/dax/%20", `{}`)
 }
+
+// TestKVWorldSizeTwo stores and retrieves a TP=2 layout: every chunk has
+// one object per rank, in rank order.
+func TestKVWorldSizeTwo(t *testing.T) {
+	e := start(t, envOpts{mutate: func(o *httpapi.Options) {
+		l, err := httpapi.ParseRegisterModel(`{"model_name":"org/model","world_size":2,"num_layers":2,"hidden_size":8,"dtype":"bf16"}`, testChunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.ObjectBytes != objBytes/2 {
+			t.Fatalf("TP=2 object is %d bytes, want %d", l.ObjectBytes, objBytes/2)
+		}
+		o.RegisteredModels = append(o.RegisteredModels, l)
+	}})
+	h := map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: tokens(0, 2*testChunk), httpapi.HeaderWorldSize: "2"}
+	data := payload(2, 7) // 2 chunks x 2 ranks x 512 bytes
+	if m := e.expect(200, "POST", "/api/kv/store", data, h).json(t); m["keys"] != float64(4) || m["stored"] != float64(4) {
+		t.Fatalf("store = %v", m)
+	}
+	r := e.expect(200, "POST", "/api/kv/retrieve", nil, h)
+	if !bytes.Equal(r.body, data) || r.header.Get(httpapi.HeaderL1Keys) != "4" {
+		t.Fatalf("retrieve: %d bytes, headers %v", len(r.body), r.header)
+	}
+	// The TP=1 layout of the same model is a different key space.
+	e.expect(404, "POST", "/api/kv/retrieve", nil, map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: tokens(0, 2*testChunk)})
+	m := e.expect(202, "POST", "/cache/prefetches", map[string]any{"model_name": testModel, "world_size": 2, "token_ids": tokSlice(0, 2*testChunk)}).json(t)
+	id := m["request_id"].(string)
+	var done map[string]any
+	waitFor(t, "prefetch", func() bool {
+		done = e.expect(200, "GET", "/cache/prefetches/"+id, nil).json(t)
+		return done["status"] == "completed"
+	})
+	if done["total_keys"] != float64(4) {
+		t.Fatalf("completed = %v", done)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"sort"
 	"strings"
+	"time"
 )
 
 // authMode says when a route requires the bearer token.
@@ -143,7 +144,36 @@ func (s *Server) buildMux() http.Handler {
 	return mux
 }
 
-func (s *Server) serveRoute(rt route, w http.ResponseWriter, r *http.Request) {
+// statusWriter remembers the status for the access log.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) serveRoute(rt route, rw http.ResponseWriter, r *http.Request) {
+	w := &statusWriter{ResponseWriter: rw}
+	start := time.Now()
+	defer func() {
+		s.log.Debug("http request", "method", r.Method, "path", r.URL.Path, "route", rt.path, "status", w.code,
+			"duration_ms", float64(time.Since(start).Microseconds())/1000, "remote", r.RemoteAddr)
+	}()
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
