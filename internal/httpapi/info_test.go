@@ -184,4 +184,9 @@ func TestOpenAPIListsEveryRoute(t *testing.T) {
 	if m := e.expect(404, "GET", "/nope", nil).json(t); m["detail"] != "Not Found" {
 		t.Errorf("unknown path = %v", m)
 	}
+	r := e.expect(405, "PATCH", "/quota/alice", nil)
+	if m := r.json(t); m["detail"] != "Method Not Allowed" || r.header.Get("Allow") != "GET, PUT, DELETE" {
+		t.Errorf("wrong method = %v, Allow %q", m, r.header.Get("Allow"))
+	}
+	e.expect(405, "POST", "/status", nil)
 }

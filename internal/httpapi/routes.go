@@ -138,7 +138,22 @@ func (s *Server) buildMux() http.Handler {
 			s.serveRoute(rt, w, r)
 		})
 	}
+	// The catch-all answers like FastAPI: 405 with Allow when the path
+	// exists under another method, else 404, both as {"detail": ...}.
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		var allow []string
+		for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete} {
+			probe := r.Clone(r.Context())
+			probe.Method = m
+			if _, pat := mux.Handler(probe); pat != "" && pat != "/" {
+				allow = append(allow, m)
+			}
+		}
+		if len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"detail": "Method Not Allowed"})
+			return
+		}
 		writeJSON(w, http.StatusNotFound, map[string]any{"detail": "Not Found"})
 	})
 	return mux
