@@ -80,13 +80,13 @@ func TestMetricsAndReset(t *testing.T) {
 
 func TestLogLevel(t *testing.T) {
 	e := start(t, envOpts{})
-	if r := e.expect(200, "GET", "/loglevel", nil); !strings.Contains(string(r.body), "root: INFO") {
+	if r := e.expect(200, "GET", "/loglevel", nil); !strings.HasPrefix(string(r.body), "=== Loggers and Levels ===\n") || !strings.Contains(string(r.body), "\nroot: INFO\n") {
 		t.Fatalf("list = %q", r.body)
 	}
 	if r := e.expect(200, "GET", "/loglevel?logger_name=lmcache.engine", nil); string(r.body) != "lmcache.engine: INFO" {
 		t.Fatalf("read = %q", r.body)
 	}
-	if r := e.expect(200, "GET", "/loglevel?logger_name=lmcache&level=debug", nil); string(r.body) != "Set lmcache level to DEBUG" {
+	if r := e.expect(200, "GET", "/loglevel?logger_name=lmcache&level=debug", nil); string(r.body) != "Set lmcache level to DEBUG (including all handlers)" {
 		t.Fatalf("set = %q", r.body)
 	}
 	// Children inherit through dotted names.
@@ -96,8 +96,11 @@ func TestLogLevel(t *testing.T) {
 	if r := e.expect(200, "GET", "/loglevel", nil); !strings.Contains(string(r.body), "lmcache: DEBUG\n") {
 		t.Fatalf("list = %q", r.body)
 	}
-	if r := e.expect(400, "GET", "/loglevel?logger_name=lmcache&level=LOUD", nil); !strings.HasPrefix(r.header.Get("Content-Type"), "text/plain") {
-		t.Fatalf("400 content type = %q", r.header.Get("Content-Type"))
+	if r := e.expect(400, "GET", "/loglevel?logger_name=lmcache&level=LOUD", nil); !strings.HasPrefix(r.header.Get("Content-Type"), "text/plain") || string(r.body) != "Invalid log level: LOUD" {
+		t.Fatalf("400 = %q (%q)", r.body, r.header.Get("Content-Type"))
+	}
+	if r := e.expect(200, "GET", "/loglevel?logger_name=&level=DEBUG", nil); string(r.body) != "null" {
+		t.Fatalf("empty logger_name = %q", r.body)
 	}
 	if r := e.expect(200, "GET", "/loglevel?level=DEBUG", nil); string(r.body) != "null" {
 		t.Fatalf("level only = %q", r.body)
@@ -116,10 +119,10 @@ func TestThreads(t *testing.T) {
 	defer func() { cancel(); wg.Wait() }()
 	r := e.expect(200, "GET", "/threads?name=storage-flush", nil)
 	body := string(r.body)
-	if !strings.HasPrefix(body, "Total goroutines: ") || !strings.Contains(body, "Matched: 1\n") || !strings.Contains(body, `"name":"Storage-Flush-Loop"`) {
+	if !strings.Contains(body, "=== Thread Summary ===\nTotal threads: 1\nTotal goroutines: ") || !strings.Contains(body, `"name":"Storage-Flush-Loop"`) {
 		t.Fatalf("filtered threads = %s", body)
 	}
-	if r := e.expect(200, "GET", "/threads?name=no-such-loop", nil); !strings.Contains(string(r.body), "Matched: 0\n") {
+	if r := e.expect(200, "GET", "/threads?name=no-such-loop", nil); !strings.Contains(string(r.body), "Total threads: 0\n") {
 		t.Fatalf("no match = %s", r.body)
 	}
 	all := string(e.expect(200, "GET", "/threads", nil).body)

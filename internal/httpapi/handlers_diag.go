@@ -35,22 +35,24 @@ func (s *Server) handleMetricsReset(w http.ResponseWriter, _ *http.Request) erro
 
 func (s *Server) handleLogLevel(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	name, hasName := q.Get("logger_name"), q.Has("logger_name")
-	level, hasLevel := q.Get("level"), q.Has("level")
+	// As upstream, an empty parameter counts as absent.
+	name, level := q.Get("logger_name"), q.Get("level")
+	hasName, hasLevel := name != "", level != ""
 	switch {
 	case hasName && hasLevel:
 		l, err := s.levels.Set(name, level)
 		if err != nil {
-			return errf(ErrBadRequest, "Invalid level: %s", level)
+			return errf(ErrBadRequest, "Invalid log level: %s", level)
 		}
 		s.log.Info("log level changed", "logger_name", name, "level", loglevel.Name(l))
-		writeText(w, http.StatusOK, fmt.Sprintf("Set %s level to %s", name, loglevel.Name(l)))
+		writeText(w, http.StatusOK, fmt.Sprintf("Set %s level to %s (including all handlers)", name, loglevel.Name(l)))
 	case hasName:
 		writeText(w, http.StatusOK, fmt.Sprintf("%s: %s", name, loglevel.Name(s.levels.Effective(name))))
 	case hasLevel:
 		writeText(w, http.StatusOK, "null")
 	default:
 		var b strings.Builder
+		b.WriteString("=== Loggers and Levels ===\n")
 		for _, e := range s.levels.List() {
 			fmt.Fprintf(&b, "%s: %s\n", e.Name, loglevel.Name(e.Level))
 		}
@@ -82,7 +84,7 @@ func (s *Server) handleThreads(w http.ResponseWriter, r *http.Request) error {
 				kept = append(kept, strings.TrimSpace(rec))
 			}
 		}
-		fmt.Fprintf(&out, "Total goroutines: %d\nMatched: %d\n\n%s\n", len(recs), len(kept), strings.Join(kept, "\n\n"))
+		fmt.Fprintf(&out, "%s\n\n=== Thread Summary ===\nTotal threads: %d\nTotal goroutines: %d\n", strings.Join(kept, "\n\n"), len(kept), len(recs))
 		writeText(w, http.StatusOK, out.String())
 		return nil
 	}
@@ -109,7 +111,7 @@ func (s *Server) handleThreads(w http.ResponseWriter, r *http.Request) error {
 		}
 		kept = append(kept, rec)
 	}
-	fmt.Fprintf(&out, "Total goroutines: %d\nMatched: %d\n\n%s\n", total, matched, strings.Join(kept, "\n\n"))
+	fmt.Fprintf(&out, "%s\n\n=== Thread Summary ===\nTotal threads: %d\nTotal goroutines: %d\n", strings.Join(kept, "\n\n"), matched, total)
 	writeText(w, http.StatusOK, out.String())
 	return nil
 }

@@ -218,7 +218,7 @@ func (s *Server) needsAuth(rt route, r *http.Request) bool {
 	case authAlways:
 		return true
 	case authOnSet:
-		return r.URL.Query().Has("level")
+		return r.URL.Query().Get("level") != ""
 	}
 	return false
 }
