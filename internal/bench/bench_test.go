@@ -67,6 +67,9 @@ func TestBenchSmall(t *testing.T) {
 	if res.StoreGBps <= 0 || res.RetrieveGBps <= 0 || res.MemcpyToShmGBps <= 0 || res.MemcpyFromShmGBps <= 0 || res.PingPerSec <= 0 || res.LookupP99 < res.LookupP50 {
 		t.Fatalf("result %+v", res)
 	}
+	if res.StoreRPCShare <= 0 || res.StoreRPCShare > 1 || res.RetrieveRPCShare <= 0 || res.RetrieveRPCShare > 1 {
+		t.Fatalf("round-trip shares %v %v", res.StoreRPCShare, res.RetrieveRPCShare)
+	}
 	var out bytes.Buffer
 	bench.Report(&out, o, res)
 	for _, s := range []string{"store:", "retrieve:", "memcpy into shm", "p99", "PING"} {
