@@ -739,32 +739,76 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 		jobs = append(jobs, job{s, target})
 		total += target
 	}
-	all := make([]Victim, 0, total)
+	// Pass 2 walks the salts' LRU lists. Each list node is usually a cache
+	// (and TLB) miss, so up to `lanes` lists are walked in lock step: their
+	// loads are independent and the CPU overlaps the misses. Job j writes
+	// into its own region all[off[j] : off[j]+target[j]].
+	all := make([]Victim, total)
 	checkPins := len(l.pins) > 0
-	for _, j := range jobs {
-		start := len(all)
-		taken := 0
-		for i := j.s.head; i != nilIdx && taken < j.target; {
-			e := l.at(i)
-			next := e.next
-			if checkPins && l.pins[e.k] > 0 {
-				i = next
+	type cursor struct {
+		job, off, n, taken int
+		at                 uint32
+	}
+	const lanes = 16
+	var lane [lanes]cursor
+	active := 0
+	nextJob, nextOff := 0, 0
+	counts := make([]int, len(jobs))
+	offs := make([]int, len(jobs))
+	refill := func(c *cursor) bool {
+		for nextJob < len(jobs) {
+			j := nextJob
+			nextJob++
+			offs[j] = nextOff
+			*c = cursor{job: j, off: nextOff, at: jobs[j].s.head}
+			nextOff += jobs[j].target
+			if c.at != nilIdx {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range lane {
+		if refill(&lane[i]) {
+			active++
+		} else {
+			lane[i].job = -1
+		}
+	}
+	for active > 0 {
+		for li := range lane {
+			c := &lane[li]
+			if c.job < 0 {
 				continue
 			}
-			taken++
-			if ttl > 0 && e.sent != 0 && stamp-e.sent < ttl {
-				p.InFlight++
-			} else {
-				all = append(all, Victim{idx: i, k: e.k})
-				if o.Mark {
-					e.sent = stamp
+			e := l.at(c.at)
+			next := e.next
+			if !checkPins || l.pins[e.k] <= 0 {
+				c.taken++
+				if ttl > 0 && e.sent != 0 && stamp-e.sent < ttl {
+					p.InFlight++
+				} else {
+					all[c.off+c.n] = Victim{idx: c.at, k: e.k}
+					c.n++
+					if o.Mark {
+						e.sent = stamp
+					}
 				}
 			}
-			i = next
+			c.at = next
+			if c.at == nilIdx || c.taken >= jobs[c.job].target {
+				counts[c.job] = c.n
+				if !refill(c) {
+					c.job = -1
+					active--
+				}
+			}
 		}
-		if len(all) > start {
-			p.Salts = append(p.Salts, j.s.name)
-			p.Victims = append(p.Victims, all[start:len(all):len(all)])
+	}
+	for j, jb := range jobs {
+		if n := counts[j]; n > 0 {
+			p.Salts = append(p.Salts, jb.s.name)
+			p.Victims = append(p.Victims, all[offs[j]:offs[j]+n:offs[j]+n])
 		}
 	}
 	return p
