@@ -278,7 +278,7 @@ func TestRunScript(t *testing.T) {
 	if got := run(200, "script", `load("json", "json")
 st = app.status()
 ads = app.adapters()
-result = json.encode({"v": app.version, "engine": st["is_healthy"] != None, "adapters": [a["TypeName"] for a in ads]})`); got != `{"adapters":["fs","nolist","dax"],"engine":true,"v":"0.3.1"}` {
+result = json.encode({"v": app.version, "engine": st["is_healthy"] != None, "adapters": [a["TypeName"] for a in ads]})`); got != `{"adapters":["fs","nolist","dax","gen"],"engine":true,"v":"0.3.1"}` {
 		t.Fatalf("result = %q", got)
 	}
 	if got := run(200, "script", "x = 1 + 1"); got != "Script executed successfully" {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/l2/dax"
 	"github.com/lmcache-go/lmcache/internal/loglevel"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
@@ -48,11 +49,11 @@ func statusOf(err error) int {
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrUnsupported), errors.Is(err, l2.ErrListUnsupported):
 		return http.StatusNotImplemented
-	case errors.Is(err, ErrConflict), errors.Is(err, engine.ErrNoLayout), errors.Is(err, engine.ErrLocked), errors.Is(err, engine.ErrWrongState):
+	case errors.Is(err, ErrConflict), errors.Is(err, dax.ErrConflict), errors.Is(err, engine.ErrNoLayout), errors.Is(err, engine.ErrLocked), errors.Is(err, engine.ErrWrongState):
 		return http.StatusConflict
-	case errors.Is(err, ErrNotFound), errors.Is(err, engine.ErrNotFound):
+	case errors.Is(err, ErrNotFound), errors.Is(err, engine.ErrNotFound), errors.Is(err, dax.ErrNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, ErrBadRequest), errors.Is(err, engine.ErrInvalid), errors.Is(err, engine.ErrUnsupported),
+	case errors.Is(err, ErrBadRequest), errors.Is(err, dax.ErrBadRequest), errors.Is(err, engine.ErrInvalid), errors.Is(err, engine.ErrUnsupported),
 		errors.Is(err, objkey.ErrInvalid), errors.Is(err, tokenhash.ErrTokenRange), errors.Is(err, loglevel.ErrUnknownLevel):
 		return http.StatusBadRequest
 	case errors.Is(err, engine.ErrOutOfMemory):

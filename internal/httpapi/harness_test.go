@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/l2/dax"
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 )
@@ -90,15 +92,16 @@ func (listlessAdapter) List(context.Context, string, int, string) (l2.Page, erro
 	return l2.Page{}, l2.ErrListUnsupported
 }
 
-// daxFake is a reconfigurable adapter named "dax" over a real fs adapter;
-// it records reconfigure calls and answers like the DAX adapter does.
-type daxFake struct {
+// genFake is a generic engine.Reconfigurer named "gen" over a real fs
+// adapter (the engine's pass-through path); it records calls and can fail
+// with an adapter-chosen status.
+type genFake struct {
 	*fs.Adapter
 	mu    sync.Mutex
 	calls []map[string]any
 }
 
-func (*daxFake) TypeName() string { return "dax" }
+func (*genFake) TypeName() string { return "gen" }
 
 type statusErr struct {
 	code int
@@ -108,7 +111,7 @@ type statusErr struct {
 func (e statusErr) Error() string   { return e.msg }
 func (e statusErr) HTTPStatus() int { return e.code }
 
-func (d *daxFake) Reconfigure(_ context.Context, op string, args map[string]any) (map[string]any, error) {
+func (d *genFake) Reconfigure(_ context.Context, op string, args map[string]any) (map[string]any, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	call := map[string]any{"op": op}
@@ -119,15 +122,14 @@ func (d *daxFake) Reconfigure(_ context.Context, op string, args map[string]any)
 	if args["device_path"] == "/dev/busy" {
 		return nil, statusErr{409, "device /dev/busy has locked slots"}
 	}
-	return map[string]any{"status": "ok", "operation": op, "adapter_index": 0,
-		"device": map[string]any{"device_path": args["device_path"], "state": "active", "size_bytes": args["size_bytes"]}}, nil
+	return map[string]any{"status": "ok", "operation": op, "adapter_index": 0, "args": args}, nil
 }
 
-func (d *daxFake) ReconfigureStatus() map[string]any {
-	return map[string]any{"backend": "dax", "supported_operations": []string{"status", "add", "remove", "resize"}}
+func (d *genFake) ReconfigureStatus() map[string]any {
+	return map[string]any{"backend": "gen", "supported_operations": []string{"status", "flush"}}
 }
 
-func (d *daxFake) lastCall() map[string]any {
+func (d *genFake) lastCall() map[string]any {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if len(d.calls) == 0 {
@@ -137,16 +139,18 @@ func (d *daxFake) lastCall() map[string]any {
 }
 
 type env struct {
-	t     *testing.T
-	base  string
-	srv   *httpapi.Server
-	eng   *engine.Engine
-	fsA   *fs.Adapter
-	fsDir string
-	dax   *daxFake
-	loops *periodic.Registry
-	hc    *http.Client
-	token string
+	t      *testing.T
+	base   string
+	srv    *httpapi.Server
+	eng    *engine.Engine
+	fsA    *fs.Adapter
+	fsDir  string
+	dax    *dax.Adapter
+	daxDir string
+	gen    *genFake
+	loops  *periodic.Registry
+	hc     *http.Client
+	token  string
 }
 
 type envOpts struct {
@@ -177,9 +181,20 @@ func start(t *testing.T, o envOpts) *env {
 	if !o.noAdapters {
 		e.fsA, e.fsDir = newFS(t)
 		nl, _ := newFS(t)
-		dx, _ := newFS(t)
-		e.dax = &daxFake{Adapter: dx}
-		adapters = []l2.Adapter{e.fsA, listlessAdapter{nl}, e.dax}
+		gf, _ := newFS(t)
+		e.gen = &genFake{Adapter: gf}
+		e.daxDir = t.TempDir()
+		dev := filepath.Join(e.daxDir, "dax0")
+		if err := os.WriteFile(dev, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		dx, err := dax.New(dax.Config{SlotBytes: objBytes, HotplugEnabled: true, Devices: []dax.DeviceConfig{{Path: dev, SizeBytes: 16 * objBytes}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = dx.Close() })
+		e.dax = dx
+		adapters = []l2.Adapter{e.fsA, listlessAdapter{nl}, e.dax, e.gen}
 		adapters = append(adapters, o.extraAdapt...)
 	}
 	layout, err := httpapi.ParseRegisterModel(registerJSON, testChunk)
@@ -194,7 +209,7 @@ func start(t *testing.T, o envOpts) *env {
 		},
 		Version: "0.3.1", Commit: "ca79ea33",
 		ChunkSize: testChunk, RegisteredModels: []engine.Layout{layout},
-		Periodic: e.loops, Logger: logger, InstanceID: "test-instance",
+		Periodic: e.loops, Logger: logger, InstanceID: "test-instance", Adapters: adapters,
 	}
 	if o.mutate != nil {
 		o.mutate(&opts)

@@ -88,13 +88,13 @@ func TestInfoRoutes(t *testing.T) {
 	}
 
 	ads := e.expect(200, "GET", "/config/adapters", nil).json(t)["adapters"].([]any)
-	if len(ads) != 3 {
+	if len(ads) != 4 {
 		t.Fatalf("adapters = %v", ads)
 	}
 	want := []struct {
 		name           string
 		primary, recfg bool
-	}{{"fs", true, false}, {"nolist", false, false}, {"dax", false, true}}
+	}{{"fs", true, false}, {"nolist", false, false}, {"dax", false, true}, {"gen", false, true}}
 	for i, w := range want {
 		a := ads[i].(map[string]any)
 		if a["index"] != float64(i) || a["type_name"] != w.name || a["tier"] != "l2" || a["primary"] != w.primary || a["reconfigurable"] != w.recfg {

@@ -3,6 +3,8 @@ package httpapi_test
 import (
 	"bytes"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -116,7 +118,7 @@ func TestQuota(t *testing.T) {
 	waitFor(t, "bob's L2 usage", func() bool {
 		m := e.expect(200, "GET", "/quota/bob", nil).json(t)
 		u := m["current_usage_gb"].(float64)
-		return u > 0 && math.Abs(u*(1<<30)-float64(objBytes)*3) < 1 // three adapters store the chunk
+		return u > 0 && math.Abs(u*(1<<30)-float64(objBytes)*4) < 1 // four adapters store the chunk
 	})
 }
 
@@ -124,8 +126,13 @@ func TestReconfigure(t *testing.T) {
 	e := start(t, envOpts{})
 	m := e.expect(200, "GET", "/reconfigure/DAX%20/status", nil).json(t)
 	ads := m["adapters"].([]any)
-	if m["enabled"] != true || m["backend"] != "dax" || m["num_adapters"] != float64(1) || len(ads) != 1 || ads[0].(map[string]any)["adapter_index"] != float64(0) || ads[0].(map[string]any)["backend"] != "dax" {
+	if m["enabled"] != true || m["backend"] != "dax" || m["num_adapters"] != float64(1) || len(ads) != 1 {
 		t.Fatalf("dax status = %v", m)
+	}
+	a0 := ads[0].(map[string]any)
+	devs := a0["status"].(map[string]any)["devices"].([]any)
+	if a0["adapter_index"] != float64(0) || a0["backend"] != "dax" || len(devs) != 1 || devs[0].(map[string]any)["state"] != "active" {
+		t.Fatalf("dax adapter status = %v", a0)
 	}
 	if m := e.expect(200, "GET", "/reconfigure/s3/status", nil).json(t); m["enabled"] != false || m["num_adapters"] != float64(0) || len(m["adapters"].([]any)) != 0 {
 		t.Fatalf("unknown backend = %v", m)
@@ -134,24 +141,31 @@ func TestReconfigure(t *testing.T) {
 		t.Fatalf("empty backend = %v", m)
 	}
 
-	m = e.expect(200, "POST", "/reconfigure/dax/add", `{"device_path":"/dev/dax0.0","size":"100GiB"}`).json(t)
-	if m["status"] != "ok" || m["operation"] != "add" || m["device"].(map[string]any)["size_bytes"] != float64(100<<30) {
+	// Real DAX adapter over files: add, conflicting re-add, resize, drain, remove.
+	dev1 := filepath.Join(e.daxDir, "dax1")
+	if err := os.WriteFile(dev1, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m = e.expect(200, "POST", "/reconfigure/dax/add", map[string]any{"device_path": dev1, "size": "8KiB"}).json(t)
+	if m["status"] != "ok" || m["operation"] != "add" || m["adapter_index"] != float64(0) || m["device"].(map[string]any)["state"] != "active" {
 		t.Fatalf("add = %v", m)
 	}
-	if c := e.dax.lastCall(); c["op"] != "add" || c["size_bytes"] != int64(100<<30) || c["device_path"] != "/dev/dax0.0" {
-		t.Fatalf("adapter saw %v", c)
+	if m := e.expect(409, "POST", "/reconfigure/dax/add", map[string]any{"device_path": dev1, "size": "16k"}).json(t); !strings.Contains(m["error"].(string), "already mapped") {
+		t.Fatalf("conflicting add = %v", m)
 	}
-	e.expect(200, "POST", "/reconfigure/dax/remove", `{"device_path":"/dev/dax0.0","mode":"drain"}`)
-	if c := e.dax.lastCall(); c["op"] != "remove" || c["mode"] != "drain" || c["force"] != false {
-		t.Fatalf("adapter saw %v", c)
+	m = e.expect(200, "POST", "/reconfigure/dax/resize", map[string]any{"device_path": dev1, "size": 16 * objBytes}).json(t)
+	if m["operation"] != "resize" || m["old_size_bytes"] != float64(8*objBytes) || m["new_size_bytes"] != float64(16*objBytes) {
+		t.Fatalf("resize = %v", m)
 	}
-	e.expect(200, "POST", "/reconfigure/dax/resize", `{"device_path":"/dev/dax0.0","size":1073741824,"mode":"evict","force":true}`)
-	if c := e.dax.lastCall(); c["op"] != "resize" || c["size_bytes"] != int64(1<<30) || c["mode"] != "evict" || c["force"] != true {
-		t.Fatalf("adapter saw %v", c)
+	if m := e.expect(200, "POST", "/reconfigure/dax/remove", map[string]any{"device_path": dev1, "mode": "drain"}).json(t); m["state"] != "draining" {
+		t.Fatalf("drain = %v", m)
 	}
-	e.expect(200, "POST", "/reconfigure/dax/resize", `{"device_path":"/dev/dax0.0","size":"1.5k"}`)
-	if c := e.dax.lastCall(); c["size_bytes"] != int64(1536) || c["mode"] != "migrate" {
-		t.Fatalf("adapter saw %v", c)
+	if m := e.expect(200, "POST", "/reconfigure/dax/remove", map[string]any{"device_path": dev1, "mode": "evict"}).json(t); m["state"] != "removed" {
+		t.Fatalf("remove = %v", m)
+	}
+	e.expect(404, "POST", "/reconfigure/dax/remove", map[string]any{"device_path": "/nonexistent/dax9"})
+	if m := e.expect(400, "POST", "/reconfigure/dax/add", map[string]any{"device_path": dev1, "size": "100b"}).json(t); !strings.Contains(m["error"].(string), "cannot hold one slot") {
+		t.Fatalf("sub-slot add = %v", m)
 	}
 	if m := e.expect(400, "POST", "/reconfigure/dax/explode", `{}`).json(t); m["error"] != "unsupported dax reconfigure operation: explode" {
 		t.Fatalf("bad op = %v", m)
@@ -170,10 +184,23 @@ func TestReconfigure(t *testing.T) {
 		t.Fatalf("index = %v", m)
 	}
 	e.expect(404, "POST", "/reconfigure/fs/whatever", `{}`)
-	if m := e.expect(409, "POST", "/reconfigure/dax/remove", `{"device_path":"/dev/busy"}`).json(t); !strings.Contains(m["error"].(string), "locked slots") {
-		t.Fatalf("409 = %v", m)
-	}
 	e.expect(400, "POST", "/reconfigure/dax/%20", `{}`)
+
+	// Generic backends go through the engine's Reconfigurer pass-through
+	// with the body forwarded verbatim (adapter_index removed).
+	m = e.expect(200, "POST", "/reconfigure/gen/flush", `{"adapter_index":0,"depth":3,"tags":["a"]}`).json(t)
+	if args := m["args"].(map[string]any); m["operation"] != "flush" || args["depth"] != float64(3) || args["adapter_index"] != nil {
+		t.Fatalf("generic = %v", m)
+	}
+	if c := e.gen.lastCall(); c["op"] != "flush" {
+		t.Fatalf("adapter saw %v", c)
+	}
+	if m := e.expect(409, "POST", "/reconfigure/gen/remove", `{"device_path":"/dev/busy"}`).json(t); !strings.Contains(m["error"].(string), "locked slots") {
+		t.Fatalf("adapter status = %v", m)
+	}
+	if m := e.expect(200, "GET", "/reconfigure/gen/status", nil).json(t); m["num_adapters"] != float64(1) {
+		t.Fatalf("gen status = %v", m)
+	}
 }
 
 // TestKVWorldSizeTwo stores and retrieves a TP=2 layout: every chunk has
