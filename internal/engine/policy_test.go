@@ -1,8 +1,11 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -10,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/l2/fault"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -277,5 +281,55 @@ func TestStatusShape(t *testing.T) {
 	}
 	if st["is_healthy"] != true {
 		t.Fatal("running engine reports unhealthy")
+	}
+}
+
+// TestWriteBehindFaultWrappedFS: the real fs adapter behind the
+// fault_inject wrapper. While the wrapper fails every call, nothing reaches
+// disk, L1 keeps every object pinned (even past the eviction watermark) and
+// the failures are counted; after recovery every pending upload lands on
+// disk byte-identical.
+func TestWriteBehindFaultWrappedFS(t *testing.T) {
+	dir := t.TempDir()
+	inner, err := openFS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fa := fault.New(inner, fault.Config{})
+	defer fa.Close()
+	fa.SetFailing(true)
+	h := start(t, Config{EvictionInterval: 5 * time.Millisecond, StoreMaxAttempts: 1000, StoreRetryBase: time.Millisecond, StoreRetryMax: 20 * time.Millisecond}, fa)
+	defer h.stop(t)
+	keys := flat(chunks("", 0, 60, 1)) // 60 of 64 slots: above the watermark
+	h.mustPut(t, keys)
+	waitFor(t, func() bool { return h.Counters().L2[0].StoreFailed >= 10 })
+	c := h.Counters()
+	if c.L1Objects != 60 || c.L1PendingUpload != 60 || c.L1Evicted[""] != 0 || c.L1EvictionLoopTicks == 0 {
+		t.Fatalf("L1 lost objects with pending uploads: %+v", c)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("%d files written while failing", len(ents))
+	}
+	fa.SetFailing(false)
+	waitFor(t, func() bool { return h.Counters().L2[0].StoreObjects == 60 })
+	for _, k := range keys {
+		b, err := os.ReadFile(filepath.Join(dir, k.FSName()))
+		if err != nil || !bytes.Equal(b, pattern(k, objSize)) {
+			t.Fatalf("object %v after recovery: %v", k, err)
+		}
+	}
+	if c := h.Counters(); c.L2[0].StoreAbandoned != 0 || c.L2[0].PendingStores != 0 {
+		t.Fatalf("after recovery: %+v", c.L2[0])
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 30 s")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
