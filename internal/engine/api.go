@@ -79,6 +79,11 @@ type Config struct {
 	// shared-memory pool works with lazy on (upstream turns SHM off then).
 	L1UseLazy       bool
 	L1InitSizeBytes int64
+	// L1UseHugepages is --l1-use-hugepages: back the pool with reserved
+	// 2 MiB hugetlb pages. Requires ShmName "" and enough free huge pages
+	// (checked at New). Without it the pool still asks for transparent
+	// huge pages where the kernel allows.
+	L1UseHugepages bool
 	// L1AlignBytes is --l1-align-bytes (default 4096, a power of two): every
 	// slot offset and size is a multiple of it.
 	L1AlignBytes int64

@@ -147,7 +147,7 @@ func newEngine(cfg Config, adapters []l2.Adapter, logger *slog.Logger) (*Engine,
 	for len(cfg.L2) < len(adapters) {
 		cfg.L2 = append(cfg.L2, AdapterConfig{})
 	}
-	pool, err := l1.NewPool(l1.PoolConfig{Size: cfg.L1SizeBytes, Align: cfg.L1AlignBytes, ShmName: cfg.ShmName, ShmDir: cfg.ShmDir, ShmMode: cfg.ShmMode})
+	pool, err := l1.NewPool(l1.PoolConfig{Size: cfg.L1SizeBytes, Align: cfg.L1AlignBytes, ShmName: cfg.ShmName, ShmDir: cfg.ShmDir, ShmMode: cfg.ShmMode, HugePages: cfg.L1UseHugepages})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -433,4 +434,34 @@ func TestEvictOrder(t *testing.T) {
 	if _, err := NewTable(TableConfig{Size: kib, Align: kib, Policy: "ARC"}); err == nil {
 		t.Fatal("unknown policy accepted")
 	}
+}
+
+// TestHugePagesPool: --l1-use-hugepages is refused with SHM and when too
+// few huge pages are reserved; with enough it maps hugetlb memory.
+func TestHugePagesPool(t *testing.T) {
+	if _, err := NewPool(PoolConfig{Size: 4 << 20, HugePages: true, ShmName: "x", ShmDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), `--shm-name ""`) {
+		t.Fatalf("hugepages with shm: %v", err)
+	}
+	dir := t.TempDir()
+	old := freeHugePagesFile
+	defer func() { freeHugePagesFile = old }()
+	freeHugePagesFile = filepath.Join(dir, "free")
+	os.WriteFile(freeHugePagesFile, []byte("1\n"), 0o644)
+	if _, err := NewPool(PoolConfig{Size: 4<<20 + 1, HugePages: true}); err == nil || !strings.Contains(err.Error(), "1 free 2 MiB huge pages, need 3") {
+		t.Fatalf("too few huge pages: %v", err)
+	}
+	freeHugePagesFile = old
+	free, err := freeHugePages()
+	if err != nil || free < 2 {
+		t.Skipf("host has %d free huge pages (%v); mapping not exercised", free, err)
+	}
+	p, err := NewPool(PoolConfig{Size: 4 << 20, HugePages: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(p.Bytes(0, 5), "hello")
+	if p.Size() != 4<<20 {
+		t.Fatalf("size %d", p.Size())
+	}
+	p.Close()
 }

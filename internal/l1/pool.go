@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +29,24 @@ type PoolConfig struct {
 	ShmName string      // "" = anonymous private mapping
 	ShmDir  string      // "" = /dev/shm
 	ShmMode os.FileMode // 0 = 0600
+	// HugePages backs a private pool with reserved 2 MiB hugetlb pages
+	// (--l1-use-hugepages). As upstream it requires SHM off and enough free
+	// pages in /sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages.
+	HugePages bool
+}
+
+// HugePageSize is the hugetlb page size used by PoolConfig.HugePages.
+const HugePageSize = 2 << 20
+
+// freeHugePagesFile reports free 2 MiB hugetlb pages (a variable for tests).
+var freeHugePagesFile = "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages"
+
+func freeHugePages() (int64, error) {
+	b, err := os.ReadFile(freeHugePagesFile)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
 
 // Pool is one contiguous mapping. The memory is committed lazily by the
@@ -71,6 +90,27 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	}
 	size := roundUp(cfg.Size, align)
 	p := &Pool{align: align, name: NormalizeShmName(cfg.ShmName)}
+	if cfg.HugePages {
+		if p.name != "" {
+			return nil, errors.New(`l1: --l1-use-hugepages needs --shm-name ""`)
+		}
+		size = roundUp(size, HugePageSize)
+		need := size / HugePageSize
+		free, err := freeHugePages()
+		if err != nil {
+			return nil, fmt.Errorf("l1: --l1-use-hugepages: cannot read free huge pages: %w", err)
+		}
+		if free < need {
+			return nil, fmt.Errorf("l1: --l1-use-hugepages: %d free 2 MiB huge pages, need %d (reserve them with vm.nr_hugepages)", free, need)
+		}
+		const mapHuge2MB = 21 << unix.MAP_HUGE_SHIFT
+		mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_HUGETLB|mapHuge2MB)
+		if err != nil {
+			return nil, fmt.Errorf("l1: mmap %d bytes of huge pages: %w", size, err)
+		}
+		p.mem = mem
+		return p, nil
+	}
 	if p.name == "" {
 		mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 		if err != nil {
