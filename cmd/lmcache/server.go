@@ -122,6 +122,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		L1UseLazy:                cfg.L1UseLazy,
 		L1InitSizeBytes:          cfg.L1InitSizeBytes(),
 		L1AlignBytes:             int64(cfg.L1AlignBytes),
+		L1UseHugepages:           cfg.L1UseHugepages,
 		L1ReadTTL:                seconds(cfg.L1ReadTTLSeconds),
 		L1WriteTTL:               seconds(cfg.L1WriteTTLSeconds),
 		ShmName:                  cfg.SHMName,
@@ -195,6 +196,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 
 	s.api, err = httpapi.New(httpapi.Options{
 		Engine:               s.eng,
+		Adapters:             s.adapters,
 		Config:               cfg.Groups(),
 		AuthToken:            cfg.HTTPAuthToken,
 		RunScriptEnabled:     cfg.RunScriptAPIEnabled,
