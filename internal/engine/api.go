@@ -236,7 +236,11 @@ type PrefetchResult struct {
 	// L1Keys were already resident; L2Keys were loaded from L2 by this job.
 	L1Keys int
 	L2Keys int
-	// Err is set when the job failed as a whole (it still counts as done).
+	// Err is the first L2 or allocation error the job met (an adapter
+	// failing its lookup or load, the load timeout, an L1 out-of-memory for
+	// the loads). It is informational: the other fields stay valid, the
+	// job is done, and the prefix's read locks are held as usual and must
+	// be released as usual. Failures are also counted in Counters.
 	Err error
 }
 
