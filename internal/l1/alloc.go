@@ -10,6 +10,10 @@ import (
 // allocated.
 var ErrOutOfMemory = errors.New("l1: out of memory")
 
+// sameClassScan bounds the search for a fit among extents of the request's
+// own size class before larger classes are considered.
+const sameClassScan = 64
+
 // Allocator hands out aligned extents [off, off+size) of a region. It is an
 // extent allocator: free space is a set of maximal extents indexed by start
 // and end (for O(1) coalescing on Free) and by power-of-two size class (for
@@ -80,9 +84,12 @@ func (a *Allocator) Alloc(size int64) (int64, bool) {
 		return 0, false
 	}
 	c := a.class(need)
-	// Same class: extents in [2^c, 2^(c+1)) units may or may not fit; the
-	// scan is bounded by the number of free extents of this class.
+	// Same class: extents in [2^c, 2^(c+1)) units may or may not fit. The
+	// scan stops at an exact fit or after sameClassScan candidates, so a
+	// class crowded with slightly-too-small extents cannot make every
+	// allocation linear; larger classes always fit.
 	start, found := int64(-1), int64(0)
+	scanned := 0
 	for s := range a.classes[c] {
 		if sz := a.byStart[s]; sz >= need {
 			start, found = s, sz
@@ -90,12 +97,24 @@ func (a *Allocator) Alloc(size int64) (int64, bool) {
 				break
 			}
 		}
+		if scanned++; scanned >= sameClassScan {
+			break
+		}
 	}
 	// Larger classes: any extent fits.
 	for cc := c + 1; start < 0 && cc < len(a.classes); cc++ {
 		for s := range a.classes[cc] {
 			start, found = s, a.byStart[s]
 			break
+		}
+	}
+	// Nothing larger is free: finish the scan of a crowded class.
+	if start < 0 && scanned >= sameClassScan {
+		for s := range a.classes[c] {
+			if sz := a.byStart[s]; sz >= need {
+				start, found = s, sz
+				break
+			}
 		}
 	}
 	if start < 0 {

@@ -465,3 +465,42 @@ func TestHugePagesPool(t *testing.T) {
 	}
 	p.Close()
 }
+
+// TestAllocCrowdedClass: many free extents one page too small for a request
+// of their class do not stop it from being served from a larger extent, and
+// every extent stays disjoint.
+func TestAllocCrowdedClass(t *testing.T) {
+	const page = 4 * kib
+	a := NewAllocator(4096*page, page)
+	// Carve 200 holes of 4 pages (class 2) separated by 1 used page.
+	var holes []int64
+	for range 200 {
+		off, _ := a.Alloc(4 * page)
+		holes = append(holes, off)
+		a.Alloc(page)
+	}
+	for _, h := range holes {
+		a.Free(h, 4*page)
+	}
+	// 5 pages is class 2 as well, but fits none of the holes.
+	seen := map[int64]bool{}
+	for range 100 {
+		off, ok := a.Alloc(5 * page)
+		if !ok {
+			t.Fatal("allocation failed with plenty of free space")
+		}
+		for _, h := range holes {
+			if off >= h && off < h+4*page {
+				t.Fatalf("5-page object placed in a 4-page hole at %d", h)
+			}
+		}
+		if seen[off] {
+			t.Fatalf("offset %d handed out twice", off)
+		}
+		seen[off] = true
+	}
+	// A 4-page request still finds a hole.
+	if off, ok := a.Alloc(4 * page); !ok || !slices.Contains(holes, off) {
+		t.Fatalf("4-page request got %d %v, want a hole", off, ok)
+	}
+}
