@@ -137,24 +137,26 @@ func (s *saltCounts) addKeys(keys []objkey.Key, n int64) {
 	s.mu.Unlock()
 }
 
-// addMasked adds 1 per key whose mask entry is true.
-func (s *saltCounts) addMasked(keys []objkey.Key, mask []bool) {
+// addMasked adds 1 per key (chunk-major) whose mask entry is true.
+func (s *saltCounts) addMasked(chunks [][]objkey.Key, mask []bool) {
 	s.mu.Lock()
 	if s.m == nil {
 		s.m = map[string]int64{}
 	}
-	run, cnt := "", int64(0)
-	for i, k := range keys {
-		if !mask[i] {
-			continue
-		}
-		if k.CacheSalt != run {
-			if cnt > 0 {
-				s.m[run] += cnt
+	run, cnt, i := "", int64(0), 0
+	for _, ks := range chunks {
+		for _, k := range ks {
+			if mask[i] {
+				if k.CacheSalt != run {
+					if cnt > 0 {
+						s.m[run] += cnt
+					}
+					run, cnt = k.CacheSalt, 0
+				}
+				cnt++
 			}
-			run, cnt = k.CacheSalt, 0
+			i++
 		}
-		cnt++
 	}
 	if cnt > 0 {
 		s.m[run] += cnt

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -41,10 +42,11 @@ type job struct {
 	req     PrefetchRequest
 	owner   string // "" when Readers == 0
 	retain  bool
-	flat    []objkey.Key
-	chunkOf []int
-	hit     []bool // resident (and locked for owner when Readers > 0)
-	fromL1  []bool
+	total   int          // keys requested
+	hit     []bool       // per key, chunk-major: resident (and locked for owner when Readers > 0)
+	flat    []objkey.Key // L2 phase only: the keys, chunk-major
+	chunkOf []int        // L2 phase only: chunk index per key
+	fromL1  []bool       // L2 phase only: hit as the L1 phase left it
 	l2Keys  int
 	err     error
 
@@ -80,41 +82,33 @@ func (e *Engine) prefetch(req PrefetchRequest) error {
 		return fmt.Errorf("%w: negative reader count", ErrInvalid)
 	}
 	j := &job{req: req, retain: req.Retain || req.Readers == 0 || e.cfg.L2PrefetchPolicy == PrefetchPolicyRetain, done: make(chan struct{})}
-	n := 0
 	for _, ks := range req.Chunks {
-		n += len(ks)
+		j.total += len(ks)
 	}
-	j.flat = make([]objkey.Key, 0, n)
-	j.chunkOf = make([]int, 0, n)
-	for c, ks := range req.Chunks {
-		j.flat = append(j.flat, ks...)
-		for range ks {
-			j.chunkOf = append(j.chunkOf, c)
-		}
-	}
+	// The L1 phase works on req.Chunks directly; the flattened key list the
+	// L2 phase needs is built by the worker, only when there are misses.
+	j.hit = make([]bool, j.total)
 	if req.Readers > 0 {
 		j.owner = req.ID
-		slots := e.table.ReadLock(j.owner, j.flat, req.Readers)
-		j.hit = make([]bool, len(j.flat))
-		for i, s := range slots {
-			j.hit[i] = s.Size > 0
-		}
-		e.st.l1Read.addMasked(j.flat, j.hit)
-		if e.hasListeners() {
-			var accessed []objkey.Key
-			for i, h := range j.hit {
-				if h {
-					accessed = append(accessed, j.flat[i])
+		if e.table.ReadLockChunks(j.owner, req.Chunks, req.Readers, j.hit) > 0 {
+			e.st.l1Read.addMasked(req.Chunks, j.hit)
+			if e.hasListeners() {
+				var accessed []objkey.Key
+				i := 0
+				for _, ks := range req.Chunks {
+					for _, k := range ks {
+						if j.hit[i] {
+							accessed = append(accessed, k)
+						}
+						i++
+					}
 				}
-			}
-			if len(accessed) > 0 {
 				e.notify(func(l L1Listener) { l.OnL1Accessed(accessed) })
 			}
 		}
 	} else {
-		j.hit = e.table.Contains(j.flat)
+		e.table.ContainsChunks(req.Chunks, j.hit)
 	}
-	j.fromL1 = append([]bool(nil), j.hit...)
 	e.st.prefetchRequests.Add(1)
 	e.st.activeJobs.Add(1)
 
@@ -186,6 +180,15 @@ func (e *Engine) runJob(ctx context.Context, j *job) {
 }
 
 func (e *Engine) loadL2(ctx context.Context, j *job) {
+	j.flat = make([]objkey.Key, 0, j.total)
+	j.chunkOf = make([]int, 0, j.total)
+	for c, ks := range j.req.Chunks {
+		j.flat = append(j.flat, ks...)
+		for range ks {
+			j.chunkOf = append(j.chunkOf, c)
+		}
+	}
+	j.fromL1 = slices.Clone(j.hit)
 	if t := e.cfg.L2PrefetchLoadTimeout; t > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, t)
@@ -372,47 +375,53 @@ func (j *job) keysAt(idx []int) []objkey.Key {
 	return out
 }
 
-// prefix counts leading chunks whose every key satisfies ok. A chunk with
-// no keys ends the prefix.
+// prefix counts leading chunks whose every key (index chunk-major)
+// satisfies ok. A chunk with no keys ends the prefix.
 func (j *job) prefix(ok func(int) bool) int {
-	complete := make([]bool, len(j.req.Chunks))
+	i := 0
 	for c, ks := range j.req.Chunks {
-		complete[c] = len(ks) > 0
-	}
-	for i := range j.flat {
-		if !ok(i) {
-			complete[j.chunkOf[i]] = false
-		}
-	}
-	for c, v := range complete {
-		if !v {
+		if len(ks) == 0 {
 			return c
 		}
+		for range ks {
+			if !ok(i) {
+				return c
+			}
+			i++
+		}
 	}
-	return len(complete)
+	return len(j.req.Chunks)
 }
 
 // finishJob computes the result, releases locks beyond a lookup's prefix
 // and wakes waiters.
 func (e *Engine) finishJob(j *job) {
 	prefix := j.prefix(func(i int) bool { return j.hit[i] })
-	if j.owner != "" && !j.req.Sparse {
+	if j.owner != "" && !j.req.Sparse && prefix < len(j.req.Chunks) {
 		var beyond []objkey.Key
-		for i, h := range j.hit {
-			if h && j.chunkOf[i] >= prefix {
-				beyond = append(beyond, j.flat[i])
+		i := 0
+		for c, ks := range j.req.Chunks {
+			for _, k := range ks {
+				if c >= prefix && j.hit[i] {
+					beyond = append(beyond, k)
+				}
+				i++
 			}
 		}
 		if len(beyond) > 0 {
 			e.releaseRead(j.owner, beyond, j.req.Readers)
 		}
 	}
-	l1Chunks := j.prefix(func(i int) bool { return j.fromL1[i] })
+	fromL1 := j.fromL1
+	if fromL1 == nil { // no L2 phase: everything found came from L1
+		fromL1 = j.hit
+	}
+	l1Chunks := j.prefix(func(i int) bool { return fromL1[i] })
 	e.st.hitL1.Add(int64(min(l1Chunks, prefix)))
 	e.st.hitL2.Add(int64(prefix - min(l1Chunks, prefix)))
 	e.st.miss.Add(int64(len(j.req.Chunks) - prefix))
 	l1Keys := 0
-	for _, v := range j.fromL1 {
+	for _, v := range fromL1 {
 		if v {
 			l1Keys++
 		}
@@ -422,7 +431,7 @@ func (e *Engine) finishJob(j *job) {
 	if !j.lookupDone {
 		j.lookupDone, j.lookupPrefix = true, prefix
 	}
-	j.res = PrefetchResult{Done: true, LookupDone: true, LookupPrefixChunks: j.lookupPrefix, PrefixChunks: prefix, TotalKeys: len(j.flat), L1Keys: l1Keys, L2Keys: j.l2Keys, Err: j.err}
+	j.res = PrefetchResult{Done: true, LookupDone: true, LookupPrefixChunks: j.lookupPrefix, PrefixChunks: prefix, TotalKeys: j.total, L1Keys: l1Keys, L2Keys: j.l2Keys, Err: j.err}
 	j.doneAt = time.Now()
 	p.mu.Unlock()
 	e.st.activeJobs.Add(-1)

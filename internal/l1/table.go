@@ -461,6 +461,40 @@ func (t *Table) ReadLock(owner string, keys []objkey.Key, n int) []Slot {
 	return out
 }
 
+// ReadLockChunks is ReadLock over keys given per chunk: hit (one entry per
+// key, chunk-major) is set for each key locked; it returns the hit count.
+// It saves callers a flattened copy of the keys.
+func (t *Table) ReadLockChunks(owner string, chunks [][]objkey.Key, n int, hit []bool) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := now()
+	i, hits := 0, 0
+	for _, ks := range chunks {
+		for _, k := range ks {
+			if o, ok := t.resident[k]; ok {
+				t.lock(o, owner, n, now)
+				hit[i] = true
+				hits++
+			}
+			i++
+		}
+	}
+	return hits
+}
+
+// ContainsChunks sets hit for every resident key (no lock taken).
+func (t *Table) ContainsChunks(chunks [][]objkey.Key, hit []bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i := 0
+	for _, ks := range chunks {
+		for _, k := range ks {
+			_, hit[i] = t.resident[k]
+			i++
+		}
+	}
+}
+
 // Release drops up to n read locks per key. With an owner, only locks that
 // owner took and still holds are released, on the resident object or on a
 // detached one (deleted or cleared while held); a lease that expired took
