@@ -371,7 +371,9 @@ func (e *Engine) ReadSlots(keys []objkey.Key) ([]Slot, error) { return e.readSlo
 // ReleaseRead (COMMIT_RETRIEVE, FREE_LOOKUP_LOCKS) drops up to n read locks
 // per key that owner's prefetch job took and still holds; locks owner never
 // took, already released or expired are ignored, so over-release is
-// impossible. It returns the number of locks released.
+// impossible. Locks of a key deleted or cleared meanwhile are still found
+// (the memory is freed on the last release). It returns the number of
+// locks released.
 func (e *Engine) ReleaseRead(owner string, keys []objkey.Key, n int) int {
 	return e.releaseRead(owner, keys, n)
 }
