@@ -63,11 +63,18 @@ func (s *Server) RunEvictionCycle(ctx context.Context) CycleResult {
 		return res
 	}
 	res.Target = inst.InstanceID
-	keys := keysToEncoded(plan.Keys())
 	base := mpclient.BaseURL(inst.IP, inst.HTTPPort)
-	for start := 0; start < len(keys); start += mpclient.MaxDeleteBatch {
-		end := min(start+mpclient.MaxDeleteBatch, len(keys))
-		batch, vs := keys[start:end], victims[start:end]
+	sent := 0
+	for start := 0; start < len(victims); start += mpclient.MaxDeleteBatch {
+		end := min(start+mpclient.MaxDeleteBatch, len(victims))
+		// Materialize one request's worth at a time: the ledger lock is held
+		// only for this chunk, and victims deleted meanwhile are dropped.
+		keys, vs := s.ledger.Materialize(victims[start:end])
+		if len(keys) == 0 {
+			continue
+		}
+		batch := keysToEncoded(keys)
+		sent += len(batch)
 		res.Requests++
 		s.dispatchWG.Add(1)
 		go func() {
@@ -81,7 +88,7 @@ func (s *Server) RunEvictionCycle(ctx context.Context) CycleResult {
 			s.metrics.keysDispatched.Add(float64(len(batch)))
 		}()
 	}
-	s.log.Info("eviction dispatched", "instance_id", inst.InstanceID, "keys", len(keys), "salts", len(plan.Salts), "requests", res.Requests, "in_flight_withheld", plan.InFlight)
+	s.log.Info("eviction dispatched", "instance_id", inst.InstanceID, "keys", sent, "salts", len(plan.Salts), "requests", res.Requests, "in_flight_withheld", plan.InFlight)
 	return res
 }
 

@@ -52,6 +52,11 @@ type entry struct {
 	// sent is the in-flight mark: seconds since the ledger epoch, plus one,
 	// of the last dispatch of this key as an eviction victim; 0 when none.
 	sent uint32
+	// gen changes whenever the slot is freed, so a planned Victim can tell
+	// that its entry was deleted (or the slot reused) before dispatch. It
+	// sits in the same cache line as next and sent, which the planner reads
+	// anyway.
+	gen uint32
 }
 
 type saltState struct {
@@ -424,7 +429,7 @@ func (l *Ledger) store(k *Key, size int64) {
 	}
 	i = l.alloc()
 	e := l.at(i)
-	*e = entry{k: c, size: size}
+	*e = entry{k: c, size: size, gen: e.gen}
 	l.index[slot] = tag | uint64(i+1)
 	l.pushTail(s, i, e)
 	s.count++
@@ -473,7 +478,7 @@ func (l *Ledger) remove(k *Key) {
 		l.total = 0
 	}
 	l.unindex(slot)
-	*e = entry{}
+	*e = entry{gen: e.gen + 1}
 	l.free = append(l.free, i)
 	l.live--
 }
@@ -628,10 +633,11 @@ type PlanOptions struct {
 	Mark bool
 }
 
-// Victim is one planned key.
+// Victim references one planned entry: its slot and the slot's generation.
+// Plans hold references, not keys, so planning touches one cache line per
+// victim; Materialize turns them into keys at dispatch time.
 type Victim struct {
-	idx uint32
-	k   ckey
+	idx, gen uint32
 }
 
 // Plan is the result of one planning pass: victims per salt in LRU order.
@@ -641,9 +647,6 @@ type Plan struct {
 	// InFlight counts keys that would have been chosen but were withheld
 	// because an earlier dispatch is still awaiting their delete events.
 	InFlight int
-	models   []string
-	salts    []*saltState
-	longs    []string
 }
 
 // Len is the number of victims.
@@ -655,30 +658,44 @@ func (p *Plan) Len() int {
 	return n
 }
 
-// Keys expands the victims (in plan order) into object keys. It runs without
-// the ledger lock: the interned name tables are append-only and the plan
-// captured their headers.
-func (p *Plan) Keys() []objkey.Key {
-	out := make([]objkey.Key, 0, p.Len())
-	var l Ledger
-	for _, vs := range p.Victims {
-		for i := range vs {
-			out = append(out, l.expand(&vs[i].k, p.models, p.salts, p.longs))
+// Materialize resolves victims to object keys, dropping any whose entry was
+// deleted since planning; live is the surviving victims, parallel to keys.
+// It holds the lock only to copy this slice's compact keys, so a large plan
+// is expanded in dispatch-sized chunks while ingest goes on; the strings are
+// built after unlocking (the interned name tables are append-only).
+func (l *Ledger) Materialize(vs []Victim) (keys []objkey.Key, live []Victim) {
+	cks := make([]ckey, 0, len(vs))
+	live = make([]Victim, 0, len(vs))
+	l.mu.Lock()
+	for _, v := range vs {
+		if v.idx < l.n {
+			if e := l.at(v.idx); e.gen == v.gen {
+				cks = append(cks, e.k)
+				live = append(live, v)
+			}
 		}
 	}
-	return out
+	models, salts, longs := l.models, l.salts, l.longs
+	l.mu.Unlock()
+	keys = make([]objkey.Key, len(cks))
+	for i := range cks {
+		keys[i] = l.expand(&cks[i], models, salts, longs)
+	}
+	return keys, live
 }
 
-// BySalt returns the victims' keys grouped by salt.
-func (p *Plan) BySalt() map[string][]objkey.Key {
+// PlanKeys materializes a whole plan in plan order.
+func (l *Ledger) PlanKeys(p *Plan) []objkey.Key {
+	keys, _ := l.Materialize(p.Flat())
+	return keys
+}
+
+// PlanBySalt materializes a plan grouped by salt.
+func (l *Ledger) PlanBySalt(p *Plan) map[string][]objkey.Key {
 	out := map[string][]objkey.Key{}
-	var l Ledger
 	for si, vs := range p.Victims {
-		ks := make([]objkey.Key, 0, len(vs))
-		for i := range vs {
-			ks = append(ks, l.expand(&vs[i].k, p.models, p.salts, p.longs))
-		}
-		out[p.Salts[si]] = ks
+		keys, _ := l.Materialize(vs)
+		out[p.Salts[si]] = keys
 	}
 	return out
 }
@@ -704,7 +721,7 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 	defer l.mu.Unlock()
 	stamp := l.stamp(now)
 	ttl := uint32(math.Ceil(o.InflightTTL.Seconds()))
-	p := &Plan{models: l.models, salts: l.salts, longs: l.longs}
+	p := &Plan{}
 	// Pass 1 picks the salts and their targets so pass 2 can write every
 	// victim into one exactly-sized array (at millions of victims, growing
 	// per-salt slices costs more than the walk).
@@ -788,7 +805,7 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 				if ttl > 0 && e.sent != 0 && stamp-e.sent < ttl {
 					p.InFlight++
 				} else {
-					all[c.off+c.n] = Victim{idx: c.at, k: e.k}
+					all[c.off+c.n] = Victim{idx: c.at, gen: e.gen}
 					c.n++
 					if o.Mark {
 						e.sent = stamp
@@ -821,7 +838,7 @@ func (l *Ledger) Unmark(vs []Victim) {
 	defer l.mu.Unlock()
 	for _, v := range vs {
 		if v.idx < l.n {
-			if e := l.at(v.idx); e.k == v.k {
+			if e := l.at(v.idx); e.gen == v.gen {
 				e.sent = 0
 			}
 		}
@@ -848,7 +865,7 @@ func PrepareEvent(typ string, key *objkey.Encoded, bytes int64) (Event, error) {
 }
 
 // Flat returns every victim in plan order (salts in plan order, each in LRU
-// order), parallel to Keys().
+// order).
 func (p *Plan) Flat() []Victim {
 	out := make([]Victim, 0, p.Len())
 	for _, vs := range p.Victims {

@@ -95,6 +95,30 @@ func BenchmarkEvictionPlan(b *testing.B) {
 	}
 }
 
+// BenchmarkPlanMaterialize is the dispatch-side cost of the all-salts plan
+// above: planning plus turning its 2,000,000 victims into object keys in
+// 10,000-key chunks, as RunEvictionCycle does.
+func BenchmarkPlanMaterialize(b *testing.B) {
+	l := fill(10_000_000, 10_000)
+	lim := quota.Limits{Explicit: map[string]int64{}}
+	for i := 0; i < 10_000; i++ {
+		lim.Explicit[fmt.Sprintf("tenant-%05d", i)] = int64(1000) * (2 << 20) / 2
+	}
+	b.ResetTimer()
+	keys := 0
+	for i := 0; i < b.N; i++ {
+		p := l.ComputePlan(lim, PlanOptions{Ratio: 0.2, Watermark: 1})
+		vs := p.Flat()
+		keys = 0
+		for start := 0; start < len(vs); start += 10_000 {
+			ks, _ := l.Materialize(vs[start:min(start+10_000, len(vs))])
+			keys += len(ks)
+		}
+	}
+	b.ReportMetric(float64(keys), "keys")
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/op")
+}
+
 // BenchmarkApplyBatch is the ledger half of ingest: 1,000 prepared store
 // events into a 200k-key ledger.
 func BenchmarkApplyBatch(b *testing.B) {

@@ -70,7 +70,7 @@ func TestLongHashAndGroupRoundTrip(t *testing.T) {
 	l.Apply([]Event{{Op: OpStore, Key: k1, Bytes: 10}})
 	zero := int64(0)
 	p := l.ComputePlan(quota.Limits{Default: &zero}, PlanOptions{Ratio: 1, Watermark: 1})
-	ks := p.Keys()
+	ks := l.PlanKeys(p)
 	if len(ks) != 1 || ks[0].HashHex() != long || ks[0].ObjectGroupID != 1<<40 {
 		t.Fatalf("got %+v", ks)
 	}
@@ -135,7 +135,7 @@ func TestPlanMatchesReference(t *testing.T) {
 	for _, ratio := range []float64{0.3, 1} {
 		lim := lim
 		p := l.ComputePlan(lim, PlanOptions{Ratio: ratio, Watermark: 1})
-		got := p.BySalt()
+		got := l.PlanBySalt(p)
 		for s := 0; s < 50; s++ {
 			salt := fmt.Sprintf("s%02d", s)
 			var want []string
@@ -178,7 +178,23 @@ func TestPlanMatchesReference(t *testing.T) {
 			want++
 		}
 	}
-	if got := len(p.BySalt()["s00"]); got != want {
+	if got := len(l.PlanBySalt(p)["s00"]); got != want {
 		t.Fatalf("s00: %d victims, want %d", got, want)
+	}
+}
+
+// TestMaterializeDropsDeletedVictims: a victim whose entry is deleted (and
+// its slot reused) between planning and dispatch is not sent.
+func TestMaterializeDropsDeletedVictims(t *testing.T) {
+	l := New()
+	for i := 0; i < 3; i++ {
+		l.Apply([]Event{{Op: OpStore, Key: key(t, fmt.Sprintf("%02x", i), "m", "s"), Bytes: 1}})
+	}
+	zero := int64(0)
+	p := l.ComputePlan(quota.Limits{Default: &zero}, PlanOptions{Ratio: 1, Watermark: 1})
+	l.Apply([]Event{{Op: OpDelete, Key: key(t, "01", "m", "s")}, {Op: OpStore, Key: key(t, "ff", "m", "s"), Bytes: 1}})
+	keys, live := l.Materialize(p.Flat())
+	if len(keys) != 2 || len(live) != 2 || keys[0].HashHex() != "00" || keys[1].HashHex() != "02" {
+		t.Fatalf("materialized %v", keys)
 	}
 }
