@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
 	"github.com/lmcache-go/lmcache/internal/objkey"
@@ -196,5 +197,15 @@ func TestMaterializeDropsDeletedVictims(t *testing.T) {
 	keys, live := l.Materialize(p.Flat())
 	if len(keys) != 2 || len(live) != 2 || keys[0].HashHex() != "00" || keys[1].HashHex() != "02" {
 		t.Fatalf("materialized %v", keys)
+	}
+}
+
+// TestEntryLayout pins the per-key footprint the memory figures rely on.
+func TestEntryLayout(t *testing.T) {
+	if n := unsafe.Sizeof(entry{}); n != 80 {
+		t.Fatalf("entry is %d bytes, want 80", n)
+	}
+	if n := unsafe.Sizeof(Victim{}); n != 8 {
+		t.Fatalf("Victim is %d bytes, want 8", n)
 	}
 }
