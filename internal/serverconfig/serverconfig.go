@@ -230,7 +230,7 @@ func (c *Config) register() *registry {
 	}
 	r.intv(&c.PeriodicNotifierMS, "periodic-notifier-interval-ms", "periodic_notifier_interval_ms", sm, "", 5, "accepted for compatibility").validate = atLeast(&c.PeriodicNotifierMS, 1)
 	r.list(&c.L2Adapters, "l2-adapter", "l2_adapter", sm, `L2 adapter JSON, e.g. {"type":"s3",...} (repeatable; order = cascade order)`, false)
-	r.intv(&c.L2StoreMaxRetries, "l2-store-max-retries", "l2_store_max_retries", sm, "", 5, "attempts of a failed write-behind upload before it is dropped and counted").validate = atLeast(&c.L2StoreMaxRetries, 1)
+	r.intv(&c.L2StoreMaxRetries, "l2-store-max-retries", "l2_store_max_retries", sm, "", 5, "retries of a failed write-behind upload before it is abandoned and counted (the L1 copy stays until then)").validate = atLeast(&c.L2StoreMaxRetries, 0)
 	r.float(&c.L2StoreRetryBackoffSecs, "l2-store-retry-backoff-seconds", "l2_store_retry_backoff_seconds", sm, "", 1, "first retry delay of a failed upload; doubles per attempt").validate = positiveFinite(&c.L2StoreRetryBackoffSecs)
 
 	// observability
