@@ -35,11 +35,3 @@ func (f pyFloat) MarshalJSON() ([]byte, error) {
 	}
 	return []byte(s), nil
 }
-
-func optFloat(v *float64) *pyFloat {
-	if v == nil {
-		return nil
-	}
-	f := pyFloat(*v)
-	return &f
-}

@@ -13,8 +13,6 @@ package ledger
 import (
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
-	"fmt"
 	"math"
 	"math/bits"
 	"math/rand/v2"
@@ -843,25 +841,6 @@ func (l *Ledger) Unmark(vs []Victim) {
 			}
 		}
 	}
-}
-
-// ErrBadKey wraps per-event validation failures.
-var ErrBadKey = errors.New("invalid key")
-
-// PrepareEvent validates one wire event.
-func PrepareEvent(typ string, key *objkey.Encoded, bytes int64) (Event, error) {
-	op, ok := ParseOp(typ)
-	if !ok {
-		return Event{}, fmt.Errorf("type must be one of 'store', 'lookup', 'delete'")
-	}
-	if bytes < 0 {
-		return Event{}, fmt.Errorf("bytes must be >= 0")
-	}
-	k, err := Prepare(key)
-	if err != nil {
-		return Event{}, fmt.Errorf("%w: %v", ErrBadKey, err)
-	}
-	return Event{Op: op, Key: k, Bytes: bytes}, nil
 }
 
 // Flat returns every victim in plan order (salts in plan order, each in LRU
