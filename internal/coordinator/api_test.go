@@ -187,6 +187,14 @@ func TestStateFileCorruptIsAnError(t *testing.T) {
 	}
 }
 
+func TestStateFileUnwritableFailsStartup(t *testing.T) {
+	cfg := testConfig()
+	cfg.StateFile = filepath.Join(t.TempDir(), "missing-dir", "state.json")
+	if _, err := newServer(cfg); err == nil {
+		t.Fatal("unwritable state file accepted")
+	}
+}
+
 func TestFloatsMarshalLikePython(t *testing.T) {
 	c := startCoord(t, nil)
 	if _, raw := c.do("PUT", "/quota/a", map[string]any{"limit_gb": 10}); string(raw) != `{"cache_salt":"a","limit_gb":10.0,"status":"ok"}` {

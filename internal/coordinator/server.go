@@ -88,6 +88,11 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 			return nil, fmt.Errorf("coordinator: %w", err)
 		}
 		s.state = statefile.NewWriter(cfg.StateFile)
+		// Write once now so an unwritable path fails at startup, not at the
+		// first quota change.
+		if err := s.state.Save(s.stateSnapshot); err != nil {
+			return nil, fmt.Errorf("coordinator: state file: %w", err)
+		}
 	}
 	s.metrics = newMetrics(s)
 	s.routes = s.routeTable()
@@ -205,17 +210,18 @@ func (s *Server) persist() {
 	if s.state == nil {
 		return
 	}
-	err := s.state.Save(func() statefile.State {
-		lim := s.quotas.Snapshot()
-		st := statefile.State{DefaultLimitBytes: lim.Default, Quotas: lim.Explicit}
-		for _, p := range s.ledger.Pins() {
-			st.Pins = append(st.Pins, statefile.Pin{Key: p.Key.Encode(), Count: p.Count})
-		}
-		return st
-	})
-	if err != nil {
+	if err := s.state.Save(s.stateSnapshot); err != nil {
 		s.log.Error("writing state file failed", "path", s.cfg.StateFile, "err", err)
 	}
+}
+
+func (s *Server) stateSnapshot() statefile.State {
+	lim := s.quotas.Snapshot()
+	st := statefile.State{DefaultLimitBytes: lim.Default, Quotas: lim.Explicit}
+	for _, p := range s.ledger.Pins() {
+		st.Pins = append(st.Pins, statefile.Pin{Key: p.Key.Encode(), Count: p.Count})
+	}
+	return st
 }
 
 func (s *Server) loadState() error {
