@@ -232,13 +232,15 @@ func (s *storeCtl) upload(ctx context.Context, i int, batch []*storeItem) {
 	q.inflight -= len(batch)
 	q.mu.Unlock()
 	if err == nil {
+		// Pins go first, so whoever sees the completion counters move also
+		// sees the objects' pending uploads settled.
+		for _, it := range batch {
+			s.done(i, it, true)
+		}
 		st.storeCompleted.Add(1)
 		st.storeObjects.Add(int64(len(batch)))
 		st.storeBytes.Add(bytes)
 		e.st.storeDoneObj.addKeys(keys, 1)
-		for _, it := range batch {
-			s.done(i, it, true)
-		}
 		return
 	}
 	if ctx.Err() != nil {
