@@ -313,12 +313,6 @@ func (e *Engine) Layout(modelName string, worldSize int) (Layout, error) {
 	return e.layout(modelName, worldSize)
 }
 
-// UnregisterLayout forgets the layout of (modelName, worldSize) and
-// reports whether it existed. Objects already stored are kept.
-func (e *Engine) UnregisterLayout(modelName string, worldSize int) bool {
-	return e.unregisterLayout(modelName, worldSize)
-}
-
 // Layouts lists the registered layouts, sorted by model name then world
 // size.
 func (e *Engine) Layouts() []Layout { return e.layouts() }
@@ -331,9 +325,6 @@ func (e *Engine) Prefetch(req PrefetchRequest) error { return e.prefetch(req) }
 // PollPrefetch returns the job's state. A done result is returned exactly
 // once: the job is forgotten and the next poll returns ErrNotFound.
 func (e *Engine) PollPrefetch(id string) (PrefetchResult, error) { return e.pollPrefetch(id) }
-
-// PeekPrefetch is PollPrefetch without consuming a done job.
-func (e *Engine) PeekPrefetch(id string) (PrefetchResult, error) { return e.peekPrefetch(id) }
 
 // WaitPrefetch blocks until the job is done (consuming it, exactly once) or
 // ctx ends (the job is kept; the error wraps ctx.Err()).
@@ -445,9 +436,6 @@ func (e *Engine) Quotas() map[string]int64 { return e.quotas.List() }
 // QuotaUsage is salt's usage in bytes as /quota reports it: the sum over L2
 // adapters (upstream counts L2 only).
 func (e *Engine) QuotaUsage(salt string) int64 { return e.quotaUsage(salt) }
-
-// L1UsageBySalt is the live L1 bytes per cache_salt.
-func (e *Engine) L1UsageBySalt() map[string]int64 { return e.l1UsageBySalt() }
 
 // Status is the storage_manager section of GET /status.
 func (e *Engine) Status() map[string]any { return e.status() }

@@ -2,10 +2,10 @@ package engine
 
 import (
 	"maps"
-
-	"github.com/lmcache-go/lmcache/internal/objkey"
 	"sync"
 	"sync/atomic"
+
+	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
 // Counters is a point-in-time snapshot of the engine's counters (monotonic,
@@ -58,15 +58,15 @@ type Counters struct {
 	L2PrefetchLoadSub    int64            // l2_prefetch_load_submitted
 	L2PrefetchLoadSubObj map[string]int64 // l2_prefetch_load_submitted_objects{cache_salt}
 	L2PrefetchLoadDone   map[string]int64 // l2_prefetch_load_completed{cache_salt}
-	L2PrefetchFailOOM    int64            // health l2_prefetch_failure{reason=l1_oom}
+	L2PrefetchFailOOM    int64            // health l2_prefetch_failure{reason=l1_oom}; equals L1AllocFailuresPrefetch
 
 	// Write-behind, per salt (all adapters together).
 	L2StoreSubmittedObj map[string]int64 // l2_store_submitted_objects{cache_salt}
 	L2StoreCompletedObj map[string]int64 // l2_store_completed_objects{cache_salt}
 	L2EvictedObj        map[string]int64 // l2_evicted_objects{cache_salt}
-	// StoreQueueDropped counts keys not queued for write-behind because the
-	// object was gone before its upload started (evicted under skip policy,
-	// deleted or cleared). Never incremented for a resident object.
+	// StoreQueueDropped counts objects whose write-behind uploads were
+	// still queued or backing off when Run returned (or that were committed
+	// after it returned): they are unpinned and never uploaded.
 	StoreQueueDropped int64
 
 	// L2 holds one entry per adapter, in index order.
@@ -190,7 +190,7 @@ type stats struct {
 	readFailNotFound                        atomic.Int64
 	activeJobs, prefetchRequests            atomic.Int64
 	hitL1, hitL2, miss                      atomic.Int64
-	l2Lookup, l2LoadSub, prefetchOOM        atomic.Int64
+	l2Lookup, l2LoadSub                     atomic.Int64
 	prefetchDropped, prefetchReaped         atomic.Int64
 	l2LookupObj, l2LoadSubObj, l2LoadDone   saltCounts
 	storeSubObj, storeDoneObj, l2EvictedObj saltCounts

@@ -234,14 +234,6 @@ func (e *Engine) registerLayout(l Layout) error {
 	return nil
 }
 
-func (e *Engine) unregisterLayout(model string, world int) bool {
-	e.layoutMu.Lock()
-	defer e.layoutMu.Unlock()
-	_, ok := e.layoutsM[layoutKey{model, world}]
-	delete(e.layoutsM, layoutKey{model, world})
-	return ok
-}
-
 func (e *Engine) layout(model string, world int) (Layout, error) {
 	e.layoutMu.RLock()
 	l, ok := e.layoutsM[layoutKey{model, world}]
@@ -307,11 +299,15 @@ func (e *Engine) reserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]S
 		}
 		return nil, mapErr(err)
 	}
+	return toSlots(ls), nil
+}
+
+func toSlots(ls []l1.Slot) []Slot {
 	out := make([]Slot, len(ls))
 	for i, s := range ls {
 		out[i] = Slot(s)
 	}
-	return out, nil
+	return out
 }
 
 func (e *Engine) commitWrite(tag string, keys []objkey.Key) (int, error) {
@@ -349,11 +345,7 @@ func (e *Engine) readSlots(keys []objkey.Key) ([]Slot, error) {
 		}
 		return nil, mapErr(err)
 	}
-	out := make([]Slot, len(ls))
-	for i, s := range ls {
-		out[i] = Slot(s)
-	}
-	return out, nil
+	return toSlots(ls), nil
 }
 
 func (e *Engine) releaseRead(owner string, keys []objkey.Key, n int) int {
@@ -486,8 +478,6 @@ func (e *Engine) quotaUsage(salt string) int64 {
 	return n
 }
 
-func (e *Engine) l1UsageBySalt() map[string]int64 { return e.table.UsageBySalt() }
-
 // --- listeners ---
 
 func (e *Engine) addL1Listener(l L1Listener) {
@@ -605,7 +595,7 @@ func (e *Engine) counters() Counters {
 		PrefetchDropped: e.st.prefetchDropped.Load(), PrefetchReaped: e.st.prefetchReaped.Load(),
 		L2PrefetchLookup: e.st.l2Lookup.Load(), L2PrefetchLookupObj: e.st.l2LookupObj.snapshot(),
 		L2PrefetchLoadSub: e.st.l2LoadSub.Load(), L2PrefetchLoadSubObj: e.st.l2LoadSubObj.snapshot(),
-		L2PrefetchLoadDone: e.st.l2LoadDone.snapshot(), L2PrefetchFailOOM: e.st.prefetchOOM.Load(),
+		L2PrefetchLoadDone: e.st.l2LoadDone.snapshot(), L2PrefetchFailOOM: e.st.allocFailPrefetch.Load(),
 		L2StoreSubmittedObj: e.st.storeSubObj.snapshot(), L2StoreCompletedObj: e.st.storeDoneObj.snapshot(),
 		L2EvictedObj: e.st.l2EvictedObj.snapshot(), StoreQueueDropped: e.st.storeDropped.Load(),
 	}

@@ -91,14 +91,14 @@ func TestPrefetchMaxInFlightAndTimeout(t *testing.T) {
 			t.Fatalf("active jobs = %d", c.ActivePrefetchJobs)
 		}
 		// A job blocked in its L2 load has answered the lookup phase; a
-		// queued one has not. Peeking consumes nothing.
+		// queued one has not. Polling a running job consumes nothing.
 		for range 2 {
-			r, err := h.PeekPrefetch("0")
+			r, err := h.PollPrefetch("0")
 			if err != nil || r.Done || !r.LookupDone || r.LookupPrefixChunks != 1 {
-				t.Fatalf("peek running job: %+v %v", r, err)
+				t.Fatalf("poll running job: %+v %v", r, err)
 			}
-			if r, err := h.PeekPrefetch("4"); err != nil || r.Done || r.LookupDone {
-				t.Fatalf("peek queued job: %+v %v", r, err)
+			if r, err := h.PollPrefetch("4"); err != nil || r.Done || r.LookupDone {
+				t.Fatalf("poll queued job: %+v %v", r, err)
 			}
 		}
 		time.Sleep(11 * time.Second) // first two time out, next two start

@@ -267,7 +267,6 @@ func (e *Engine) loadL2(ctx context.Context, j *job) {
 	slots, err := e.table.Reserve(tag, j.keysAt(loadIdx), sizes)
 	if err != nil {
 		e.st.allocFailPrefetch.Add(1)
-		e.st.prefetchOOM.Add(1)
 		j.err = mapErr(err)
 		return
 	}
@@ -438,33 +437,21 @@ func (e *Engine) finishJob(j *job) {
 	close(j.done)
 }
 
+func errUnknownJob(id string) error {
+	return fmt.Errorf("%w: unknown prefetch request_id='%s' (already completed or never submitted)", ErrNotFound, id)
+}
+
 func (e *Engine) pollPrefetch(id string) (PrefetchResult, error) {
 	p := e.pf
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	j, ok := p.jobs[id]
 	if !ok {
-		return PrefetchResult{}, fmt.Errorf("%w: unknown prefetch request_id='%s' (already completed or never submitted)", ErrNotFound, id)
+		return PrefetchResult{}, errUnknownJob(id)
 	}
 	select {
 	case <-j.done:
 		delete(p.jobs, id)
-		return j.res, nil
-	default:
-		return PrefetchResult{LookupDone: j.lookupDone, LookupPrefixChunks: j.lookupPrefix}, nil
-	}
-}
-
-func (e *Engine) peekPrefetch(id string) (PrefetchResult, error) {
-	p := e.pf
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	j, ok := p.jobs[id]
-	if !ok {
-		return PrefetchResult{}, fmt.Errorf("%w: unknown prefetch request_id='%s' (already completed or never submitted)", ErrNotFound, id)
-	}
-	select {
-	case <-j.done:
 		return j.res, nil
 	default:
 		return PrefetchResult{LookupDone: j.lookupDone, LookupPrefixChunks: j.lookupPrefix}, nil
@@ -477,7 +464,7 @@ func (e *Engine) waitPrefetch(ctx context.Context, id string) (PrefetchResult, e
 	j, ok := p.jobs[id]
 	p.mu.Unlock()
 	if !ok {
-		return PrefetchResult{}, fmt.Errorf("%w: unknown prefetch request_id='%s' (already completed or never submitted)", ErrNotFound, id)
+		return PrefetchResult{}, errUnknownJob(id)
 	}
 	select {
 	case <-j.done:
