@@ -14,8 +14,6 @@ import (
 var (
 	ErrNotFound    = errors.New("key not found")
 	ErrNotReadable = errors.New("object is not read-locked")
-	ErrWrongState  = errors.New("object in wrong state")
-	ErrLocked      = errors.New("object is locked")
 )
 
 // MaxReaders bounds the read locks one call may take per object, as
@@ -281,7 +279,7 @@ func (t *Table) Reserve(tag string, keys []objkey.Key, sizes []int64) ([]Slot, e
 	for j, i := range reuse {
 		o := reuseObj[j]
 		sk := stageKey{tag, keys[i]}
-		if _, wasCleared := t.cleared[sk]; wasCleared && t.cleared[sk] == o {
+		if t.cleared[sk] == o {
 			delete(t.cleared, sk)
 			t.stagingBytes += t.alloc.RoundUp(o.size)
 			t.staging[sk] = o
@@ -754,7 +752,6 @@ type Stats struct {
 	ReadLocked, Temporary, Pinned int
 	Detached                      int
 	ExpiredReads, ExpiredWrites   int64
-	FreeExtents                   int
 }
 
 // Stats scans the table (O(objects); used by status and metrics).
@@ -766,7 +763,7 @@ func (t *Table) Stats() Stats {
 		UsedBytes: t.alloc.Used(), TotalBytes: t.alloc.Total(),
 		Objects: len(t.resident), StagingObjects: len(t.staging), StagingBytes: t.stagingBytes,
 		Temporary: len(t.temps), Detached: len(t.detached),
-		ExpiredReads: t.expiredReads, ExpiredWrites: t.expiredWrites, FreeExtents: t.alloc.FreeExtents(),
+		ExpiredReads: t.expiredReads, ExpiredWrites: t.expiredWrites,
 	}
 	for _, o := range t.resident {
 		if o.readers > 0 && now <= o.readExp {
@@ -796,6 +793,3 @@ func (t *Table) UsageBySalt() map[string]int64 {
 	}
 	return out
 }
-
-// RoundUp is the physical size of an n-byte object.
-func (t *Table) RoundUp(n int64) int64 { return t.alloc.RoundUp(n) }
