@@ -5,6 +5,7 @@
 package bookkeep
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/lmcache-go/lmcache/internal/l2"
@@ -45,16 +46,25 @@ func (b *Book) SetCapacity(c int64) {
 	b.mu.Unlock()
 }
 
-// TryLock takes one lock reference on k unless k is being deleted; a key
-// being deleted must look like a miss so nobody loads a vanishing object.
-func (b *Book) TryLock(k objkey.Key) bool {
+// LockHits takes one lock reference on keys[i] for every hits[i], clears
+// the hits of keys being deleted, and fires OnAccessed for the keys locked:
+// the tail of every adapter's LookupAndLock.
+func (b *Book) LockHits(keys []objkey.Key, hits []bool) {
+	var accessed []objkey.Key
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, gone := b.deleting[k]; gone {
-		return false
+	for i, k := range keys {
+		if !hits[i] {
+			continue
+		}
+		if _, gone := b.deleting[k]; gone {
+			hits[i] = false
+			continue
+		}
+		b.locks[k]++
+		accessed = append(accessed, k)
 	}
-	b.locks[k]++
-	return true
+	b.mu.Unlock()
+	b.FireAccessed(accessed)
 }
 
 // Unlock drops one lock reference per key; extra unlocks are ignored.
@@ -217,4 +227,44 @@ func (b *Book) FireDeleted(keys []objkey.Key) {
 	for _, l := range b.snapshot() {
 		l.OnDeleted(keys)
 	}
+}
+
+// Gate admits calls until Close and lets Close wait for those in flight:
+// calls hold its read lock, Close takes the write lock.
+type Gate struct {
+	mu     sync.RWMutex
+	closed bool
+}
+
+// Enter admits one call, which must then Leave; after Close it returns an
+// error wrapping l2.ErrUnavailable, prefixed with the adapter's name.
+func (g *Gate) Enter(name string) error {
+	g.mu.RLock()
+	if g.closed {
+		g.mu.RUnlock()
+		return fmt.Errorf("%s: %w: closed", name, l2.ErrUnavailable)
+	}
+	return nil
+}
+
+// Leave ends a call admitted by Enter.
+func (g *Gate) Leave() { g.mu.RUnlock() }
+
+// Closed reports whether Close has run.
+func (g *Gate) Closed() bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.closed
+}
+
+// Close waits for the calls in flight, then runs fn once (later Closes do
+// nothing and return nil) with no call in flight and none admitted after.
+func (g *Gate) Close(fn func() error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	return fn()
 }

@@ -1,12 +1,29 @@
 package bookkeep_test
 
 import (
+	"errors"
+	"runtime"
 	"slices"
+	"sync/atomic"
 	"testing"
 
+	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/bookkeep"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
+
+// tryLock locks k alone and reports whether it was locked.
+func tryLock(b *bookkeep.Book, k objkey.Key) bool {
+	hits := []bool{true}
+	b.LockHits([]objkey.Key{k}, hits)
+	return hits[0]
+}
+
+type accessRec struct{ accessed []objkey.Key }
+
+func (r *accessRec) OnStored([]objkey.Key, []int64) {}
+func (r *accessRec) OnAccessed(ks []objkey.Key)     { r.accessed = append(r.accessed, ks...) }
+func (r *accessRec) OnDeleted([]objkey.Key)         {}
 
 func key(t *testing.T, b byte, salt string) objkey.Key {
 	k, err := objkey.New([]byte{b}, "m", 0, 0, salt)
@@ -22,7 +39,7 @@ func TestLocksAndDeletes(t *testing.T) {
 	b.Stored([]objkey.Key{k1, k2, k3}, []int64{10, 20, 30})
 	b.Stored([]objkey.Key{k1}, []int64{10}) // known: not counted twice
 	for range 2 {
-		if !b.TryLock(k1) {
+		if !tryLock(b, k1) {
 			t.Fatal("TryLock")
 		}
 	}
@@ -30,7 +47,7 @@ func TestLocksAndDeletes(t *testing.T) {
 	if !slices.Equal(victims, []objkey.Key{k2, k3}) {
 		t.Fatalf("victims = %v", victims)
 	}
-	if b.TryLock(k2) {
+	if tryLock(b, k2) {
 		t.Fatal("locked a key being deleted")
 	}
 	if again := b.BeginDelete([]objkey.Key{k2}); len(again) != 0 {
@@ -41,7 +58,7 @@ func TestLocksAndDeletes(t *testing.T) {
 	if u.TotalBytesUsed != 40 || u.TotalCapacityBytes != 100 || u.BytesByCacheSalt["s"] != 0 || len(u.BytesByCacheSalt) != 1 {
 		t.Fatalf("usage = %+v", u)
 	}
-	if !b.TryLock(k3) {
+	if !tryLock(b, k3) {
 		t.Fatal("k3 stays lockable after a failed delete")
 	}
 	b.Unlock([]objkey.Key{k1, k3, k3})
@@ -50,5 +67,57 @@ func TestLocksAndDeletes(t *testing.T) {
 	}
 	if u := b.Usage(); u.Fraction() != 0.4 {
 		t.Fatalf("fraction %v", u.Fraction())
+	}
+}
+
+// TestLockHits: only hits are locked, a key being deleted turns into a
+// miss, and listeners hear of exactly the keys locked.
+func TestLockHits(t *testing.T) {
+	b := bookkeep.New(0)
+	rec := &accessRec{}
+	b.AddListener(rec)
+	k1, k2, k3 := key(t, 1, ""), key(t, 2, ""), key(t, 3, "")
+	b.BeginDelete([]objkey.Key{k3})
+	hits := []bool{true, false, true}
+	b.LockHits([]objkey.Key{k1, k2, k3}, hits)
+	if !slices.Equal(hits, []bool{true, false, false}) {
+		t.Fatalf("hits = %v", hits)
+	}
+	if b.LockCount(k1) != 1 || b.LockCount(k2) != 0 || b.LockCount(k3) != 0 {
+		t.Fatalf("locks k1=%d k2=%d k3=%d", b.LockCount(k1), b.LockCount(k2), b.LockCount(k3))
+	}
+	if !slices.Equal(rec.accessed, []objkey.Key{k1}) {
+		t.Fatalf("OnAccessed got %v", rec.accessed)
+	}
+}
+
+// TestGate: calls are refused after Close with ErrUnavailable, Close runs
+// its function once, and it waits for a call in flight.
+func TestGate(t *testing.T) {
+	var g bookkeep.Gate
+	if err := g.Enter("x"); err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	closed := make(chan error)
+	go func() { closed <- g.Close(func() error { ran.Add(1); return errors.New("boom") }) }()
+	for range 100 {
+		runtime.Gosched() // give a Close that does not wait the chance to run
+	}
+	if ran.Load() != 0 {
+		t.Fatal("Close ran while a call was in flight")
+	}
+	g.Leave()
+	if err := <-closed; err == nil || err.Error() != "boom" || ran.Load() != 1 {
+		t.Fatalf("Close = %v, ran %d", err, ran.Load())
+	}
+	if err := g.Close(func() error { ran.Add(1); return nil }); err != nil || ran.Load() != 1 {
+		t.Fatalf("second Close = %v, ran %d", err, ran.Load())
+	}
+	if err := g.Enter("x"); !errors.Is(err, l2.ErrUnavailable) || err.Error() != "x: adapter unavailable: closed" {
+		t.Fatalf("Enter after Close = %v", err)
+	}
+	if !g.Closed() {
+		t.Fatal("Closed = false")
 	}
 }

@@ -140,9 +140,7 @@ func (a *Adapter) reserveLocked(d *device) reservation {
 
 func (a *Adapter) releaseLocked(r reservation) {
 	r.dev.borrowed--
-	if r.dev.gen.Load() == r.gen && r.slot < r.dev.maxSlots && live(r.dev.state) {
-		r.dev.free = append(r.dev.free, r.slot)
-	}
+	r.dev.freeSlotLocked(r.slot, r.gen)
 }
 
 // Store implements l2.Adapter. Slots for every new key are reserved up
@@ -204,15 +202,13 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 		if r.dev == nil {
 			continue
 		}
-		r.dev.borrowed--
 		_, dup := a.index[keys[i]]
 		if !ok[i] || dup || r.dev.gen.Load() != r.gen || !live(r.dev.state) {
-			if r.dev.gen.Load() == r.gen && live(r.dev.state) && r.slot < r.dev.maxSlots {
-				r.dev.free = append(r.dev.free, r.slot)
-			}
+			a.releaseLocked(r)
 			failed = failed || !dup
 			continue
 		}
+		r.dev.borrowed--
 		a.seq++
 		a.index[keys[i]] = loc{dev: r.dev, slot: r.slot, gen: r.gen, size: int64(len(objs[i])), seq: a.seq}
 		r.dev.liveSlots++
@@ -244,21 +240,14 @@ func (a *Adapter) LookupAndLock(ctx context.Context, keys []objkey.Key) ([]bool,
 		a.mu.Unlock()
 		return hits, errClosed
 	}
-	var accessed []objkey.Key
 	for i, k := range keys {
 		l, ok := a.index[k]
-		if !ok || !readable(l.dev.state) {
-			continue
-		}
-		l.dev.inflightLookup.Add(1)
-		if a.book.TryLock(k) {
-			hits[i] = true
-			accessed = append(accessed, k)
-		}
-		l.dev.inflightLookup.Add(-1)
+		hits[i] = ok && readable(l.dev.state)
 	}
+	// Locked under mu, so a reconfiguration cannot move or drop a hit
+	// between the index check and the lock.
+	a.book.LockHits(keys, hits)
 	a.mu.Unlock()
-	a.book.FireAccessed(accessed)
 	return hits, nil
 }
 
@@ -320,10 +309,21 @@ func (a *Adapter) removeLocked(k objkey.Key) bool {
 	}
 	delete(a.index, k)
 	l.dev.liveSlots--
-	if l.dev.gen.Load() == l.gen && live(l.dev.state) && l.slot < l.dev.maxSlots {
-		l.dev.free = append(l.dev.free, l.slot)
-	}
+	l.dev.freeSlotLocked(l.slot, l.gen)
 	return true
+}
+
+// removeAll removes keys from the index and returns those that were there.
+func (a *Adapter) removeAll(keys []objkey.Key) []objkey.Key {
+	var removed []objkey.Key
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, k := range keys {
+		if a.removeLocked(k) {
+			removed = append(removed, k)
+		}
+	}
+	return removed
 }
 
 // Delete implements l2.Adapter.
@@ -335,14 +335,7 @@ func (a *Adapter) Delete(ctx context.Context, keys []objkey.Key) ([]objkey.Key, 
 	}
 	a.mu.Unlock()
 	victims := a.book.BeginDelete(keys)
-	var removed []objkey.Key
-	a.mu.Lock()
-	for _, k := range victims {
-		if a.removeLocked(k) {
-			removed = append(removed, k)
-		}
-	}
-	a.mu.Unlock()
+	removed := a.removeAll(victims)
 	a.book.EndDelete(victims, removed)
 	a.book.FireDeleted(removed)
 	return removed, nil

@@ -62,7 +62,7 @@ type device struct {
 	file  *os.File
 	gen   atomic.Uint64 // written under mapMu (write), read anywhere
 
-	inflightStore, inflightLookup, inflightLoad atomic.Int64
+	inflightStore, inflightLoad atomic.Int64
 }
 
 // identity is upstream's device identity: rdev for character devices,
@@ -157,6 +157,16 @@ func (d *device) unmap() error {
 		d.file = nil
 	}
 	return err
+}
+
+// freeSlotLocked returns slot s, taken under mapping generation gen, to
+// the free list, unless the device was remapped or retired since (then
+// the slot is gone or belongs to a rebuilt free list). Caller holds
+// Adapter.mu.
+func (d *device) freeSlotLocked(s int, gen uint64) {
+	if d.gen.Load() == gen && live(d.state) && s < d.maxSlots {
+		d.free = append(d.free, s)
+	}
 }
 
 // slot returns the bytes of slot s, or nil if the mapping changed since gen.

@@ -78,7 +78,7 @@ func (a *Adapter) deviceStatusLocked(d *device) map[string]any {
 		"locked_key_count":          locked,
 		"borrowed_slot_count":       d.borrowed,
 		"inflight_store_tasks":      d.inflightStore.Load(),
-		"inflight_lookup_tasks":     d.inflightLookup.Load(),
+		"inflight_lookup_tasks":     0, // lookups finish under mu, which status holds
 		"inflight_load_tasks":       d.inflightLoad.Load(),
 		"supports_restart_recovery": false,
 	}
@@ -277,14 +277,7 @@ func (a *Adapter) evict(keys []objkey.Key, force bool) int {
 	} else {
 		victims = a.book.BeginDelete(keys)
 	}
-	var removed []objkey.Key
-	a.mu.Lock()
-	for _, k := range victims {
-		if a.removeLocked(k) {
-			removed = append(removed, k)
-		}
-	}
-	a.mu.Unlock()
+	removed := a.removeAll(victims)
 	if force {
 		a.book.Forget(removed)
 	} else {

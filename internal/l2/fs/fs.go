@@ -5,8 +5,8 @@
 // Writes go to a hidden temp file and are renamed into place, so a crash
 // never leaves a torn object under a real name. Concurrency: every public
 // method may run concurrently; file operations take no adapter lock, and the
-// bookkeeping (locks, usage) lives in a bookkeep.Book. closeMu is held for
-// reading by every operation so Close waits for in-flight calls.
+// bookkeeping (locks, usage) lives in a bookkeep.Book. Every operation
+// passes the bookkeep.Gate, so Close waits for in-flight calls.
 package fs
 
 import (
@@ -21,7 +21,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/l2"
@@ -42,9 +41,7 @@ type Adapter struct {
 	cfg    Config
 	tmpDir string
 	book   *bookkeep.Book
-
-	closeMu sync.RWMutex
-	closed  bool
+	gate   bookkeep.Gate
 
 	recoveredKeys  []objkey.Key
 	recoveredSizes []int64
@@ -126,16 +123,9 @@ func (a *Adapter) Path(k objkey.Key) string { return filepath.Join(a.cfg.BasePat
 // TypeName implements l2.Adapter.
 func (a *Adapter) TypeName() string { return TypeName }
 
-func (a *Adapter) enter() error {
-	a.closeMu.RLock()
-	if a.closed {
-		a.closeMu.RUnlock()
-		return fmt.Errorf("fs: %w: closed", l2.ErrUnavailable)
-	}
-	return nil
-}
+func (a *Adapter) enter() error { return a.gate.Enter("fs") }
 
-func (a *Adapter) leave() { a.closeMu.RUnlock() }
+func (a *Adapter) leave() { a.gate.Leave() }
 
 // Store implements l2.Adapter; it stops at the first failure.
 func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) error {
@@ -193,18 +183,11 @@ func (a *Adapter) LookupAndLock(ctx context.Context, keys []objkey.Key) ([]bool,
 		return hits, err
 	}
 	defer a.leave()
-	var accessed []objkey.Key
 	for i, k := range keys {
 		info, err := os.Stat(a.Path(k))
-		if err != nil || !info.Mode().IsRegular() || info.Size() == 0 {
-			continue
-		}
-		if a.book.TryLock(k) {
-			hits[i] = true
-			accessed = append(accessed, k)
-		}
+		hits[i] = err == nil && info.Mode().IsRegular() && info.Size() > 0
 	}
-	a.book.FireAccessed(accessed)
+	a.book.LockHits(keys, hits)
 	return hits, nil
 }
 
@@ -324,12 +307,9 @@ func (a *Adapter) Usage() l2.Usage { return a.book.Usage() }
 
 // Status implements l2.Adapter.
 func (a *Adapter) Status() map[string]any {
-	a.closeMu.RLock()
-	closed := a.closed
-	a.closeMu.RUnlock()
 	u := a.book.Usage()
 	return map[string]any{
-		"is_healthy":         !closed,
+		"is_healthy":         !a.gate.Closed(),
 		"type":               "FSL2Adapter",
 		"base_path":          a.cfg.BasePath,
 		"current_size_bytes": u.TotalBytesUsed,
@@ -346,22 +326,18 @@ func (a *Adapter) AddListener(l l2.Listener) { a.book.AddListener(l) }
 // files this process knows about (stored or recovered), as upstream does at
 // shutdown.
 func (a *Adapter) Close() error {
-	a.closeMu.Lock()
-	defer a.closeMu.Unlock()
-	if a.closed {
-		return nil
-	}
-	a.closed = true
-	if a.cfg.PersistEnabled {
-		return nil
-	}
-	var errs []error
-	for _, e := range a.knownNames() {
-		if err := os.Remove(filepath.Join(a.cfg.BasePath, e)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
+	return a.gate.Close(func() error {
+		if a.cfg.PersistEnabled {
+			return nil
 		}
-	}
-	return errors.Join(errs...)
+		var errs []error
+		for _, e := range a.knownNames() {
+			if err := os.Remove(filepath.Join(a.cfg.BasePath, e)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
+	})
 }
 
 func (a *Adapter) knownNames() []string {

@@ -7,9 +7,9 @@
 // per-key requests of one call run on goroutines owned by that call, which
 // waits for all of them before returning. Every request passes the circuit
 // breaker, so an S3 outage turns into fast ErrUnavailable failures (the
-// engine then serves from L1 only) instead of stalled requests. closeMu is
-// held for reading by every call so Close waits for them before dropping
-// idle connections.
+// engine then serves from L1 only) instead of stalled requests. Every call
+// passes the bookkeep.Gate, so Close waits for them before dropping idle
+// connections.
 package s3
 
 import (
@@ -52,9 +52,7 @@ type Adapter struct {
 	sem       chan struct{}
 	brk       *breaker
 	book      *bookkeep.Book
-
-	closeMu sync.RWMutex
-	closed  bool
+	gate      bookkeep.Gate
 }
 
 var _ l2.Adapter = (*Adapter)(nil)
@@ -184,16 +182,9 @@ func (a *Adapter) Bucket() string { return a.tgt.bucket }
 // TypeName implements l2.Adapter.
 func (a *Adapter) TypeName() string { return TypeName }
 
-func (a *Adapter) enter() error {
-	a.closeMu.RLock()
-	if a.closed {
-		a.closeMu.RUnlock()
-		return fmt.Errorf("s3: %w: closed", l2.ErrUnavailable)
-	}
-	return nil
-}
+func (a *Adapter) enter() error { return a.gate.Enter("s3") }
 
-func (a *Adapter) leave() { a.closeMu.RUnlock() }
+func (a *Adapter) leave() { a.gate.Leave() }
 
 // call runs one S3 request through the semaphore and the breaker.
 func (a *Adapter) call(ctx context.Context, fn func(ctx context.Context) error) error {
@@ -330,16 +321,7 @@ func (a *Adapter) LookupAndLock(ctx context.Context, keys []objkey.Key) ([]bool,
 	if failed, firstErr := countErrs(errs); failed == len(keys) {
 		return make([]bool, len(keys)), fmt.Errorf("s3: lookup: %w", firstErr)
 	}
-	var accessed []objkey.Key
-	for i, k := range keys {
-		if hits[i] && !a.book.TryLock(k) {
-			hits[i] = false // being deleted
-		}
-		if hits[i] {
-			accessed = append(accessed, k)
-		}
-	}
-	a.book.FireAccessed(accessed)
+	a.book.LockHits(keys, hits)
 	return hits, nil
 }
 
@@ -535,9 +517,7 @@ func (a *Adapter) Usage() l2.Usage { return a.book.Usage() }
 
 // Status implements l2.Adapter with upstream's keys plus breaker details.
 func (a *Adapter) Status() map[string]any {
-	a.closeMu.RLock()
-	isClosed := a.closed
-	a.closeMu.RUnlock()
+	isClosed := a.gate.Closed()
 	state, failures, trips := a.brk.snapshot()
 	u := a.book.Usage()
 	endpoint := a.tgt.baseURL
@@ -566,12 +546,8 @@ func (a *Adapter) AddListener(l l2.Listener) { a.book.AddListener(l) }
 // Close waits for in-flight calls and closes idle connections (their
 // goroutines belong to the transport). S3 objects always persist.
 func (a *Adapter) Close() error {
-	a.closeMu.Lock()
-	defer a.closeMu.Unlock()
-	if a.closed {
+	return a.gate.Close(func() error {
+		a.transport.CloseIdleConnections()
 		return nil
-	}
-	a.closed = true
-	a.transport.CloseIdleConnections()
-	return nil
+	})
 }
