@@ -10,6 +10,7 @@ package eviction
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -162,39 +163,37 @@ func (p *IsolatedLRU) apply(keys []objkey.Key, add bool) {
 	if len(keys) == 0 {
 		return
 	}
-	// Fast path: one request has one salt.
+	// Fast path, no grouping: one request has one salt.
 	salt := keys[0].CacheSalt
-	same := true
-	for _, k := range keys[1:] {
-		if k.CacheSalt != salt {
-			same = false
-			break
-		}
+	if !slices.ContainsFunc(keys[1:], func(k objkey.Key) bool { return k.CacheSalt != salt }) {
+		p.applySalt(salt, keys, add)
+		return
 	}
-	groups := map[string][]objkey.Key{salt: keys}
-	if !same {
-		groups = map[string][]objkey.Key{}
-		for _, k := range keys {
-			groups[k.CacheSalt] = append(groups[k.CacheSalt], k)
-		}
+	groups := map[string][]objkey.Key{}
+	for _, k := range keys {
+		groups[k.CacheSalt] = append(groups[k.CacheSalt], k)
 	}
 	for s, ks := range groups {
-		l := p.salts[s]
-		if l == nil {
-			if !add {
-				continue
-			}
-			l = NewLRU()
-			p.salts[s] = l
-		}
-		before := l.Len()
-		if add {
-			l.Add(ks)
-		} else {
-			l.Touch(ks)
-		}
-		p.n += l.Len() - before
+		p.applySalt(s, ks, add)
 	}
+}
+
+func (p *IsolatedLRU) applySalt(salt string, keys []objkey.Key, add bool) {
+	l := p.salts[salt]
+	if l == nil {
+		if !add {
+			return
+		}
+		l = NewLRU()
+		p.salts[salt] = l
+	}
+	before := l.Len()
+	if add {
+		l.Add(keys)
+	} else {
+		l.Touch(keys)
+	}
+	p.n += l.Len() - before
 }
 
 // Remove implements Policy.
@@ -204,9 +203,11 @@ func (p *IsolatedLRU) Remove(keys []objkey.Key) {
 		if l == nil {
 			continue
 		}
-		before := l.Len()
-		l.Remove([]objkey.Key{k})
-		p.n -= before - l.Len()
+		if e, ok := l.index[k]; ok {
+			l.list.Remove(e)
+			delete(l.index, k)
+			p.n--
+		}
 		if l.Len() == 0 {
 			delete(p.salts, k.CacheSalt)
 		}
