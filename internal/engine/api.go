@@ -15,6 +15,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"time"
@@ -422,7 +423,12 @@ func (e *Engine) ReconfigureStatus(index int) (map[string]any, error) {
 
 // SetQuota sets cache_salt's limit in bytes (negative → ErrInvalid). The
 // HTTP "_default" sentinel must already be mapped to "" (see quota.FromPath).
-func (e *Engine) SetQuota(salt string, limitBytes int64) error { return e.quotas.Set(salt, limitBytes) }
+func (e *Engine) SetQuota(salt string, limitBytes int64) error {
+	if err := e.quotas.Set(salt, limitBytes); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return nil
+}
 
 // DeleteQuota removes salt's limit and reports whether it existed.
 func (e *Engine) DeleteQuota(salt string) bool { return e.quotas.Delete(salt) }

@@ -604,6 +604,12 @@ func TestConfigValidation(t *testing.T) {
 	if ls := e.Layouts(); len(ls) != 1 || ls[0].ModelName != "x" || ls[0].WorldSize != 2 {
 		t.Fatalf("layouts %+v", ls)
 	}
+	if err := e.SetQuota("x", -1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("negative quota: %v", err)
+	}
+	if _, exists := e.Quota("x"); exists {
+		t.Fatal("a rejected quota was registered")
+	}
 	if _, err := e.ListL2(context.Background(), 0, "", 10, ""); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("bad adapter index: %v", err)
 	}
