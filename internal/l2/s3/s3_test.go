@@ -3,9 +3,16 @@ package s3_test
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/hex"
+	"encoding/pem"
+	"errors"
 	"io"
+	"log"
 	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -14,6 +21,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3mem"
 	"go.uber.org/goleak"
 
 	"github.com/lmcache-go/lmcache/internal/l2"
@@ -289,5 +298,59 @@ func TestStatusShape(t *testing.T) {
 	}
 	if st["type"] != "S3L2Adapter" || st["is_healthy"] != true {
 		t.Fatalf("status = %v", st)
+	}
+}
+
+// TestCABundle: with s3_ca_bundle naming the server's certificate the
+// adapter talks TLS to it; without it the same server is refused (unknown
+// authority); a bundle with no certificate is a start-up error.
+func TestCABundle(t *testing.T) {
+	backend := s3mem.New()
+	if err := backend.CreateBucket("tls-bucket"); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewUnstartedServer(gofakes3.New(backend).Server())
+	ts.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes are expected
+	ts.StartTLS()
+	defer ts.Close()
+	dir := t.TempDir()
+	bundle := filepath.Join(dir, "ca.pem")
+	pemBytes := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw})
+	if err := os.WriteFile(bundle, pemBytes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := s3.Defaults()
+	cfg.Endpoint, cfg.Region, cfg.AddressingStyle, cfg.Bucket = ts.URL, s3test.Region, "path", "tls-bucket"
+	cfg.AccessKeyID, cfg.SecretAccessKey, cfg.MaxAttempts = "k", "s", 1
+	ctx := context.Background()
+	keys, objs := l2test.Keys(t, 2, ""), l2test.Objects(t, 2)
+
+	untrusted := newAdapter(t, cfg)
+	defer untrusted.Close()
+	var uerr x509.UnknownAuthorityError
+	if err := untrusted.Store(ctx, keys, objs); !errors.As(err, &uerr) {
+		t.Fatalf("store without the bundle = %v, want an unknown-authority error", err)
+	}
+
+	cfg.CABundle = bundle
+	a := newAdapter(t, cfg)
+	defer a.Close()
+	if err := a.Store(ctx, keys, objs); err != nil {
+		t.Fatalf("store over TLS: %v", err)
+	}
+	hits, err := a.LookupAndLock(ctx, keys)
+	if err != nil || !slices.Equal(hits, []bool{true, true}) {
+		t.Fatalf("lookup over TLS = %v %v", hits, err)
+	}
+	l2test.LoadAll(t, a, keys, objs)
+	a.Unlock(keys)
+
+	empty := filepath.Join(dir, "empty.pem")
+	if err := os.WriteFile(empty, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.CABundle = empty
+	if _, err := s3.New(ctx, cfg); err == nil || !strings.Contains(err.Error(), "holds no PEM certificates") {
+		t.Fatalf("bundle without certificates: %v", err)
 	}
 }
