@@ -160,6 +160,10 @@ func (st *state) queryStatus(req *request, consume bool) ([]byte, error) {
 		return wire.EncodeInt(0), nil
 	case err != nil:
 		return wire.EncodeInt(0), err
+	case !res.Done && !consume && res.LookupDone:
+		// Every tier has answered; L2 loads may still run. A job that is
+		// not done is not consumed by polling.
+		return wire.EncodeInt(int64(res.LookupPrefixChunks)), nil
 	case !res.Done:
 		return wire.Nil, nil
 	}
