@@ -51,33 +51,7 @@ func BenchmarkL1StoreRead(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer e.Close()
-				sizes := []int64{size}
-				i := 0
-				cycle := func() {
-					k := []objkey.Key{mkKey("", i, 0, 1)}
-					i++
-					slots, err := e.ReserveWrite("w", k, sizes)
-					if err != nil {
-						b.Fatal(err)
-					}
-					copy(e.Bytes(slots[0]), src)
-					if _, err := e.CommitWrite("w", k); err != nil {
-						b.Fatal(err)
-					}
-					if err := e.Prefetch(PrefetchRequest{ID: "r", Chunks: [][]objkey.Key{k}, Readers: 1}); err != nil {
-						b.Fatal(err)
-					}
-					if r, _ := e.PollPrefetch("r"); r.PrefixChunks != 1 {
-						b.Fatalf("lookup %+v", r)
-					}
-					rs, err := e.ReadSlots(k)
-					if err != nil {
-						b.Fatal(err)
-					}
-					copy(dst, e.Bytes(rs[0]))
-					e.ReleaseRead("r", k, 1)
-					e.DeleteL1(k, false)
-				}
+				cycle := storeReadCycle(b, e, src, dst)
 				// The freed extent is reused at the same offset, so one
 				// warm-up cycle faults in the pages, as for the baseline.
 				cycle()
@@ -219,29 +193,7 @@ func BenchmarkL1StoreReadInterleaved(b *testing.B) {
 				// own work differs.
 				buf := e.pool.Bytes(2*size, size)
 				copy(buf, src)
-				sizes := []int64{size}
-				i := 0
-				cycle := func() {
-					k := []objkey.Key{mkKey("", i, 0, 1)}
-					i++
-					slots, err := e.ReserveWrite("w", k, sizes)
-					if err != nil {
-						b.Fatal(err)
-					}
-					copy(e.Bytes(slots[0]), src)
-					e.CommitWrite("w", k)
-					e.Prefetch(PrefetchRequest{ID: "r", Chunks: [][]objkey.Key{k}, Readers: 1})
-					if r, _ := e.PollPrefetch("r"); r.PrefixChunks != 1 {
-						b.Fatalf("lookup %+v", r)
-					}
-					rs, err := e.ReadSlots(k)
-					if err != nil {
-						b.Fatal(err)
-					}
-					copy(dst, e.Bytes(rs[0]))
-					e.ReleaseRead("r", k, 1)
-					e.DeleteL1(k, false)
-				}
+				cycle := storeReadCycle(b, e, src, dst)
 				cycle()
 				var base, eng time.Duration
 				b.SetBytes(2 * size)
@@ -332,19 +284,41 @@ func BenchmarkCycleOverhead(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer e.Close()
-	src, dst := make([]byte, objSize), make([]byte, objSize)
-	sizes := []int64{objSize}
-	i := 0
+	cycle := storeReadCycle(b, e, make([]byte, objSize), make([]byte, objSize))
 	b.ReportAllocs()
 	for b.Loop() {
+		cycle()
+	}
+}
+
+// storeReadCycle returns the cycle every store+read benchmark times: store
+// a new key (PREPARE_STORE, copy src in, COMMIT_STORE), read it (LOOKUP,
+// PREPARE_RETRIEVE, copy out to dst, COMMIT_RETRIEVE), then delete it. The
+// freed extent is reused at the same offset by the next cycle.
+func storeReadCycle(b *testing.B, e *Engine, src, dst []byte) func() {
+	sizes := []int64{int64(len(src))}
+	i := 0
+	return func() {
 		k := []objkey.Key{mkKey("", i, 0, 1)}
 		i++
-		slots, _ := e.ReserveWrite("w", k, sizes)
+		slots, err := e.ReserveWrite("w", k, sizes)
+		if err != nil {
+			b.Fatal(err)
+		}
 		copy(e.Bytes(slots[0]), src)
-		e.CommitWrite("w", k)
-		e.Prefetch(PrefetchRequest{ID: "r", Chunks: [][]objkey.Key{k}, Readers: 1})
-		e.PollPrefetch("r")
-		rs, _ := e.ReadSlots(k)
+		if _, err := e.CommitWrite("w", k); err != nil {
+			b.Fatal(err)
+		}
+		if err := e.Prefetch(PrefetchRequest{ID: "r", Chunks: [][]objkey.Key{k}, Readers: 1}); err != nil {
+			b.Fatal(err)
+		}
+		if r, _ := e.PollPrefetch("r"); r.PrefixChunks != 1 {
+			b.Fatalf("lookup %+v", r)
+		}
+		rs, err := e.ReadSlots(k)
+		if err != nil {
+			b.Fatal(err)
+		}
 		copy(dst, e.Bytes(rs[0]))
 		e.ReleaseRead("r", k, 1)
 		e.DeleteL1(k, false)
