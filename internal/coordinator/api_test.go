@@ -30,13 +30,21 @@ func TestOpenAPICoversEveryRoute(t *testing.T) {
 		t.Fatalf("openapi version %q", doc.OpenAPI)
 	}
 	routes := c.srv.Routes()
-	if len(routes) != 18 {
+	if len(routes) != 20 {
 		t.Fatalf("route table has %d routes", len(routes))
 	}
-	n := 0
+	n, public := 0, 0
 	for _, rt := range routes {
-		if _, ok := doc.Paths[rt.Path][strings.ToLower(rt.Method)]; !ok {
-			t.Errorf("%s %s missing from openapi.json", rt.Method, rt.Path)
+		_, inDoc := doc.Paths[rt.Path][strings.ToLower(rt.Method)]
+		if rt.Hidden {
+			if inDoc {
+				t.Errorf("hidden %s %s is in openapi.json", rt.Method, rt.Path)
+			}
+		} else {
+			public++
+			if !inDoc {
+				t.Errorf("%s %s missing from openapi.json", rt.Method, rt.Path)
+			}
 		}
 		path := strings.NewReplacer("{instance_id}", "x", "{request_id}", "y", "{cache_salt}", "z").Replace(rt.Path)
 		code, raw := c.do(rt.Method, path, nil)
@@ -47,8 +55,13 @@ func TestOpenAPICoversEveryRoute(t *testing.T) {
 	for _, ops := range doc.Paths {
 		n += len(ops)
 	}
-	if n != len(routes) {
-		t.Fatalf("openapi has %d operations, table %d", n, len(routes))
+	if n != public || public != 18 {
+		t.Fatalf("openapi has %d operations, table %d public routes", n, public)
+	}
+	for _, p := range []string{"/docs", "/redoc"} {
+		if code, raw := c.do("GET", p, nil); code != 200 || !strings.Contains(string(raw), "/openapi.json") {
+			t.Fatalf("%s = %d", p, code)
+		}
 	}
 }
 

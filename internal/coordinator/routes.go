@@ -16,7 +16,10 @@ type route struct {
 	Body      string   // components/schemas name of the JSON body, "" for none
 	Query     []string // optional query parameters
 	Responses map[int]string
-	handle    func(http.ResponseWriter, *http.Request) error
+	// Hidden routes (the interactive docs pages) are served but, as in
+	// FastAPI, left out of the OpenAPI document.
+	Hidden bool
+	handle func(http.ResponseWriter, *http.Request) error
 }
 
 func (s *Server) routeTable() []route {
@@ -58,18 +61,24 @@ func (s *Server) routeTable() []route {
 			Responses: map[int]string{200: "Prometheus text format"}, handle: s.handleMetrics},
 		{Method: "GET", Path: "/openapi.json", Tag: "observability", Summary: "This OpenAPI document",
 			Responses: map[int]string{200: "OpenAPI 3 document"}, handle: s.handleOpenAPI},
+		{Method: "GET", Path: "/docs", Summary: "Swagger UI", Hidden: true, handle: docsPage(swaggerHTML)},
+		{Method: "GET", Path: "/redoc", Summary: "ReDoc", Hidden: true, handle: docsPage(redocHTML)},
 	}
 }
 
-// RouteInfo names one served endpoint.
-type RouteInfo struct{ Method, Path string }
+// RouteInfo names one served endpoint; Hidden ones are not in the OpenAPI
+// document.
+type RouteInfo struct {
+	Method, Path string
+	Hidden       bool
+}
 
 // Routes lists every endpoint, from the same table the mux and the OpenAPI
 // document are built from.
 func (s *Server) Routes() []RouteInfo {
 	out := make([]RouteInfo, len(s.routes))
 	for i, rt := range s.routes {
-		out[i] = RouteInfo{rt.Method, rt.Path}
+		out[i] = RouteInfo{rt.Method, rt.Path, rt.Hidden}
 	}
 	return out
 }
@@ -113,6 +122,9 @@ func (s *Server) buildHandler() http.Handler {
 func (s *Server) openAPI() map[string]any {
 	paths := map[string]any{}
 	for _, rt := range s.routes {
+		if rt.Hidden {
+			continue
+		}
 		item, _ := paths[rt.Path].(map[string]any)
 		if item == nil {
 			item = map[string]any{}
@@ -194,4 +206,31 @@ func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
 	s.metrics.handler.ServeHTTP(w, r)
 	return nil
+}
+
+// The interactive docs pages FastAPI serves at /docs and /redoc. Like
+// FastAPI's, they load their scripts from a public CDN and read
+// /openapi.json.
+const swaggerHTML = `<!DOCTYPE html>
+<html><head><title>LMCache MP Coordinator - Swagger UI</title>
+<link type="text/css" rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css">
+</head><body><div id="swagger-ui"></div>
+<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({url: '/openapi.json', dom_id: '#swagger-ui'})</script>
+</body></html>
+`
+
+const redocHTML = `<!DOCTYPE html>
+<html><head><title>LMCache MP Coordinator - ReDoc</title><meta charset="utf-8"></head>
+<body><redoc spec-url="/openapi.json"></redoc>
+<script src="https://cdn.jsdelivr.net/npm/redoc@2/bundles/redoc.standalone.js"></script>
+</body></html>
+`
+
+func docsPage(html string) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write([]byte(html))
+		return nil
+	}
 }
