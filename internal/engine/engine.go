@@ -47,7 +47,8 @@ type Engine struct {
 
 	running atomic.Bool // Run was called
 	ready   atomic.Bool // Run is serving
-	stopped atomic.Bool // Run returned; no new background work
+	stopped atomic.Bool // Run's ctx ended; no new background work
+	exited  atomic.Bool // Run returned: no goroutine of it touches the pool
 
 	st stats
 
@@ -202,11 +203,14 @@ func (e *Engine) run(ctx context.Context) error {
 	if n := e.store.shutdown(); n > 0 {
 		e.log.Warn("write-behind uploads pending at shutdown were dropped", "objects", n)
 	}
+	e.exited.Store(true)
 	return nil
 }
 
+// close refuses while Run has not returned: after its ctx ends, Run still
+// waits for uploads and loads that read and write pool memory.
 func (e *Engine) close() error {
-	if e.ready.Load() {
+	if e.running.Load() && !e.exited.Load() {
 		return errors.New("engine: Close while Run is active")
 	}
 	return e.pool.Close()

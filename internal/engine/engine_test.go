@@ -614,3 +614,30 @@ func TestConfigValidation(t *testing.T) {
 		t.Fatalf("bad adapter index: %v", err)
 	}
 }
+
+// TestCloseRefusedUntilRunReturns: after Run's context is cancelled Run
+// still waits for an upload in flight, which reads pool memory; Close must
+// not unmap the pool until Run has returned.
+func TestCloseRefusedUntilRunReturns(t *testing.T) {
+	a := newFake("stuck")
+	a.storeGate = make(chan struct{})
+	h := start(t, Config{}, a)
+	keys := flat(chunks("", 0, 1, 1))
+	h.mustPut(t, keys)
+	waitFor(t, func() bool { return h.Counters().L2[0].InflightStores == 1 })
+	h.cancel()
+	waitFor(t, func() bool { return !h.Ready() })
+	if err := h.Close(); err == nil {
+		t.Fatal("Close unmapped the pool while Run was still waiting for an upload")
+	}
+	close(a.storeGate)
+	if err := <-h.done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if b, ok := a.has(keys[0]); !ok || !bytes.Equal(b, pattern(keys[0], objSize)) {
+		t.Fatal("the upload in flight at shutdown did not complete intact")
+	}
+	if err := h.Close(); err != nil {
+		t.Fatalf("Close after Run returned: %v", err)
+	}
+}

@@ -22,6 +22,9 @@ type fakeAdapter struct {
 	// and maxInflight measure concurrent Loads.
 	gate                  chan struct{}
 	inflight, maxInflight atomic.Int64
+	// storeGate, when set, blocks Store until it is closed, ignoring ctx
+	// (an adapter stuck in I/O).
+	storeGate chan struct{}
 
 	mu        sync.Mutex
 	objs      map[objkey.Key][]byte
@@ -40,6 +43,9 @@ func newFake(name string) *fakeAdapter {
 func (f *fakeAdapter) TypeName() string { return f.name }
 
 func (f *fakeAdapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) error {
+	if f.storeGate != nil {
+		<-f.storeGate
+	}
 	if f.failing.Load() {
 		return errInjected
 	}
