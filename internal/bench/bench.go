@@ -80,9 +80,9 @@ type Result struct {
 	StoreGBps      float64
 	RetrieveGBps   float64
 	// MemcpyToShmGBps and MemcpyFromShmGBps are the baseline: a plain
-	// memcpy of the same bytes into and out of warm shared memory, same
-	// concurrency, same run. Store compares with the first, retrieve with
-	// the second.
+	// memcpy of the same bytes into and out of warm shared memory, done by
+	// each worker next to each measured request. Store compares with the
+	// first, retrieve with the second.
 	MemcpyToShmGBps   float64
 	MemcpyFromShmGBps float64
 	StoreRefusals     int64
@@ -105,6 +105,7 @@ type counters struct {
 	stored, retrieved, verified, refusals atomic.Int64
 	storeNanos, retrieveNanos             atomic.Int64
 	storeRPCNanos, retrieveRPCNanos       atomic.Int64
+	baseBytes, baseToNanos, baseFromNanos atomic.Int64
 	hitChunks, wantChunks                 atomic.Int64
 	mu                                    sync.Mutex
 	lookups                               []time.Duration
@@ -143,12 +144,6 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Result, error) {
 		return nil, err
 	}
 
-	// The baseline runs before and after the protocol phase; the faster
-	// of the two counts, so a noisy machine cannot flatter the ratio.
-	if res.MemcpyToShmGBps, res.MemcpyFromShmGBps, err = memcpyBaseline(src, objBytes, o.PromptTokens/chunk, o); err != nil {
-		return nil, err
-	}
-
 	var c counters
 	stop := startProgress(ctx, o.Progress, progress, &c)
 	defer stop()
@@ -167,11 +162,8 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Result, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	to, from, err := memcpyBaseline(src, objBytes, o.PromptTokens/chunk, o)
-	if err != nil {
-		return nil, err
-	}
-	res.MemcpyToShmGBps, res.MemcpyFromShmGBps = max(res.MemcpyToShmGBps, to), max(res.MemcpyFromShmGBps, from)
+	res.MemcpyToShmGBps = gbps(c.baseBytes.Load(), c.baseToNanos.Load(), o.Workers)
+	res.MemcpyFromShmGBps = gbps(c.baseBytes.Load(), c.baseFromNanos.Load(), o.Workers)
 	res.StoredBytes, res.RetrievedBytes, res.VerifiedBytes = c.stored.Load(), c.retrieved.Load(), c.verified.Load()
 	res.StoreRefusals = c.refusals.Load()
 	res.StoreGBps = gbps(res.StoredBytes, c.storeNanos.Load(), o.Workers)
@@ -224,57 +216,56 @@ func window(src []byte, objBytes int64, seed int64) []byte {
 	return src[off : off+objBytes]
 }
 
-// memcpyBaseline copies the bytes one measured round moves, with the same
-// concurrency, into and out of shared memory of the pool's kind (shmem,
-// 4 KiB pages) that is already faulted in and warm, like a long-running
-// pool. It returns GB/s into and out of that memory.
-func memcpyBaseline(src []byte, objBytes int64, chunks int, o Options) (toShm, fromShm float64, err error) {
-	// BaselineBytes of destination per worker (256 MiB by default) so the
-	// copies leave the CPU caches, as copies into a multi-GiB pool do.
-	slots := max(1, o.BaselineBytes/objBytes)
-	var wg sync.WaitGroup
-	var toNanos, fromNanos, total atomic.Int64
-	errs := make([]error, o.Workers)
-	for w := range o.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			shm, err := unix.Mmap(-1, 0, int(slots*objBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
-			if err != nil {
-				errs[w] = fmt.Errorf("bench: baseline mmap: %w", err)
-				return
-			}
-			defer unix.Munmap(shm)
-			out := make([]byte, objBytes)
-			pass := func(n int, record bool) {
-				t0 := time.Now()
-				for i := range n {
-					off := int64(i) % slots * objBytes
-					copy(shm[off:off+objBytes], window(src, objBytes, int64(w*100003+i)))
-				}
-				t1 := time.Now()
-				for i := range n {
-					off := int64(i) % slots * objBytes
-					copy(out, shm[off:off+objBytes])
-				}
-				if record {
-					toNanos.Add(int64(t1.Sub(t0)))
-					fromNanos.Add(int64(time.Since(t1)))
-					total.Add(int64(n) * objBytes)
-				}
-			}
-			for range 3 { // warm the pages, as the pool is after its first rounds
-				pass(int(slots), false)
-			}
-			pass(chunks*o.Requests, true)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return 0, 0, err
-	}
-	return gbps(total.Load(), toNanos.Load(), o.Workers), gbps(total.Load(), fromNanos.Load(), o.Workers), nil
+// baseline is a worker's plain-memcpy reference: warm shared memory of the
+// pool's kind (shmem, 4 KiB pages), BaselineBytes large so copies leave the
+// CPU caches. Each measured request copies the same bytes into and out of
+// it right next to the protocol transfer, so both see the same machine
+// load.
+type baseline struct {
+	mem      []byte
+	objBytes int64
+	slots    int64
+	next     int64
 }
+
+func newBaseline(o Options, objBytes int64, src []byte) (*baseline, error) {
+	slots := max(1, o.BaselineBytes/objBytes)
+	mem, err := unix.Mmap(-1, 0, int(slots*objBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("bench: baseline mmap: %w", err)
+	}
+	b := &baseline{mem: mem, objBytes: objBytes, slots: slots}
+	for range 3 * slots { // warm the pages, as the pool is after its first rounds
+		copy(b.slot(), window(src, objBytes, b.next))
+	}
+	return b, nil
+}
+
+func (b *baseline) slot() []byte {
+	off := b.next % b.slots * b.objBytes
+	b.next++
+	return b.mem[off : off+b.objBytes]
+}
+
+// copyIn times copying chunks into the baseline memory.
+func (b *baseline) copyIn(chunks [][]byte) time.Duration {
+	t0 := time.Now()
+	for _, c := range chunks {
+		copy(b.slot(), c)
+	}
+	return time.Since(t0)
+}
+
+// copyOut times copying n chunks out of the baseline memory into dst.
+func (b *baseline) copyOut(n int, dst []byte) time.Duration {
+	t0 := time.Now()
+	for range n {
+		copy(dst, b.slot())
+	}
+	return time.Since(t0)
+}
+
+func (b *baseline) close() { _ = unix.Munmap(b.mem) }
 
 func startProgress(ctx context.Context, every time.Duration, w io.Writer, c *counters) func() {
 	if every <= 0 || w == nil {
@@ -355,6 +346,11 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 	nChunks := o.PromptTokens / chunk
 	end := nChunks * chunk
 	dst := make([]byte, objBytes) // the "GPU" the worker scatters into
+	base, err := newBaseline(o, objBytes, src)
+	if err != nil {
+		return err
+	}
+	defer base.close()
 	for r := range o.Warmup + o.Requests {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -370,6 +366,16 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 			return err
 		}
 		_ = sched.FreeLookupLocks(mkKey(o.Model, -1, tokens, 0, end, reqID), 1)
+
+		if measured {
+			chunks := make([][]byte, nChunks)
+			for i := range chunks {
+				chunks[i] = chunkSrc(i)
+			}
+			c.baseToNanos.Add(int64(base.copyIn(chunks)))
+			c.baseFromNanos.Add(int64(base.copyOut(nChunks, dst)))
+			c.baseBytes.Add(int64(nChunks) * objBytes)
+		}
 
 		// 2. Store: prepare, gather into the slots, commit.
 		wkey := mkKey(o.Model, 0, tokens, 0, end, reqID)
@@ -597,7 +603,7 @@ func pingPhase(ctx context.Context, o Options) (float64, error) {
 func Report(w io.Writer, o Options, r *Result) {
 	fmt.Fprintf(w, "layout: %d layers x %d hidden x %s, chunk %d tokens = %.1f MiB per chunk object; %d workers x %d requests of %d tokens\n",
 		o.Layers, o.Hidden, o.Dtype, r.ChunkSize, float64(r.ChunkBytes)/(1<<20), o.Workers, o.Requests, o.PromptTokens)
-	fmt.Fprintf(w, "memcpy into shm:   %7.2f GB/s   memcpy out of shm: %7.2f GB/s  (baseline, same bytes, same run)\n", r.MemcpyToShmGBps, r.MemcpyFromShmGBps)
+	fmt.Fprintf(w, "memcpy into shm:   %7.2f GB/s   memcpy out of shm: %7.2f GB/s  (baseline: same bytes, same workers, next to each request)\n", r.MemcpyToShmGBps, r.MemcpyFromShmGBps)
 	fmt.Fprintf(w, "store:             %7.2f GB/s  (%.2f of memcpy; PREPARE+COMMIT %.1f%% of the time; %.2f GiB; %d refusals while eviction caught up)\n",
 		r.StoreGBps, ratio(r.StoreGBps, r.MemcpyToShmGBps), 100*r.StoreRPCShare, float64(r.StoredBytes)/(1<<30), r.StoreRefusals)
 	fmt.Fprintf(w, "retrieve:          %7.2f GB/s  (%.2f of memcpy; PREPARE+COMMIT %.1f%% of the time; %.2f GiB; every byte verified: %.2f GiB)\n",
