@@ -450,7 +450,7 @@ func (e *Engine) deleteL2(ctx context.Context, i int, keys []objkey.Key) ([]objk
 	return a.Delete(ctx, keys)
 }
 
-func (e *Engine) reconfigure(ctx context.Context, i int, op string, args map[string]any) (map[string]any, error) {
+func (e *Engine) reconfigurer(i int) (Reconfigurer, error) {
 	a, err := e.adapterAt(i)
 	if err != nil {
 		return nil, err
@@ -458,18 +458,22 @@ func (e *Engine) reconfigure(ctx context.Context, i int, op string, args map[str
 	r, ok := a.(Reconfigurer)
 	if !ok {
 		return nil, fmt.Errorf("%w: adapter %d (%s) is not reconfigurable", ErrUnsupported, i, a.TypeName())
+	}
+	return r, nil
+}
+
+func (e *Engine) reconfigure(ctx context.Context, i int, op string, args map[string]any) (map[string]any, error) {
+	r, err := e.reconfigurer(i)
+	if err != nil {
+		return nil, err
 	}
 	return r.Reconfigure(ctx, op, args)
 }
 
 func (e *Engine) reconfigureStatus(i int) (map[string]any, error) {
-	a, err := e.adapterAt(i)
+	r, err := e.reconfigurer(i)
 	if err != nil {
 		return nil, err
-	}
-	r, ok := a.(Reconfigurer)
-	if !ok {
-		return nil, fmt.Errorf("%w: adapter %d (%s) is not reconfigurable", ErrUnsupported, i, a.TypeName())
 	}
 	return r.ReconfigureStatus(), nil
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -331,5 +332,49 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not reached in 30 s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// reconfFake is a fakeAdapter that accepts reconfiguration calls.
+type reconfFake struct {
+	*fakeAdapter
+	ops []string
+}
+
+func (r *reconfFake) Reconfigure(_ context.Context, op string, args map[string]any) (map[string]any, error) {
+	r.ops = append(r.ops, op)
+	return map[string]any{"op": op, "args": args}, nil
+}
+
+func (r *reconfFake) ReconfigureStatus() map[string]any { return map[string]any{"backend": "fake"} }
+
+// TestReconfigurePassThrough: calls reach a Reconfigurer unchanged; other
+// adapters answer ErrUnsupported and a bad index ErrNotFound.
+func TestReconfigurePassThrough(t *testing.T) {
+	plain, rc := newFake("plain"), &reconfFake{fakeAdapter: newFake("rc")}
+	e, err := New(Config{L1SizeBytes: 1 << 20}, []l2.Adapter{plain, rc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if infos := e.Adapters(); infos[0].Reconfigurable || !infos[1].Reconfigurable {
+		t.Fatalf("adapters %+v", infos)
+	}
+	ctx := context.Background()
+	if _, err := e.Reconfigure(ctx, 0, "add", nil); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("plain adapter: %v", err)
+	}
+	if _, err := e.ReconfigureStatus(0); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("plain adapter status: %v", err)
+	}
+	if _, err := e.Reconfigure(ctx, 2, "add", nil); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("bad index: %v", err)
+	}
+	out, err := e.Reconfigure(ctx, 1, "resize", map[string]any{"size_bytes": 7})
+	if err != nil || out["op"] != "resize" || out["args"].(map[string]any)["size_bytes"] != 7 || !slices.Equal(rc.ops, []string{"resize"}) {
+		t.Fatalf("pass-through: %v %v (ops %v)", out, err, rc.ops)
+	}
+	if st, err := e.ReconfigureStatus(1); err != nil || st["backend"] != "fake" {
+		t.Fatalf("status pass-through: %v %v", st, err)
 	}
 }

@@ -50,9 +50,6 @@ func (a *Allocator) Total() int64 { return a.total }
 // Used is the allocated size in bytes (rounded sizes).
 func (a *Allocator) Used() int64 { return a.used }
 
-// Align is the granularity.
-func (a *Allocator) Align() int64 { return a.align }
-
 // RoundUp is the physical size of an object of n bytes.
 func (a *Allocator) RoundUp(n int64) int64 { return roundUp(n, a.align) }
 
