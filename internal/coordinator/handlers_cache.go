@@ -170,7 +170,7 @@ func (s *Server) pinOrUnpin(w http.ResponseWriter, r *http.Request, delta int32,
 		writeJSON(w, http.StatusOK, pinResponse{0, 0, status})
 		return nil
 	}
-	if int64(chunks)*(*t.WorldSize) > maxPinKeys {
+	if ws := *t.WorldSize; ws > maxPinKeys || int64(chunks)*ws > maxPinKeys {
 		return badRequest("request resolves to %d keys (limit=%d); split it", int64(chunks)*(*t.WorldSize), maxPinKeys)
 	}
 	hashes, err := s.hasher.ChunkHashes(t.TokenIDs[:chunks*s.hasher.ChunkSize()])
