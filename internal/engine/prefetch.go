@@ -88,9 +88,10 @@ func (e *Engine) prefetch(req PrefetchRequest) error {
 	// The L1 phase works on req.Chunks directly; the flattened key list the
 	// L2 phase needs is built by the worker, only when there are misses.
 	j.hit = make([]bool, j.total)
+	var hits int
 	if req.Readers > 0 {
 		j.owner = req.ID
-		if e.table.ReadLockChunks(j.owner, req.Chunks, req.Readers, j.hit) > 0 {
+		if hits = e.table.ReadLockChunks(j.owner, req.Chunks, req.Readers, j.hit); hits > 0 {
 			e.st.l1Read.addMasked(req.Chunks, j.hit)
 			if e.hasListeners() {
 				var accessed []objkey.Key
@@ -107,16 +108,13 @@ func (e *Engine) prefetch(req PrefetchRequest) error {
 			}
 		}
 	} else {
-		e.table.ContainsChunks(req.Chunks, j.hit)
+		hits = e.table.ContainsChunks(req.Chunks, j.hit)
 	}
 	e.st.prefetchRequests.Add(1)
 	e.st.activeJobs.Add(1)
 
 	p := e.pf
-	missing := false
-	for _, h := range j.hit {
-		missing = missing || !h
-	}
+	missing := hits < j.total
 	// A newer job replaces an unconsumed one of the same id. Both lock for
 	// the same owner name, which is safe: each job only ever releases
 	// locks it took itself, so the owner's count stays exact. Queueing

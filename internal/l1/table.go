@@ -480,17 +480,21 @@ func (t *Table) ReadLockChunks(owner string, chunks [][]objkey.Key, n int, hit [
 	return hits
 }
 
-// ContainsChunks sets hit for every resident key (no lock taken).
-func (t *Table) ContainsChunks(chunks [][]objkey.Key, hit []bool) {
+// ContainsChunks sets hit for every resident key (no lock taken) and
+// returns the hit count.
+func (t *Table) ContainsChunks(chunks [][]objkey.Key, hit []bool) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	i := 0
+	i, hits := 0, 0
 	for _, ks := range chunks {
 		for _, k := range ks {
-			_, hit[i] = t.resident[k]
+			if _, hit[i] = t.resident[k]; hit[i] {
+				hits++
+			}
 			i++
 		}
 	}
+	return hits
 }
 
 // Release drops up to n read locks per key. With an owner, only locks that
