@@ -1,11 +1,16 @@
 package coordinator_test
 
 import (
+	"bufio"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 )
@@ -216,5 +221,38 @@ func TestFloatsMarshalLikePython(t *testing.T) {
 	c.events(ev("store", "01", "a", 1))
 	if _, raw := c.do("GET", "/quota/a", nil); string(raw) != `{"cache_salt":"a","quota_limit_gb":10.0,"quota_exists":true,"usage_gb":9.313225746154785e-10}` {
 		t.Fatalf("get = %s", raw)
+	}
+}
+
+// TestKeepAliveIdleTimeoutClosesConnection: --timeout-keep-alive is the
+// server's idle timeout; an idle keep-alive connection is closed by the
+// server (well before the 10 s read deadline used here as a bound).
+func TestKeepAliveIdleTimeoutClosesConnection(t *testing.T) {
+	c := startCoord(t, func(cfg *config.Config) { cfg.TimeoutKeepAlive = 1 })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(c.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("status %d close %v", resp.StatusCode, resp.Close)
+	}
+	start := time.Now()
+	_ = conn.SetReadDeadline(start.Add(10 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("idle connection not closed by the server: %v", err)
+	}
+	if idle := time.Since(start); idle < 500*time.Millisecond {
+		t.Fatalf("closed after %v, before the 1 s idle timeout", idle)
 	}
 }
