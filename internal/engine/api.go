@@ -314,6 +314,12 @@ func (e *Engine) Layout(modelName string, worldSize int) (Layout, error) {
 	return e.layout(modelName, worldSize)
 }
 
+// UnregisterLayout forgets the layout of (modelName, worldSize) and
+// reports whether it existed. Objects already stored are kept.
+func (e *Engine) UnregisterLayout(modelName string, worldSize int) bool {
+	return e.unregisterLayout(modelName, worldSize)
+}
+
 // Layouts lists the registered layouts, sorted by model name then world
 // size.
 func (e *Engine) Layouts() []Layout { return e.layouts() }
@@ -325,7 +331,11 @@ func (e *Engine) Prefetch(req PrefetchRequest) error { return e.prefetch(req) }
 
 // PollPrefetch returns the job's state. A done result is returned exactly
 // once: the job is forgotten and the next poll returns ErrNotFound.
-func (e *Engine) PollPrefetch(id string) (PrefetchResult, error) { return e.pollPrefetch(id) }
+func (e *Engine) PollPrefetch(id string) (PrefetchResult, error) { return e.pf.jobState(id, true) }
+
+// PeekPrefetch is PollPrefetch without consuming a done job
+// (QUERY_PREFETCH_LOOKUP_HITS must not consume it).
+func (e *Engine) PeekPrefetch(id string) (PrefetchResult, error) { return e.pf.jobState(id, false) }
 
 // WaitPrefetch blocks until the job is done (consuming it, exactly once) or
 // ctx ends (the job is kept; the error wraps ctx.Err()).

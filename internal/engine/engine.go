@@ -238,6 +238,14 @@ func (e *Engine) registerLayout(l Layout) error {
 	return nil
 }
 
+func (e *Engine) unregisterLayout(model string, world int) bool {
+	e.layoutMu.Lock()
+	defer e.layoutMu.Unlock()
+	_, ok := e.layoutsM[layoutKey{model, world}]
+	delete(e.layoutsM, layoutKey{model, world})
+	return ok
+}
+
 func (e *Engine) layout(model string, world int) (Layout, error) {
 	e.layoutMu.RLock()
 	l, ok := e.layoutsM[layoutKey{model, world}]

@@ -604,6 +604,12 @@ func TestConfigValidation(t *testing.T) {
 	if ls := e.Layouts(); len(ls) != 1 || ls[0].ModelName != "x" || ls[0].WorldSize != 2 {
 		t.Fatalf("layouts %+v", ls)
 	}
+	if !e.UnregisterLayout("x", 2) || e.UnregisterLayout("x", 2) || len(e.Layouts()) != 0 {
+		t.Fatal("unregister")
+	}
+	if _, err := e.Layout("x", 2); !errors.Is(err, ErrNoLayout) {
+		t.Fatalf("unregistered layout still found: %v", err)
+	}
 	if err := e.SetQuota("x", -1); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("negative quota: %v", err)
 	}

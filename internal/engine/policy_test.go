@@ -92,18 +92,27 @@ func TestPrefetchMaxInFlightAndTimeout(t *testing.T) {
 			t.Fatalf("active jobs = %d", c.ActivePrefetchJobs)
 		}
 		// A job blocked in its L2 load has answered the lookup phase; a
-		// queued one has not. Polling a running job consumes nothing.
+		// queued one has not. Neither peeking nor polling a running job
+		// consumes it.
 		for range 2 {
-			r, err := h.PollPrefetch("0")
-			if err != nil || r.Done || !r.LookupDone || r.LookupPrefixChunks != 1 {
-				t.Fatalf("poll running job: %+v %v", r, err)
-			}
-			if r, err := h.PollPrefetch("4"); err != nil || r.Done || r.LookupDone {
-				t.Fatalf("poll queued job: %+v %v", r, err)
+			for _, look := range []func(string) (PrefetchResult, error){h.PeekPrefetch, h.PollPrefetch} {
+				r, err := look("0")
+				if err != nil || r.Done || !r.LookupDone || r.LookupPrefixChunks != 1 {
+					t.Fatalf("running job: %+v %v", r, err)
+				}
+				if r, err := look("4"); err != nil || r.Done || r.LookupDone {
+					t.Fatalf("queued job: %+v %v", r, err)
+				}
 			}
 		}
 		time.Sleep(11 * time.Second) // first two time out, next two start
 		synctest.Wait()
+		// Peeking a done job does not consume it; the poll does.
+		for range 2 {
+			if r, err := h.PeekPrefetch("0"); err != nil || !r.Done || r.Err == nil {
+				t.Fatalf("peek of the timed-out job: %+v %v", r, err)
+			}
+		}
 		r, err := h.PollPrefetch("0")
 		if err != nil || !r.Done || r.PrefixChunks != 0 || r.Err == nil {
 			t.Fatalf("timed-out job: %+v %v", r, err)

@@ -439,8 +439,9 @@ func errUnknownJob(id string) error {
 	return fmt.Errorf("%w: unknown prefetch request_id='%s' (already completed or never submitted)", ErrNotFound, id)
 }
 
-func (e *Engine) pollPrefetch(id string) (PrefetchResult, error) {
-	p := e.pf
+// jobState returns job id's result; a done job is forgotten when consume is
+// set (PollPrefetch) and kept otherwise (PeekPrefetch).
+func (p *prefetchCtl) jobState(id string, consume bool) (PrefetchResult, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	j, ok := p.jobs[id]
@@ -449,7 +450,9 @@ func (e *Engine) pollPrefetch(id string) (PrefetchResult, error) {
 	}
 	select {
 	case <-j.done:
-		delete(p.jobs, id)
+		if consume {
+			delete(p.jobs, id)
+		}
 		return j.res, nil
 	default:
 		return PrefetchResult{LookupDone: j.lookupDone, LookupPrefixChunks: j.lookupPrefix}, nil
