@@ -43,6 +43,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&o.PingDuration, "ping-duration", o.PingDuration, "length of the PING phase")
 	fs.DurationVar(&o.Progress, "progress", o.Progress, "progress line period on stderr (0 = none)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "per-request timeout")
+	baseMiB := fs.Int64("baseline-mib", o.BaselineBytes>>20, "size of each worker's memcpy-baseline region in MiB (the pool's size compares like with like)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	inproc := fs.Float64("inprocess-l1-gb", 0, "start an engine with this L1 size (GiB, in /dev/shm) and the data-path server inside this process on a free loopback port, and benchmark it over ZMQ (0 = use --endpoint)")
 	chunk := fs.Int("inprocess-chunk-size", 256, "--chunk-size of the in-process server")
@@ -52,6 +53,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		return 2
 	}
+	o.BaselineBytes = *baseMiB << 20
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "lmcache bench: unexpected arguments %q\n", fs.Args())
 		return 2
