@@ -305,6 +305,9 @@ func (e *Engine) reserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]S
 		}
 	}
 	ls, err := e.table.Reserve(tag, keys, sizes)
+	if errors.Is(err, l1.ErrOutOfMemory) && e.makeRoom(keys, sizes) {
+		ls, err = e.table.Reserve(tag, keys, sizes)
+	}
 	if err != nil {
 		if errors.Is(err, l1.ErrOutOfMemory) {
 			e.st.allocFailStore.Add(1)
@@ -312,6 +315,17 @@ func (e *Engine) reserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]S
 		return nil, mapErr(err)
 	}
 	return toSlots(ls), nil
+}
+
+// makeRoom evicts what a store that did not fit needs (see
+// l1.Table.MakeRoom) and reports whether anything was evicted.
+func (e *Engine) makeRoom(keys []objkey.Key, sizes []int64) bool {
+	evicted, _ := e.table.MakeRoom(keys, sizes)
+	for _, k := range evicted {
+		e.st.l1Evicted.add(k.CacheSalt, 1)
+	}
+	e.deletedL1(evicted)
+	return len(evicted) > 0
 }
 
 func toSlots(ls []l1.Slot) []Slot {

@@ -647,3 +647,62 @@ func TestCloseRefusedUntilRunReturns(t *testing.T) {
 		t.Fatalf("Close after Run returned: %v", err)
 	}
 }
+
+// TestStoreMakesRoomBelowWatermark: a store that does not fit while usage
+// is below the eviction watermark (so no tick would ever evict) evicts just
+// enough least-recent unlocked objects and succeeds; when the unlocked
+// objects cannot free enough, or under the noop policy, nothing is evicted
+// and the store fails as a whole.
+func TestStoreMakesRoomBelowWatermark(t *testing.T) {
+	h := start(t, Config{L1SizeBytes: 10 * objSize})
+	defer h.stop(t)
+	old := flat(chunks("", 0, 7, 1)) // 70 %: below the 0.8 watermark
+	for _, k := range old {
+		h.mustPut(t, []objkey.Key{k}) // one request each: old[0] is the least recent
+	}
+	h.lookup(t, "hold", [][]objkey.Key{old[:1]}) // old[0] is read-locked
+	batch := flat(chunks("", 10, 14, 1))         // needs 4 slots, 3 are free
+	sizes := slices.Repeat([]int64{objSize}, 4)
+	slots, err := h.ReserveWrite("w", batch, sizes)
+	if err != nil {
+		t.Fatalf("store below the watermark: %v", err)
+	}
+	for i, s := range slots {
+		copy(h.Bytes(s), pattern(batch[i], objSize))
+	}
+	if n, err := h.CommitWrite("w", batch); n != 4 || err != nil {
+		t.Fatalf("commit: %d %v", n, err)
+	}
+	got, _ := h.Get(old)
+	for i, b := range got {
+		if (b == nil) != (i == 1) {
+			t.Fatalf("old[%d] resident=%v; want exactly old[1] evicted (the least recent unlocked object)", i, b != nil)
+		}
+	}
+	if c := h.Counters(); c.L1Evicted[""] != 1 || c.L1AllocFailuresStore != 0 {
+		t.Fatalf("counters %+v", c)
+	}
+
+	// Lock everything: nothing may go, so nothing goes.
+	resident := append(append([]objkey.Key{old[0]}, old[2:]...), batch...)
+	h.lookup(t, "all", [][]objkey.Key{resident})
+	more := flat(chunks("", 20, 22, 1))
+	if _, err := h.ReserveWrite("w", more, sizes[:2]); !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("store with every object locked: %v", err)
+	}
+	if c := h.Counters(); c.L1Objects != 10 || c.L1Evicted[""] != 1 || c.L1AllocFailuresStore != 1 {
+		t.Fatalf("after the refused store: %+v", c)
+	}
+	h.ReleaseRead("hold", old[:1], 1)
+	h.ReleaseRead("all", resident, 1)
+
+	noop := start(t, Config{L1SizeBytes: 4 * objSize, EvictionPolicy: PolicyNoop})
+	defer noop.stop(t)
+	noop.mustPut(t, old[:3])
+	if _, err := noop.ReserveWrite("w", batch[:2], sizes[:2]); !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("noop policy evicted to make room: %v", err)
+	}
+	if c := noop.Counters(); c.L1Objects != 3 {
+		t.Fatalf("noop engine lost objects: %+v", c)
+	}
+}

@@ -504,3 +504,43 @@ func TestAllocCrowdedClass(t *testing.T) {
 		t.Fatalf("4-page request got %d %v, want a hole", off, ok)
 	}
 }
+
+// TestMakeRoom: just enough room for the keys that are not resident,
+// least recent first, salts in turn under IsolatedLRU, locked objects and
+// the batch's own resident keys skipped; all or nothing.
+func TestMakeRoom(t *testing.T) {
+	tb := newTable(32*kib, eviction.IsolatedLRUName) // 8 slots
+	salted := func(salt string, from, to int) []objkey.Key {
+		ks := keyRange(from, to)
+		for i := range ks {
+			ks[i].CacheSalt = salt
+		}
+		return ks
+	}
+	a, b := salted("a", 0, 3), salted("b", 0, 3)
+	for _, k := range append(slices.Clone(a), b...) {
+		store(t, tb, []objkey.Key{k}) // one batch each: index 0 is the least recent
+	}
+	tb.ReadLock("r", a[:1], 1)
+	// 2 slots free; 5 keys of which one is resident: 4 needed, 2 short.
+	want := append(slices.Clone(b[:1]), keyRange(100, 104)...)
+	if ev, n := tb.MakeRoom(want, sizes(len(want), 4*kib)); !slices.Equal(ev, []objkey.Key{a[1], b[1]}) || n != 8*kib {
+		t.Fatalf("evicted %v (%d bytes), want a1 (a0 is locked) and b1 (b0 is in the batch), one per salt", ev, n)
+	}
+	if _, err := tb.Reserve("w", want, sizes(len(want), 4*kib)); err != nil {
+		t.Fatalf("reserve after MakeRoom: %v", err)
+	}
+	// Pool full (4 resident, 4 staging); only a2, b0 and b2 are evictable
+	// (a0 is locked), so asking for 4 slots evicts nothing at all.
+	if ev, _ := tb.MakeRoom(keyRange(200, 204), sizes(4, 4*kib)); len(ev) != 0 {
+		t.Fatalf("evicted %v for a batch that cannot fit", ev)
+	}
+	if st := tb.Stats(); st.Objects != 4 || st.StagingObjects != 4 {
+		t.Fatalf("objects = %d (staging %d), want 4 resident untouched", st.Objects, st.StagingObjects)
+	}
+	// Enough room already: nothing is evicted.
+	tb.Abort("w", want)
+	if ev, _ := tb.MakeRoom(keyRange(300, 301), sizes(1, 4*kib)); len(ev) != 0 {
+		t.Fatalf("evicted %v with room to spare", ev)
+	}
+}

@@ -715,6 +715,71 @@ func (t *Table) Evict(cuts []Cut) (evicted []objkey.Key, bytes int64) {
 	return evicted, bytes
 }
 
+// MakeRoom evicts just enough least-recent eligible objects (resident,
+// not read-locked, not pinned) that a Reserve of keys with sizes finds the
+// bytes it needs free, or nothing at all when every eligible object
+// together would not be enough. Keys already resident need no room. Under
+// IsolatedLRU the salts give up objects in turn, oldest first. With the
+// noop policy nothing is tracked, so nothing is evicted. It returns the
+// keys evicted and their physical bytes. The batch's own resident keys are
+// never evicted.
+//
+// The eviction tick only runs at the watermark; without this a batch
+// larger than the free space below the watermark would be refused for
+// good. Fragmentation is not considered: KV objects of a model share one
+// size, so freed bytes are usable bytes.
+func (t *Table) MakeRoom(keys []objkey.Key, sizes []int64) (evicted []objkey.Key, bytes int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var need int64
+	keep := map[*object]bool{} // the batch's resident keys need no room, so they must stay
+	for i, k := range keys {
+		if o, ok := t.resident[k]; ok {
+			keep[o] = true
+		} else {
+			need += t.alloc.RoundUp(sizes[i])
+		}
+	}
+	short := need - (t.alloc.Total() - t.alloc.Used())
+	if short <= 0 {
+		return nil, 0
+	}
+	now := now()
+	lists := t.order.lists(Cut{Global: true})
+	cursors := make([]*eviction.Elem[*object], len(lists))
+	for i, l := range lists {
+		cursors[i] = l.Front()
+	}
+	var victims []*object
+	for progress := true; bytes < short && progress; {
+		progress = false
+		for i := range cursors {
+			e := cursors[i]
+			for e != nil && (keep[e.Value] || !t.evictable(e.Value, now)) {
+				e = e.Next()
+			}
+			if e == nil {
+				cursors[i] = nil
+				continue
+			}
+			victims = append(victims, e.Value)
+			bytes += t.alloc.RoundUp(e.Value.size)
+			cursors[i], progress = e.Next(), true
+			if bytes >= short {
+				break
+			}
+		}
+	}
+	if bytes < short {
+		return nil, 0
+	}
+	for _, o := range victims {
+		evicted = append(evicted, o.key)
+		t.removeResident(o, now)
+	}
+	return evicted, bytes
+}
+
 // Sweep reclaims what expired leases left behind: staging objects whose
 // writer vanished, detached objects whose readers vanished, temporary
 // objects whose readers vanished. The eviction
