@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,17 +19,84 @@ import (
 // buildBinary builds cmd/lmcache (owned by the CLI, which dispatches
 // `lmcache coordinator` to runCoordinator). The test is skipped if the
 // command does not build, so a broken sibling file cannot fail it.
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  string
+)
+
 func buildBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "lmcache")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/lmcache-go/lmcache/cmd/lmcache")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Skipf("cmd/lmcache does not build: %v\n%s", err, out)
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "lmcache-coordinator-test")
+		if err != nil {
+			buildErr = err.Error()
+			return
+		}
+		bin := filepath.Join(dir, "lmcache")
+		cmd := exec.Command("go", "build", "-o", bin, "github.com/lmcache-go/lmcache/cmd/lmcache")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Sprintf("%v\n%s", err, out)
+			return
+		}
+		builtBin = bin
+	})
+	if builtBin == "" {
+		t.Skipf("cmd/lmcache does not build: %s", buildErr)
 	}
-	return bin
+	return builtBin
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestBinaryEvictsThroughMPServer runs `lmcache coordinator` as a process
+// against a recording MP server: registration, event ingest, a quota of 0
+// and the eviction loop's DELETE /cache/objects, then a clean SIGTERM.
+func TestBinaryEvictsThroughMPServer(t *testing.T) {
+	bin := buildBinary(t)
+	port := freePort(t)
+	cmd := exec.Command(bin, "coordinator", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--eviction-check-interval", "0.05")
+	cmd.Env = append(os.Environ(), "LMCACHE_MP_COORDINATOR_ENABLE_STARTUP_RESYNC=False")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &coord{t: t, base: "http://127.0.0.1:" + strconv.Itoa(port), client: &http.Client{Transport: &http.Transport{}, Timeout: 5 * time.Second}}
+	defer c.client.CloseIdleConnections()
+	waitFor(t, "healthz", func() bool {
+		resp, err := c.client.Get(c.base + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	mp := newMP(t)
+	mp.register(c, "mp-1")
+	c.events(rev("store", "0a", "t", 100), rev("store", "0b", "t", 100))
+	c.must("PUT", "/quota/t", map[string]any{"limit_gb": 0}, 200)
+	waitFor(t, "eviction DELETE", func() bool { return len(mp.deleteBatches()) > 0 })
+	if got := strings.Join(hexes(mp.deleteBatches()[0]), ","); got != "t/0a,t/0b" {
+		t.Fatalf("victims %s", got)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit %v\n%s", err, stderr.String())
+	}
 }
 
 // TestBinaryConfigErrorsHelpAndSignals runs the real `lmcache coordinator`
