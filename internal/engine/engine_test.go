@@ -631,6 +631,9 @@ func TestCloseRefusedUntilRunReturns(t *testing.T) {
 	keys := flat(chunks("", 0, 1, 1))
 	h.mustPut(t, keys)
 	waitFor(t, func() bool { return h.Counters().L2[0].InflightStores == 1 })
+	if sc := h.Status()["store_controller"].(map[string]any); sc["in_flight_task_count"] != int64(1) || sc["pending_keys_count"] != 0 {
+		t.Fatalf("store_controller with one upload stuck: %v", sc)
+	}
 	h.cancel()
 	waitFor(t, func() bool { return !h.Ready() })
 	if err := h.Close(); err == nil {

@@ -51,11 +51,10 @@ type storeItem struct {
 // storeQueue is one adapter's queue: FIFO of ready items plus a min-heap of
 // items backing off. Guarded by mu; wake (capacity 1) signals workers.
 type storeQueue struct {
-	mu       sync.Mutex
-	ready    []*storeItem
-	delayed  delayHeap
-	inflight int
-	wake     chan struct{}
+	mu      sync.Mutex
+	ready   []*storeItem
+	delayed delayHeap
+	wake    chan struct{}
 }
 
 type delayHeap []*storeItem
@@ -105,7 +104,6 @@ func (q *storeQueue) take(now time.Time) ([]*storeItem, time.Duration) {
 	batch := append([]*storeItem(nil), q.ready[:n]...)
 	clear(q.ready[:n])
 	q.ready = q.ready[n:]
-	q.inflight += len(batch)
 	if len(q.ready) > 0 {
 		q.signal() // let another worker take the rest
 	}
@@ -228,9 +226,6 @@ func (s *storeCtl) upload(ctx context.Context, i int, batch []*storeItem) {
 	st.inflightStores.Add(1)
 	err := e.adapters[i].Store(ctx, keys, objs)
 	st.inflightStores.Add(-1)
-	q.mu.Lock()
-	q.inflight -= len(batch)
-	q.mu.Unlock()
 	if err == nil {
 		// Pins go first, so whoever sees the completion counters move also
 		// sees the objects' pending uploads settled.
@@ -313,13 +308,14 @@ func (s *storeCtl) shutdown() int {
 	return len(dropped)
 }
 
-// counts returns queued (ready + backing off) and in-flight uploads.
-func (s *storeCtl) counts() (pending, inflight int) {
-	for _, q := range s.qs {
+// counts returns queued (ready + backing off) uploads and the upload
+// tasks (Store calls) in flight.
+func (s *storeCtl) counts() (pending int, inflight int64) {
+	for i, q := range s.qs {
 		q.mu.Lock()
 		pending += len(q.ready) + q.delayed.Len()
-		inflight += q.inflight
 		q.mu.Unlock()
+		inflight += s.e.st.adapters[i].inflightStores.Load()
 	}
 	return pending, inflight
 }
