@@ -87,6 +87,18 @@ func (b *Book) LockCount(k objkey.Key) int {
 	return b.locks[k]
 }
 
+// Locked returns the keys that hold at least one lock reference (a
+// snapshot; loads in flight, so usually few).
+func (b *Book) Locked() []objkey.Key {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]objkey.Key, 0, len(b.locks))
+	for k := range b.locks {
+		out = append(out, k)
+	}
+	return out
+}
+
 // LockedKeys is the number of distinct locked keys.
 func (b *Book) LockedKeys() int {
 	b.mu.Lock()

@@ -424,3 +424,30 @@ func TestParseConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusCountsLocksPerDevice: each device reports the locked keys it
+// holds; unlocking clears the count.
+func TestStatusCountsLocksPerDevice(t *testing.T) {
+	a := newAdapter(t, false, 1, 4) // the second store goes to the emptier device
+	defer a.Close()
+	ctx := context.Background()
+	first, _ := storeN(t, a, 1)
+	more, _ := storeN(t, a, 3)
+	keys := append(first, more...)
+	if hits, err := a.LookupAndLock(ctx, keys); err != nil || slices.Contains(hits, false) {
+		t.Fatalf("lookup %v %v", hits, err)
+	}
+	a.LookupAndLock(ctx, keys[:1]) // a second lock on one key counts once
+	locked := func() (n0, n1 any) {
+		d := devices(a)
+		return d[0]["locked_key_count"], d[1]["locked_key_count"]
+	}
+	if n0, n1 := locked(); n0 != 1 || n1 != 3 {
+		t.Fatalf("locked keys per device = %v, %v; want 1, 3", n0, n1)
+	}
+	a.Unlock(keys)
+	a.Unlock(keys[:1])
+	if n0, n1 := locked(); n0 != 0 || n1 != 0 {
+		t.Fatalf("after unlock = %v, %v", n0, n1)
+	}
+}

@@ -41,13 +41,14 @@ func (a *Adapter) statusMap() map[string]any {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var capacity, used int64
+	locked := a.lockedPerDeviceLocked()
 	devs := make([]map[string]any, 0, len(a.devices))
 	for _, d := range a.devices {
 		if live(d.state) {
 			capacity += int64(d.maxSlots) * a.slotBytes
 			used += int64(d.liveSlots) * a.slotBytes
 		}
-		devs = append(devs, a.deviceStatusLocked(d))
+		devs = append(devs, a.deviceStatusLocked(d, locked))
 	}
 	return map[string]any{
 		"hotplug_enabled":      a.hotplug,
@@ -58,13 +59,20 @@ func (a *Adapter) statusMap() map[string]any {
 	}
 }
 
-func (a *Adapter) deviceStatusLocked(d *device) map[string]any {
-	locked := 0
-	for k, l := range a.index {
-		if l.dev == d && a.book.LockCount(k) > 0 {
-			locked++
+// lockedPerDeviceLocked counts the locked keys on each device. It walks the
+// locked keys, not the index: status must not hold mu for a pass over
+// every stored key.
+func (a *Adapter) lockedPerDeviceLocked() map[*device]int {
+	out := map[*device]int{}
+	for _, k := range a.book.Locked() {
+		if l, ok := a.index[k]; ok {
+			out[l.dev]++
 		}
 	}
+	return out
+}
+
+func (a *Adapter) deviceStatusLocked(d *device, locked map[*device]int) map[string]any {
 	return map[string]any{
 		"index":                     d.index,
 		"device_id":                 d.id,
@@ -75,7 +83,7 @@ func (a *Adapter) deviceStatusLocked(d *device) map[string]any {
 		"max_slots":                 d.maxSlots,
 		"live_slot_count":           d.liveSlots,
 		"free_slot_count":           len(d.free),
-		"locked_key_count":          locked,
+		"locked_key_count":          locked[d],
 		"borrowed_slot_count":       d.borrowed,
 		"inflight_store_tasks":      d.inflightStore.Load(),
 		"inflight_lookup_tasks":     0, // lookups finish under mu, which status holds
@@ -130,7 +138,7 @@ func (a *Adapter) Add(path string, sizeBytes int64) (map[string]any, error) {
 		if d.sizeBytes != sizeBytes {
 			return nil, fmt.Errorf("%w: device %s is already mapped with %d bytes (state %s)", ErrConflict, path, d.sizeBytes, d.state)
 		}
-		return map[string]any{"status": "ok", "operation": "add", "adapter_index": 0, "device": a.deviceStatusLocked(d)}, nil
+		return map[string]any{"status": "ok", "operation": "add", "adapter_index": 0, "device": a.deviceStatusLocked(d, a.lockedPerDeviceLocked())}, nil
 	}
 	if id, _, err := identity(path); err == nil {
 		for _, d := range a.devices {
@@ -147,7 +155,7 @@ func (a *Adapter) Add(path string, sizeBytes int64) (map[string]any, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return map[string]any{"status": "ok", "operation": "add", "adapter_index": 0, "device": a.deviceStatusLocked(d)}, nil
+	return map[string]any{"status": "ok", "operation": "add", "adapter_index": 0, "device": a.deviceStatusLocked(d, a.lockedPerDeviceLocked())}, nil
 }
 
 // keysOnLocked lists the keys stored on d, optionally only in slots >= from.
