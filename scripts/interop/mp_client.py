@@ -22,8 +22,8 @@ from multiprocessing import resource_tracker, shared_memory
 import msgpack
 import zmq
 
-# Gen-3 frozen legacy operation ids (research/datapath.md 2.4).
-OPS = {
+# Gen-3 frozen legacy operation ids (research/datapath.md 2.4, 10.1).
+GEN3 = {
     "store": 6, "retrieve": 7, "lookup": 8, "query_prefetch_status": 9,
     "free_lookup_locks": 12, "end_session": 13,
     "register_kv_cache_engine_driven_context": 14,
@@ -31,6 +31,17 @@ OPS = {
     "prepare_store": 16, "commit_store": 17, "prepare_retrieve": 18,
     "commit_retrieve": 19, "get_chunk_size": 21, "ping": 22, "noop": 24,
 }
+# Gen-2M mainline RequestType values (research/datapath.md 10.1); no
+# wait_prefetch_status here.
+GEN2M = {
+    "store": 3, "retrieve": 4, "lookup": 5, "query_prefetch_status": 6,
+    "free_lookup_locks": 8, "end_session": 9,
+    "register_kv_cache_engine_driven_context": 10,
+    "unregister_kv_cache_engine_driven_context": 11,
+    "prepare_store": 12, "commit_store": 13, "prepare_retrieve": 14,
+    "commit_retrieve": 15, "get_chunk_size": 17, "ping": 18, "noop": 20,
+}
+OPS = GEN3
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
@@ -102,7 +113,10 @@ def main():
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--chunks", type=int, default=3)
     ap.add_argument("--timeout-ms", type=int, default=10000)
+    ap.add_argument("--profile", choices=("gen3", "gen2m"), default="gen3")
     args = ap.parse_args()
+    global OPS
+    OPS = GEN3 if args.profile == "gen3" else GEN2M
 
     ctx = zmq.Context()
     sched = Conn(ctx, args.endpoint, args.timeout_ms)
@@ -114,6 +128,7 @@ def main():
     expect(isinstance(chunk, int) and chunk > 0, "chunk size %r" % (chunk,))
     expect(worker.call("get_chunk_size") == chunk, "worker chunk size")
     summary["chunk_size"] = chunk
+    summary["profile"] = args.profile
     expect(sched.call("ping", None) is True, "PING")
     expect(sched.call("noop") == "OK", "NOOP")
     # Operation name sent as a string (newest clients).
