@@ -114,6 +114,21 @@ func (h *harness) mustPut(t *testing.T, keys []objkey.Key) {
 	}
 }
 
+// mustReadBack is PREPARE_RETRIEVE of read-locked keys, checking that each
+// slot holds its key's pattern.
+func (h *harness) mustReadBack(t *testing.T, keys []objkey.Key) {
+	t.Helper()
+	slots, err := h.ReadSlots(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range slots {
+		if !bytes.Equal(h.Bytes(s), pattern(keys[i], objSize)) {
+			t.Fatalf("object %d (%v) bytes differ", i, keys[i])
+		}
+	}
+}
+
 func (h *harness) lookup(t *testing.T, id string, cs [][]objkey.Key) PrefetchResult {
 	t.Helper()
 	if err := h.Prefetch(PrefetchRequest{ID: id, Chunks: cs, Readers: 1}); err != nil {
@@ -173,15 +188,7 @@ func TestStoreLookupRetrieve(t *testing.T) {
 	if _, err := h.PollPrefetch("r1"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("second poll: %v", err)
 	}
-	rs, err := h.ReadSlots(keys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range rs {
-		if !bytes.Equal(h.Bytes(s), pattern(keys[i], objSize)) {
-			t.Fatalf("chunk %d bytes differ", i)
-		}
-	}
+	h.mustReadBack(t, keys)
 	if n := h.ReleaseRead("r1", keys, 1); n != 3 {
 		t.Fatalf("released %d", n)
 	}
@@ -413,16 +420,7 @@ func TestPrefetchFromL2(t *testing.T) {
 	if a0.lockCount() != 0 || a1.lockCount() != 0 {
 		t.Fatal("L2 locks leaked")
 	}
-	slots, err := h.ReadSlots(flat(cs[:3]))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range slots {
-		k := cs[i][0]
-		if !bytes.Equal(h.Bytes(s), pattern(k, objSize)) {
-			t.Fatalf("chunk %d bytes differ", i)
-		}
-	}
+	h.mustReadBack(t, flat(cs[:3]))
 	if c := h.Counters(); c.L1Temporary != 2 || c.PrefetchHitChunksL1 != 1 || c.PrefetchHitChunksL2 != 2 {
 		t.Fatalf("counters %+v", c)
 	}
@@ -555,15 +553,7 @@ func TestFSAdapterRoundTrip(t *testing.T) {
 	if r.PrefixChunks != 6 || r.L2Keys != 12 {
 		t.Fatalf("lookup after clear: %+v", r)
 	}
-	slots, err := h.ReadSlots(keys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range slots {
-		if !bytes.Equal(h.Bytes(s), pattern(keys[i], objSize)) {
-			t.Fatalf("object %d differs after the L2 round trip", i)
-		}
-	}
+	h.mustReadBack(t, keys)
 	h.ReleaseRead("again", keys, 1)
 	if u := h.QuotaUsage("tenant"); u != int64(len(keys))*objSize {
 		t.Fatalf("quota usage = %d", u)

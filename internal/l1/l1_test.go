@@ -33,6 +33,14 @@ func keyRange(from, to int) []objkey.Key {
 	return out
 }
 
+func saltedRange(salt string, from, to int) []objkey.Key {
+	ks := keyRange(from, to)
+	for i := range ks {
+		ks[i].CacheSalt = salt
+	}
+	return ks
+}
+
 func sizes(n int, s int64) []int64 {
 	out := make([]int64, n)
 	for i := range out {
@@ -398,14 +406,7 @@ func TestSlotsRequireReadLock(t *testing.T) {
 // IsolatedLRU, Touch refreshes, locked objects skipped and not counted.
 func TestEvictOrder(t *testing.T) {
 	tb := newTable(64*kib, eviction.IsolatedLRUName)
-	salted := func(salt string, from, to int) []objkey.Key {
-		ks := keyRange(from, to)
-		for i := range ks {
-			ks[i].CacheSalt = salt
-		}
-		return ks
-	}
-	a, b := salted("a", 0, 4), salted("b", 0, 4)
+	a, b := saltedRange("a", 0, 4), saltedRange("b", 0, 4)
 	store(t, tb, append(a[:2:2], b[:2]...)) // mixed batch
 	store(t, tb, a[2:])
 	store(t, tb, b[2:])
@@ -510,14 +511,7 @@ func TestAllocCrowdedClass(t *testing.T) {
 // the batch's own resident keys skipped; all or nothing.
 func TestMakeRoom(t *testing.T) {
 	tb := newTable(32*kib, eviction.IsolatedLRUName) // 8 slots
-	salted := func(salt string, from, to int) []objkey.Key {
-		ks := keyRange(from, to)
-		for i := range ks {
-			ks[i].CacheSalt = salt
-		}
-		return ks
-	}
-	a, b := salted("a", 0, 3), salted("b", 0, 3)
+	a, b := saltedRange("a", 0, 3), saltedRange("b", 0, 3)
 	for _, k := range append(slices.Clone(a), b...) {
 		store(t, tb, []objkey.Key{k}) // one batch each: index 0 is the least recent
 	}
