@@ -223,7 +223,19 @@ func TestL2EventsReachCoordinator(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = eng.Run(ctx) }()
-	defer func() { cancel(); wg.Wait(); _ = eng.Close() }()
+	defer func() {
+		// engine.Run hangs if cancelled with uploads queued; drain first.
+		deadline := time.Now().Add(10 * time.Second)
+		for busy := true; busy && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			busy = false
+			for _, a := range eng.Counters().L2 {
+				busy = busy || a.PendingStores > 0 || a.InflightStores > 0
+			}
+		}
+		cancel()
+		wg.Wait()
+		_ = eng.Close()
+	}()
 	runClient(t, c)
 
 	keys := make([]objkey.Key, 4)

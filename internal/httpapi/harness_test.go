@@ -253,6 +253,13 @@ func start(t *testing.T, o envOpts) *env {
 	tr := &http.Transport{}
 	e.hc = &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	t.Cleanup(func() {
+		if e.eng != nil {
+			// Let write-behind drain first: engine.Run does not return when
+			// it is cancelled with uploads still queued (the store worker
+			// re-queues the batch and retries it forever; reported to the
+			// engine owner).
+			drainWriteBehind(e.eng)
+		}
 		cancel()
 		wg.Wait()
 		tr.CloseIdleConnections()
@@ -264,6 +271,22 @@ func start(t *testing.T, o envOpts) *env {
 		e.waitReady()
 	}
 	return e
+}
+
+func drainWriteBehind(eng *engine.Engine) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		busy := false
+		for _, a := range eng.Counters().L2 {
+			if a.PendingStores > 0 || a.InflightStores > 0 {
+				busy = true
+			}
+		}
+		if !busy {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func (e *env) waitReady() {
