@@ -3,6 +3,7 @@ package dax
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
@@ -410,7 +411,7 @@ func (a *Adapter) Resize(path string, sizeBytes int64, mode string, force bool) 
 		}
 		// From here no slot >= newMax is handed out or returned.
 		d.maxSlots = newMax
-		d.free = slicesFilter(d.free, func(s int) bool { return s < newMax })
+		d.free = slices.DeleteFunc(d.free, func(s int) bool { return s >= newMax })
 	}
 	d.state = stateResizing
 	a.mu.Unlock()
@@ -500,14 +501,4 @@ func (a *Adapter) freeSlotsLocked(d *device, max int) []int {
 		}
 	}
 	return free
-}
-
-func slicesFilter(xs []int, keep func(int) bool) []int {
-	out := xs[:0]
-	for _, x := range xs {
-		if keep(x) {
-			out = append(out, x)
-		}
-	}
-	return out
 }
