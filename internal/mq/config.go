@@ -1,7 +1,6 @@
 package mq
 
 import (
-	"flag"
 	"fmt"
 	"time"
 
@@ -131,40 +130,5 @@ func (c Config) validate() error {
 	if c.ChunkSize < 1 {
 		return fmt.Errorf("--chunk-size must be >= 1 (got %d)", c.ChunkSize)
 	}
-	return nil
-}
-
-// Flags binds the data-path flags to a FlagSet. --chunk-size,
-// --hash-algorithm and --shm-name are shared with the engine and belong to
-// the server command's own flag wiring; the caller copies them into Config
-// (and --shm-name into the engine config, which owns the pool).
-type Flags struct {
-	cfg       *Config
-	reapSecs  float64
-	graceSecs float64
-}
-
-// AddFlags registers --host, --port, --supported-transfer-mode,
-// --wire-profile, --worker-reap-timeout-seconds and
-// --worker-registration-grace-seconds on fs, writing into cfg (which should
-// start as Defaults()). Call Apply after fs.Parse.
-func AddFlags(fs *flag.FlagSet, cfg *Config) *Flags {
-	f := &Flags{cfg: cfg, reapSecs: cfg.WorkerReapTimeout.Seconds(), graceSecs: cfg.WorkerRegistrationGrace.Seconds()}
-	fs.StringVar(&cfg.Host, "host", cfg.Host, "ZMQ data-path bind host (0.0.0.0 for all interfaces)")
-	fs.IntVar(&cfg.Port, "port", cfg.Port, "ZMQ data-path port")
-	fs.StringVar(&cfg.TransferMode, "supported-transfer-mode", cfg.TransferMode, "auto|engine_driven|lmcache_driven (this server serves engine_driven; auto = engine_driven)")
-	fs.StringVar(&cfg.WireProfile, "wire-profile", cfg.WireProfile, "RequestType numbering: auto (per connection, from its first request) | gen2m | gen3")
-	fs.Float64Var(&f.reapSecs, "worker-reap-timeout-seconds", f.reapSecs, "drop a registered worker silent this long after its last PING (0 disables)")
-	fs.Float64Var(&f.graceSecs, "worker-registration-grace-seconds", f.graceSecs, "drop a registered worker that never pinged after this long")
-	return f
-}
-
-// Apply copies the parsed duration flags into the Config (0 disables).
-func (f *Flags) Apply() error {
-	if f.reapSecs < 0 || f.graceSecs < 0 {
-		return fmt.Errorf("worker reap/grace seconds must be >= 0")
-	}
-	f.cfg.WorkerReapTimeout = time.Duration(f.reapSecs * float64(time.Second))
-	f.cfg.WorkerRegistrationGrace = time.Duration(f.graceSecs * float64(time.Second))
 	return nil
 }
