@@ -54,10 +54,9 @@ func freeHugePages() (int64, error) {
 // Pool itself has no lock: its bytes are owned by whoever holds the slot
 // (see Table), and the mapping lives until Close.
 type Pool struct {
-	mem   []byte
-	align int64
-	name  string // shm name without "/", "" when private
-	path  string
+	mem  []byte
+	name string // shm name without "/", "" when private
+	path string
 }
 
 // NormalizeShmName applies upstream's naming: leading "/" stripped and the
@@ -89,7 +88,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		return nil, fmt.Errorf("l1: pool size must be positive (got %d)", cfg.Size)
 	}
 	size := roundUp(cfg.Size, align)
-	p := &Pool{align: align, name: NormalizeShmName(cfg.ShmName)}
+	p := &Pool{name: NormalizeShmName(cfg.ShmName)}
 	if cfg.HugePages {
 		if p.name != "" {
 			return nil, errors.New(`l1: --l1-use-hugepages needs --shm-name ""`)
@@ -163,9 +162,6 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 
 // Size is the mapped size in bytes.
 func (p *Pool) Size() int64 { return int64(len(p.mem)) }
-
-// Align is the allocation granularity.
-func (p *Pool) Align() int64 { return p.align }
 
 // Name is the shm name without a leading "/" ("" when private).
 func (p *Pool) Name() string { return p.name }
