@@ -50,7 +50,10 @@ type proc struct {
 	name string
 	cmd  *exec.Cmd
 	log  string
-	done chan error
+	// done is closed when the process has exited; err is its exit error,
+	// read only after done is closed.
+	done chan struct{}
+	err  error
 }
 
 func start(t *testing.T, name string, env []string, args ...string) *proc {
@@ -66,8 +69,8 @@ func start(t *testing.T, name string, env []string, args ...string) *proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan error, 1)}
-	go func() { p.done <- cmd.Wait(); f.Close() }()
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { p.err = cmd.Wait(); f.Close(); close(p.done) }()
 	t.Cleanup(func() {
 		p.stop(t)
 		if t.Failed() {
@@ -80,21 +83,37 @@ func start(t *testing.T, name string, env []string, args ...string) *proc {
 
 // stop sends SIGTERM and waits; a process that ignores it is killed, and
 // that counts as a failure (shutdown must be clean).
-func (p *proc) stop(t *testing.T) {
-	if p.cmd.ProcessState != nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+func (p *proc) stop(t *testing.T) { p.stopWith(t, syscall.SIGTERM) }
+
+// stopWith is stop with another signal. A process that already exited is
+// left alone.
+func (p *proc) stopWith(t *testing.T, sig syscall.Signal) {
 	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Errorf("%s exited with %v after SIGTERM", p.name, err)
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+		if p.err != nil {
+			t.Errorf("%s exited with %v after %v", p.name, p.err, sig)
 		}
 	case <-time.After(30 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
-		t.Errorf("%s did not stop within 30s of SIGTERM", p.name)
+		t.Errorf("%s did not stop within 30s of %v", p.name, sig)
 	}
+}
+
+// output is what the process has written to stdout and stderr so far.
+func (p *proc) output(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func tail(b []byte, n int) []byte {
