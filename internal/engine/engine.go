@@ -172,6 +172,12 @@ func newEngine(cfg Config, adapters []l2.Adapter, logger *slog.Logger) (*Engine,
 		e.st.adapters[i] = &adapterStats{}
 		if ev := cfg.L2[i].Eviction; ev != nil {
 			p, _ := eviction.New(ev.Policy)
+			// Objects an adapter found at start (fs recover_on_start) count
+			// in its usage, so its policy must be able to evict them too.
+			if r, ok := adapters[i].(recoverer); ok {
+				keys, _ := r.Recovered()
+				p.Add(keys)
+			}
 			e.l2pol[i] = eviction.NewLocked(p)
 			adapters[i].AddListener(policyListener{e.l2pol[i]})
 		}
@@ -529,6 +535,11 @@ func (e *Engine) notify(f func(L1Listener)) {
 	for _, l := range ls {
 		f(l)
 	}
+}
+
+// recoverer is an adapter that found objects at start (fs.Adapter).
+type recoverer interface {
+	Recovered() ([]objkey.Key, []int64)
 }
 
 // policyListener feeds an L2 adapter's events to its eviction policy.

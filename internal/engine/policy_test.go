@@ -15,6 +15,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/fault"
+	"github.com/lmcache-go/lmcache/internal/l2/fs"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -385,5 +386,48 @@ func TestReconfigurePassThrough(t *testing.T) {
 	}
 	if st, err := e.ReconfigureStatus(1); err != nil || st["backend"] != "fake" {
 		t.Fatalf("status pass-through: %v %v", st, err)
+	}
+}
+
+// TestL2EvictionSeesRecoveredFiles: files an fs adapter recovered at start
+// (left by an earlier run) count in its usage, so its eviction policy must
+// know them: over the watermark they are evicted like the rest.
+func TestL2EvictionSeesRecoveredFiles(t *testing.T) {
+	dir := t.TempDir()
+	earlier, err := openFS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := flat(chunks("", 0, 10, 1))
+	if err := earlier.Store(context.Background(), old, payloads(old)); err != nil {
+		t.Fatal(err)
+	}
+	if err := earlier.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := fs.New(fs.Config{BasePath: dir, PersistEnabled: true, RecoverOnStart: true, MaxCapacityBytes: 10 * objSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if u := a.Usage(); u.TotalBytesUsed != 10*objSize {
+		t.Fatalf("recovered usage %d", u.TotalBytesUsed)
+	}
+	h := start(t, Config{EvictionInterval: 5 * time.Millisecond, L2: []AdapterConfig{
+		{Eviction: &l2.EvictionConfig{Policy: PolicyLRU, TriggerWatermark: 0.8, EvictionRatio: 0.5}},
+	}}, a)
+	defer h.stop(t)
+	// Full at start: one tick evicts half of the recovered files, after
+	// which usage (50 %) is below the watermark.
+	waitFor(t, func() bool { return h.Counters().L2[0].EvictedObjects > 0 })
+	if c := h.Counters(); c.L2[0].EvictedObjects != 5 {
+		t.Fatalf("evicted %d recovered files, want 5", c.L2[0].EvictedObjects)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil || len(ents) != 5 {
+		t.Fatalf("%d files left (%v), want 5", len(ents), err)
+	}
+	if u := a.Usage(); u.TotalBytesUsed != 5*objSize {
+		t.Fatalf("usage after eviction %d", u.TotalBytesUsed)
 	}
 }
