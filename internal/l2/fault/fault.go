@@ -182,9 +182,6 @@ func (a *Adapter) SetErrorRate(p float64) { a.errorRate.Store(math.Float64bits(p
 // SetLatency sets the delay added before each data call.
 func (a *Adapter) SetLatency(d time.Duration) { a.latency.Store(int64(d)) }
 
-// Injected is the number of calls failed on purpose so far.
-func (a *Adapter) Injected() int64 { return a.injected.Load() }
-
 // before applies latency and decides whether this call fails.
 func (a *Adapter) before(ctx context.Context) error {
 	if d := time.Duration(a.latency.Load()); d > 0 {
