@@ -182,6 +182,17 @@ func (a *Adapter) SetErrorRate(p float64) { a.errorRate.Store(math.Float64bits(p
 // SetLatency sets the delay added before each data call.
 func (a *Adapter) SetLatency(d time.Duration) { a.latency.Store(int64(d)) }
 
+// Recovered passes through the inner adapter's start-up scan (fs
+// recover_on_start), so the engine seeds eviction through the wrapper too.
+func (a *Adapter) Recovered() ([]objkey.Key, []int64) {
+	if r, ok := a.inner.(interface {
+		Recovered() ([]objkey.Key, []int64)
+	}); ok {
+		return r.Recovered()
+	}
+	return nil, nil
+}
+
 // before applies latency and decides whether this call fails.
 func (a *Adapter) before(ctx context.Context) error {
 	if d := time.Duration(a.latency.Load()); d > 0 {

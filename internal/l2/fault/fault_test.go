@@ -215,3 +215,31 @@ func TestParseErrors(t *testing.T) {
 	}
 	var _ = fs.TypeName
 }
+
+// TestRecoveredPassesThrough: the wrapper reports what the inner fs adapter
+// recovered at start.
+func TestRecoveredPassesThrough(t *testing.T) {
+	dir := t.TempDir()
+	earlier, err := fs.New(fs.Config{BasePath: dir, PersistEnabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := l2test.Keys(t, 3, "")
+	if err := earlier.Store(context.Background(), keys, l2test.Objects(t, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := earlier.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a := openFlag(t, `{"type":"fault_inject","inner":{"type":"fs","base_path":"`+dir+`"}}`)
+	defer a.Close()
+	got, sizes := a.Recovered()
+	if len(got) != 3 || len(sizes) != 3 {
+		t.Fatalf("recovered %v %v, want the 3 stored keys", got, sizes)
+	}
+	for _, k := range keys {
+		if !slices.Contains(got, k) {
+			t.Fatalf("key %v not recovered", k)
+		}
+	}
+}
