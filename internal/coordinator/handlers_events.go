@@ -120,24 +120,26 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 		}
 		prepared = append(prepared, ev)
 	}
-	c := s.ledger.Apply(prepared)
-	s.noteSeq(*b.InstanceID, *b.Seq)
-	// Decoded strings may alias buf; the ledger cloned what it keeps, and
-	// error paths (whose details may quote the body) never reach here.
+	s.apply(*b.InstanceID, *b.Seq, prepared)
+	// Decoded strings may alias buf; the ledger and noteSeq cloned what they
+	// keep, and error paths (whose details may quote the body) never reach
+	// here.
 	clear(events)
 	bodyBufs.Put(buf)
-	s.metrics.eventBatches.Inc()
-	if c.Store > 0 {
-		s.metrics.events.WithLabelValues("store").Add(float64(c.Store))
-	}
-	if c.Lookup > 0 {
-		s.metrics.events.WithLabelValues("lookup").Add(float64(c.Lookup))
-	}
-	if c.Delete > 0 {
-		s.metrics.events.WithLabelValues("delete").Add(float64(c.Delete))
-	}
-	writeRecorded(w, len(events))
+	writeRecorded(w, len(prepared))
 	return nil
+}
+
+// apply records a validated batch: the ledger, the reporter's seq and the
+// ingest metrics.
+func (s *Server) apply(instance string, seq int64, events []ledger.Event) {
+	c := s.ledger.Apply(events)
+	s.noteSeq(instance, seq)
+	m := s.metrics
+	m.eventBatches.Inc()
+	m.storeEvents.Add(float64(c.Store))
+	m.lookupEvents.Add(float64(c.Lookup))
+	m.deleteEvents.Add(float64(c.Delete))
 }
 
 func writeRecorded(w http.ResponseWriter, n int) {
@@ -248,11 +250,6 @@ func (s *Server) ingestSlow(r *http.Request, body []byte) (int, error) {
 		}
 		prepared = append(prepared, ev)
 	}
-	c := s.ledger.Apply(prepared)
-	s.noteSeq(instance, seq)
-	s.metrics.eventBatches.Inc()
-	s.metrics.events.WithLabelValues("store").Add(float64(c.Store))
-	s.metrics.events.WithLabelValues("lookup").Add(float64(c.Lookup))
-	s.metrics.events.WithLabelValues("delete").Add(float64(c.Delete))
+	s.apply(instance, seq, prepared)
 	return len(prepared), nil
 }

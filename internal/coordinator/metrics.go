@@ -13,25 +13,27 @@ const metricPrefix = "lmcache_coordinator_"
 // metrics lives on a private registry so tests and embedders never collide
 // with the global one.
 type metrics struct {
-	reg              *prometheus.Registry
-	events           *prometheus.CounterVec
-	eventBatches     prometheus.Counter
-	evictionCycles   prometheus.Counter
-	keysDispatched   prometheus.Counter
-	dispatchFailures prometheus.Counter
-	resyncPages      prometheus.Counter
-	resyncKeys       prometheus.Counter
-	seqGaps          prometheus.Counter
-	seqRegressions   prometheus.Counter
-	handler          http.Handler
+	// events_ingested_total's children, resolved once: ingest adds to
+	// them on every batch.
+	storeEvents, lookupEvents, deleteEvents prometheus.Counter
+	eventBatches                            prometheus.Counter
+	evictionCycles                          prometheus.Counter
+	keysDispatched                          prometheus.Counter
+	dispatchFailures                        prometheus.Counter
+	resyncPages                             prometheus.Counter
+	resyncKeys                              prometheus.Counter
+	seqGaps                                 prometheus.Counter
+	seqRegressions                          prometheus.Counter
+	handler                                 http.Handler
 }
 
 func newMetrics(s *Server) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry()}
-	m.events = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "events_ingested_total", Help: "Usage events ingested through POST /quota/events, by type."}, []string{"type"})
-	for _, t := range []string{"store", "lookup", "delete"} {
-		m.events.WithLabelValues(t)
-	}
+	reg := prometheus.NewRegistry()
+	m := &metrics{}
+	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "events_ingested_total", Help: "Usage events ingested through POST /quota/events, by type."}, []string{"type"})
+	m.storeEvents = events.WithLabelValues("store")
+	m.lookupEvents = events.WithLabelValues("lookup")
+	m.deleteEvents = events.WithLabelValues("delete")
 	m.eventBatches = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_batches_total", Help: "Usage-event batches accepted."})
 	m.evictionCycles = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_cycles_total", Help: "Eviction cycles run."})
 	m.keysDispatched = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_keys_dispatched_total", Help: "Keys sent to MP servers in successful DELETE /cache/objects requests."})
@@ -40,9 +42,9 @@ func newMetrics(s *Server) *metrics {
 	m.resyncKeys = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_keys_total", Help: "Keys recorded by the startup resync."})
 	m.seqGaps = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_gaps_total", Help: "Event batches whose seq skipped ahead of the instance's previous batch (lost batches)."})
 	m.seqRegressions = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_regressions_total", Help: "Event batches whose seq did not advance (reporter restart or replay); still applied."})
-	m.reg.MustRegister(m.seqGaps, m.seqRegressions)
-	m.reg.MustRegister(m.events, m.eventBatches, m.evictionCycles, m.keysDispatched, m.dispatchFailures, m.resyncPages, m.resyncKeys)
-	m.reg.MustRegister(
+	reg.MustRegister(m.seqGaps, m.seqRegressions)
+	reg.MustRegister(events, m.eventBatches, m.evictionCycles, m.keysDispatched, m.dispatchFailures, m.resyncPages, m.resyncKeys)
+	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "registered_instances", Help: "MP servers currently registered."},
 			func() float64 { return float64(s.reg.Len()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "tracked_keys", Help: "L2 keys tracked for usage and LRU."},
@@ -54,7 +56,7 @@ func newMetrics(s *Server) *metrics {
 		&saltCollector{s: s, top: s.cfg.MetricsTopSalts,
 			desc: prometheus.NewDesc(metricPrefix+"salt_usage_bytes", "Tracked L2 bytes of the salts with the most usage (top N by --metrics-top-salts).", []string{"cache_salt"}, nil)},
 	)
-	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	return m
 }
 

@@ -22,17 +22,9 @@ const (
 
 // readBody reads at most limit bytes; an oversized body is ErrTooLarge.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	r.Body = http.MaxBytesReader(w, r.Body, limit)
 	var buf bytes.Buffer
-	if r.ContentLength > 0 && r.ContentLength <= limit {
-		buf.Grow(int(r.ContentLength))
-	}
-	if _, err := buf.ReadFrom(r.Body); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, withMsg(ErrTooLarge, "request body exceeds %d bytes", limit)
-		}
-		return nil, withMsg(ErrBadRequest, "reading request body: %v", err)
+	if err := readInto(&buf, w, r, limit); err != nil {
+		return nil, err
 	}
 	return buf.Bytes(), nil
 }
@@ -43,20 +35,27 @@ var bodyBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // readPooledBody is readBody into a pooled buffer. The caller returns it
 // with bodyBufs.Put only once nothing derived from it is still referenced.
 func readPooledBody(w http.ResponseWriter, r *http.Request, limit int64) (*bytes.Buffer, error) {
-	r.Body = http.MaxBytesReader(w, r.Body, limit)
 	buf := bodyBufs.Get().(*bytes.Buffer)
 	buf.Reset()
+	if err := readInto(buf, w, r, limit); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+func readInto(buf *bytes.Buffer, w http.ResponseWriter, r *http.Request, limit int64) error {
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
 	if r.ContentLength > 0 && r.ContentLength <= limit {
 		buf.Grow(int(r.ContentLength))
 	}
 	if _, err := buf.ReadFrom(r.Body); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, withMsg(ErrTooLarge, "request body exceeds %d bytes", limit)
+			return withMsg(ErrTooLarge, "request body exceeds %d bytes", limit)
 		}
-		return nil, withMsg(ErrBadRequest, "reading request body: %v", err)
+		return withMsg(ErrBadRequest, "reading request body: %v", err)
 	}
-	return buf, nil
+	return nil
 }
 
 // jsonContentType reports whether FastAPI would parse the body as JSON: an
@@ -126,10 +125,8 @@ func (f *fields) fail(name, typ, msg string, input any, ctx map[string]any) {
 }
 
 func (f *fields) missing(name string) {
-	f.fail(name, "missing", "Field required", f.inputObj(), nil)
+	f.fail(name, "missing", "Field required", f.m, nil)
 }
-
-func (f *fields) inputObj() any { return f.m }
 
 func (f *fields) err() error {
 	if len(f.errs) == 0 {
