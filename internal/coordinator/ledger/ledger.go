@@ -245,11 +245,7 @@ func (l *Ledger) home(slot uint64) uint64 {
 	return ((slot >> 32) * 0x9E3779B97F4A7C15 >> 29) & l.mask
 }
 
-func (l *Ledger) find(k *ckey) (slot uint64, idx uint32, tag uint64, ok bool) {
-	return l.findH(k, l.hashOf(k))
-}
-
-// findH is find with the key's hash already computed.
+// findH looks k up given its hash h (hashOf(k)).
 func (l *Ledger) findH(k *ckey, h uint64) (slot uint64, idx uint32, tag uint64, ok bool) {
 	tag = h &^ 0xFFFFFFFF
 	slot = l.home(tag)
@@ -332,24 +328,16 @@ func (l *Ledger) saltID(s string) uint32 {
 // compact interns the key's strings; must hold mu.
 func (l *Ledger) compact(k *Key) ckey {
 	c := ckey{rank: k.Rank, model: l.intern(l.modelIDs, &l.models, k.Model), salt: l.saltID(k.Salt)}
-	if k.long == "" && k.Group <= math.MaxUint32 {
+	if k.inline() {
 		c.hash, c.hlen, c.group = k.hash, uint8(k.hlen), uint32(k.Group)
 		return c
 	}
 	// Rare: a hash longer than 32 bytes or a huge group id; intern both.
-	raw := k.long
-	if raw == "" {
-		raw = string(k.hash[:k.hlen])
-	}
-	var g [8]byte
-	binary.LittleEndian.PutUint64(g[:], uint64(k.Group))
-	id := l.intern(l.longIDs, &l.longs, string(g[:])+raw)
-	binary.LittleEndian.PutUint32(c.hash[:4], id)
-	c.hlen = longHash
+	c.setLong(l.intern(l.longIDs, &l.longs, k.longName()))
 	return c
 }
 
-// lookup finds a key without interning new strings; must hold mu.
+// lookupKey finds a key without interning new strings; must hold mu.
 func (l *Ledger) lookupKey(k *Key) (ckey, bool) {
 	m, ok := l.modelIDs[k.Model]
 	if !ok {
@@ -360,23 +348,37 @@ func (l *Ledger) lookupKey(k *Key) (ckey, bool) {
 		return ckey{}, false
 	}
 	c := ckey{rank: k.Rank, model: m, salt: s}
-	if k.long == "" && k.Group <= math.MaxUint32 {
+	if k.inline() {
 		c.hash, c.hlen, c.group = k.hash, uint8(k.hlen), uint32(k.Group)
 		return c, true
 	}
+	id, ok := l.longIDs[k.longName()]
+	if !ok {
+		return ckey{}, false
+	}
+	c.setLong(id)
+	return c, true
+}
+
+// inline reports whether the hash and group fit in a ckey.
+func (k *Key) inline() bool { return k.long == "" && k.Group <= math.MaxUint32 }
+
+// longName is the longs-table name of a key that is not inline: the
+// group's 8 little-endian bytes, then the raw hash (expand splits it).
+func (k *Key) longName() string {
 	raw := k.long
 	if raw == "" {
 		raw = string(k.hash[:k.hlen])
 	}
 	var g [8]byte
 	binary.LittleEndian.PutUint64(g[:], uint64(k.Group))
-	id, ok := l.longIDs[string(g[:])+raw]
-	if !ok {
-		return ckey{}, false
-	}
+	return string(g[:]) + raw
+}
+
+// setLong marks c as not inline, naming entry id of the longs table.
+func (c *ckey) setLong(id uint32) {
 	binary.LittleEndian.PutUint32(c.hash[:4], id)
 	c.hlen = longHash
-	return c, true
 }
 
 func (l *Ledger) alloc() uint32 {
@@ -725,22 +727,6 @@ func (l *Ledger) Materialize(vs []Victim) (keys []objkey.Key, live []Victim) {
 		keys[i] = l.expand(&cks[i], models, salts, longs)
 	}
 	return keys, live
-}
-
-// PlanKeys materializes a whole plan in plan order.
-func (l *Ledger) PlanKeys(p *Plan) []objkey.Key {
-	keys, _ := l.Materialize(p.Flat())
-	return keys
-}
-
-// PlanBySalt materializes a plan grouped by salt.
-func (l *Ledger) PlanBySalt(p *Plan) map[string][]objkey.Key {
-	out := map[string][]objkey.Key{}
-	for si, vs := range p.Victims {
-		keys, _ := l.Materialize(vs)
-		out[p.Salts[si]] = keys
-	}
-	return out
 }
 
 func (l *Ledger) stamp(now time.Time) uint32 {

@@ -50,7 +50,7 @@ func TestIndexMatchesMap(t *testing.T) {
 		k := key(t, h, "m", "s")
 		l.mu.Lock()
 		c, ok := l.lookupKey(&k)
-		_, _, _, found := l.find(&c)
+		_, _, _, found := l.findH(&c, l.hashOf(&c))
 		l.mu.Unlock()
 		if !ok || !found {
 			t.Fatalf("key %s lost", h)
@@ -71,7 +71,7 @@ func TestLongHashAndGroupRoundTrip(t *testing.T) {
 	l.Apply([]Event{{Op: OpStore, Key: k1, Bytes: 10}})
 	zero := int64(0)
 	p := l.ComputePlan(quota.Limits{Default: &zero}, PlanOptions{Ratio: 1, Watermark: 1})
-	ks := l.PlanKeys(p)
+	ks := planKeys(l, p)
 	if len(ks) != 1 || ks[0].HashHex() != long || ks[0].ObjectGroupID != 1<<40 {
 		t.Fatalf("got %+v", ks)
 	}
@@ -136,7 +136,7 @@ func TestPlanMatchesReference(t *testing.T) {
 	for _, ratio := range []float64{0.3, 1} {
 		lim := lim
 		p := l.ComputePlan(lim, PlanOptions{Ratio: ratio, Watermark: 1})
-		got := l.PlanBySalt(p)
+		got := planBySalt(l, p)
 		for s := 0; s < 50; s++ {
 			salt := fmt.Sprintf("s%02d", s)
 			var want []string
@@ -179,7 +179,7 @@ func TestPlanMatchesReference(t *testing.T) {
 			want++
 		}
 	}
-	if got := len(l.PlanBySalt(p)["s00"]); got != want {
+	if got := len(planBySalt(l, p)["s00"]); got != want {
 		t.Fatalf("s00: %d victims, want %d", got, want)
 	}
 }
@@ -208,4 +208,20 @@ func TestEntryLayout(t *testing.T) {
 	if n := unsafe.Sizeof(Victim{}); n != 8 {
 		t.Fatalf("Victim is %d bytes, want 8", n)
 	}
+}
+
+// planKeys materializes a whole plan in plan order.
+func planKeys(l *Ledger, p *Plan) []objkey.Key {
+	keys, _ := l.Materialize(p.Flat())
+	return keys
+}
+
+// planBySalt materializes a plan grouped by salt.
+func planBySalt(l *Ledger, p *Plan) map[string][]objkey.Key {
+	out := map[string][]objkey.Key{}
+	for si, vs := range p.Victims {
+		keys, _ := l.Materialize(vs)
+		out[p.Salts[si]] = keys
+	}
+	return out
 }

@@ -53,27 +53,16 @@ type Registry struct {
 	mu       sync.RWMutex
 	explicit map[string]int64
 	def      *int64
-	onChange func()
 }
 
 // New returns an empty registry with a null default (unquota'd salts exempt).
 func New() *Registry { return &Registry{explicit: map[string]int64{}} }
-
-// OnChange registers a callback run after every mutation (outside the lock).
-func (r *Registry) OnChange(f func()) { r.onChange = f }
-
-func (r *Registry) changed() {
-	if r.onChange != nil {
-		r.onChange()
-	}
-}
 
 // Set creates or updates a salt's limit in bytes.
 func (r *Registry) Set(salt string, limit int64) {
 	r.mu.Lock()
 	r.explicit[salt] = limit
 	r.mu.Unlock()
-	r.changed()
 }
 
 // Delete removes a salt's entry and reports whether one existed.
@@ -82,9 +71,6 @@ func (r *Registry) Delete(salt string) bool {
 	_, ok := r.explicit[salt]
 	delete(r.explicit, salt)
 	r.mu.Unlock()
-	if ok {
-		r.changed()
-	}
 	return ok
 }
 
@@ -106,7 +92,6 @@ func (r *Registry) SetDefault(limit *int64) {
 		r.def = &v
 	}
 	r.mu.Unlock()
-	r.changed()
 }
 
 // Default returns the default limit (nil when unset).
