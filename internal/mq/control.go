@@ -86,32 +86,36 @@ func (st *state) lookup(req *request) ([]byte, error) {
 	}
 	st.mu.Lock()
 	delete(st.jobs, key.RequestID) // a new lookup replaces an unconsumed answer
-	_, known := st.layouts[layoutKey{key.ModelName, int(key.WorldSize)}]
 	st.mu.Unlock()
-	if !known {
-		// No worker registered this (model, world_size): nothing can hit.
+	started, err := st.startPrefetch(key, readers)
+	if !started {
+		// Nothing can hit: the answer is known now, and
+		// QUERY_PREFETCH_STATUS must find it.
 		st.answer(key.RequestID, 0)
-		return wire.Nil, nil
+	}
+	return wire.Nil, err
+}
+
+// startPrefetch starts LOOKUP's engine job; false means no job was started.
+func (st *state) startPrefetch(key *wire.Key, readers int) (bool, error) {
+	// The engine knows a layout once a worker registered (model,
+	// world_size), or from --register-model before any worker did (a
+	// restarted server over a populated L2). Without one nothing can hit.
+	if _, err := st.s.eng.Layout(key.ModelName, int(key.WorldSize)); err != nil {
+		return false, nil
 	}
 	first, last, err := st.chunkRange(key)
-	if err != nil {
-		st.answer(key.RequestID, 0)
-		return wire.Nil, err
+	if err != nil || first == last {
+		return false, err
 	}
 	hashes, err := st.chunkHashes(key, last)
 	if err != nil {
-		st.answer(key.RequestID, 0)
-		return wire.Nil, err
-	}
-	if first == last {
-		st.answer(key.RequestID, 0)
-		return wire.Nil, nil
+		return false, err
 	}
 	world := int(key.WorldSize)
 	groups, err := objkey.FanOut(hashes[first:last], key.ModelName, world, -1, nil, key.CacheSalt)
 	if err != nil {
-		st.answer(key.RequestID, 0)
-		return wire.Nil, err
+		return false, err
 	}
 	flat := groups[0]
 	chunks := make([][]objkey.Key, last-first)
@@ -119,10 +123,9 @@ func (st *state) lookup(req *request) ([]byte, error) {
 		chunks[i] = flat[i*world : (i+1)*world : (i+1)*world]
 	}
 	if err := st.s.eng.Prefetch(engine.PrefetchRequest{ID: key.RequestID, Chunks: chunks, Readers: readers}); err != nil {
-		st.answer(key.RequestID, 0)
-		return wire.Nil, fmt.Errorf("prefetch: %w", err)
+		return false, fmt.Errorf("prefetch: %w", err)
 	}
-	return wire.Nil, nil
+	return true, nil
 }
 
 func decodeRequestID(b []byte) (string, error) {

@@ -16,6 +16,9 @@ type Engine interface {
 	// RegisterLayout makes (model, world_size) known to lookups, prefetch
 	// and the HTTP KV API.
 	RegisterLayout(l engine.Layout) error
+	// Layout reports a registered layout: a worker's, or one given with
+	// --register-model before any worker arrived.
+	Layout(modelName string, worldSize int) (engine.Layout, error)
 	// Prefetch, PollPrefetch and WaitPrefetch run LOOKUP's job.
 	Prefetch(req engine.PrefetchRequest) error
 	PollPrefetch(id string) (engine.PrefetchResult, error)

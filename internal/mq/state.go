@@ -308,6 +308,10 @@ func (st *state) register(req *request) ([]byte, error) {
 		return registerReply(pool), nil
 	}
 	if first {
+		if prev, err := st.s.eng.Layout(r.model, r.world); err == nil && prev.ObjectBytes != objBytes {
+			st.log.Warn("a worker's layout replaces a different one (from --register-model or an earlier worker); data stored under the old size is not retrievable by this worker",
+				"model", r.model, "world_size", r.world, "old_object_bytes", prev.ObjectBytes, "object_bytes", objBytes)
+		}
 		meta := map[string]any{"shape": shape, "dtype": p.DtypeStr, "chunk_size": st.s.cfg.ChunkSize,
 			"num_layers": int64(p.NumLayers), "hidden_dim_size": int64(p.HiddenDimSize), "use_mla": p.UseMLA, "format": kvFormat(p.UseMLA)}
 		if err := st.s.eng.RegisterLayout(engine.Layout{ModelName: r.model, WorldSize: r.world, ObjectBytes: objBytes, Meta: meta}); err != nil {
