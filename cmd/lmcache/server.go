@@ -23,7 +23,9 @@ import (
 	_ "github.com/lmcache-go/lmcache/internal/l2/fs"    // registers type "fs"
 	_ "github.com/lmcache-go/lmcache/internal/l2/s3"    // registers type "s3"
 	"github.com/lmcache-go/lmcache/internal/loglevel"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/mq"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/serverconfig"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
@@ -176,15 +178,25 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		return nil, &usageError{err}
 	}
 
+	// One metrics registry and one loop registry serve the HTTP API and the
+	// coordinator client, so /metrics and /periodic-threads show both.
+	instanceID := cfg.InstanceID
+	if instanceID == "" {
+		instanceID = coordclient.NewInstanceID()
+	}
+	loops := periodic.NewRegistry()
+	metrics := mpmetrics.New(instanceID, nil)
 	s.coord, err = coordclient.New(coordclient.Config{
 		URL:                cfg.CoordinatorURL,
 		AdvertiseIP:        cfg.CoordinatorAdvertiseIP,
 		HTTPPort:           cfg.HTTPPort,
-		InstanceID:         cfg.InstanceID,
+		InstanceID:         instanceID,
 		HeartbeatInterval:  seconds(cfg.CoordinatorHeartbeatInterval),
 		EventReporting:     cfg.CoordinatorEventReporting,
 		EventFlushInterval: seconds(cfg.CoordinatorEventFlushInterval),
 		QueueSize:          cfg.EventBusQueueSize,
+		Periodic:           loops,
+		Metrics:            metrics,
 		Logger:             levels.Logger("lmcache.coordinator_client"),
 	})
 	if err != nil {
@@ -205,7 +217,9 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		ChunkSize:            cfg.ChunkSize,
 		HashAlgorithm:        cfg.HashAlgorithm,
 		Hasher:               hasher,
-		InstanceID:           s.coord.InstanceID(),
+		InstanceID:           instanceID,
+		Metrics:              metrics,
+		Periodic:             loops,
 		LogLevels:            levels,
 		EnvShowSecrets:       cfg.EnvShowSecret,
 		Logger:               levels.Logger("lmcache.http"),

@@ -208,7 +208,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	id := cfg.InstanceID
 	if id == "" {
-		id = uuid4()
+		id = NewInstanceID()
 	}
 	c.id.Store(&id)
 	return c, nil
@@ -524,8 +524,9 @@ func (c *Client) requeue(events []Event) {
 	}
 }
 
-// uuid4 returns a random RFC 4122 version 4 UUID in canonical form.
-func uuid4() string {
+// NewInstanceID returns a random RFC 4122 version 4 UUID in canonical form,
+// upstream's default --instance-id.
+func NewInstanceID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	b[6] = b[6]&0x0f | 0x40
