@@ -175,6 +175,11 @@ func (s *storeCtl) start(ctx context.Context, wg *sync.WaitGroup) {
 func (s *storeCtl) worker(ctx context.Context, i int) {
 	q := s.qs[i]
 	for {
+		// Checked first: after cancellation a failing upload requeues its
+		// batch at once, so waiting for an empty queue would never end.
+		if ctx.Err() != nil {
+			return
+		}
 		batch, wait := q.take(time.Now())
 		if len(batch) > 0 {
 			s.upload(ctx, i, batch)
