@@ -32,6 +32,25 @@ type coord struct {
 	srv    *coordinator.Server
 	base   string
 	client *http.Client
+	logs   *logBuffer
+}
+
+// logBuffer collects a coordinator's log lines so a test can wait for one.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) has(s string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Contains(b.buf.String(), s)
 }
 
 // testConfig is the upstream API-test configuration: loops off, chunk 4.
@@ -52,7 +71,8 @@ func startCoord(t testing.TB, mutate func(*config.Config)) *coord {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	logs := &logBuffer{}
+	srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +83,7 @@ func startCoord(t testing.TB, mutate func(*config.Config)) *coord {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, ln) }()
-	c := &coord{t: t, srv: srv, base: "http://" + ln.Addr().String(), client: &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}}
+	c := &coord{t: t, srv: srv, base: "http://" + ln.Addr().String(), client: &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}, logs: logs}
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -133,10 +133,12 @@ func TestRegisterValidation422(t *testing.T) {
 }
 
 // TestHealthSweepDropsSilentInstance is research 10.4: a never-heartbeating
-// instance disappears; a heartbeating one stays.
+// instance disappears; a heartbeating one stays. The heartbeats go out
+// back to back, so only a stall of a whole second (the timeout) could
+// drop the live one.
 func TestHealthSweepDropsSilentInstance(t *testing.T) {
 	c := startCoord(t, func(cfg *config.Config) {
-		cfg.InstanceTimeout = 0.6
+		cfg.InstanceTimeout = 1
 		cfg.HealthCheckInterval = 0.05
 	})
 	c.must("POST", "/instances", map[string]any{"instance_id": "silent", "ip": "h", "http_port": 1}, 200)
@@ -149,8 +151,11 @@ func TestHealthSweepDropsSilentInstance(t *testing.T) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(100 * time.Millisecond):
-				c.do("PUT", "/instances/alive/heartbeat", nil)
+			case <-time.After(10 * time.Millisecond):
+				if code, _ := c.do("PUT", "/instances/alive/heartbeat", nil); code != 200 {
+					t.Errorf("heartbeat of the live instance = %d", code)
+					return
+				}
 			}
 		}
 	}()

@@ -21,7 +21,7 @@ import (
 // was recorded is kept.
 func (s *Server) startupResync(ctx context.Context) {
 	deadline := time.Now().Add(config.Seconds(s.cfg.ResyncMaxWait))
-	for {
+	for first := true; ; first = false {
 		if inst, ok := s.reg.Random(); ok {
 			n := s.ResyncFrom(ctx, inst)
 			s.log.Info("startup resync finished", "instance_id", inst.InstanceID, "keys", n)
@@ -30,6 +30,9 @@ func (s *Server) startupResync(ctx context.Context) {
 		if !time.Now().Before(deadline) {
 			s.log.Info("startup resync giving up: no MP server registered", "waited_s", s.cfg.ResyncMaxWait)
 			return
+		}
+		if first {
+			s.log.Info("startup resync waiting for the first MP server to register", "max_wait_s", s.cfg.ResyncMaxWait)
 		}
 		t := time.NewTimer(config.Seconds(s.cfg.ResyncPollInterval))
 		select {

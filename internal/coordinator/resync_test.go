@@ -44,7 +44,7 @@ func TestStartupResyncPaginates(t *testing.T) {
 		{entries: []any{entry("04", "q", 60)}, next: nil},
 	}
 	c := startCoord(t, resyncConfig(2))
-	time.Sleep(30 * time.Millisecond) // the resync is polling an empty registry
+	waitFor(t, "the resync to poll an empty registry", func() bool { return c.logs.has("startup resync waiting for the first MP server") })
 	mp.register(c, "mp-1")
 	waitFor(t, "resync to finish", func() bool {
 		_, raw := c.do("GET", "/metrics", nil)
@@ -107,25 +107,35 @@ func TestStartupResyncClampsPageSize(t *testing.T) {
 }
 
 // TestStartupResyncDisabledOrGivesUp: ENABLE_STARTUP_RESYNC=False never
-// lists; with RESYNC_MAX_WAIT=0 and no server the resync gives up at once.
+// lists; with RESYNC_MAX_WAIT=0 and no server the resync gives up at once,
+// and a server registering afterwards is not listed.
 func TestStartupResyncDisabledOrGivesUp(t *testing.T) {
-	for name, mutate := range map[string]func(*config.Config){
-		"disabled": func(cfg *config.Config) { cfg.EnableStartupResync = false },
-		"max wait 0": func(cfg *config.Config) {
+	t.Run("max wait 0", func(t *testing.T) {
+		mp := newMP(t)
+		mp.pages = []mpPage{{entries: []any{entry("01", "r", 5)}}}
+		c := startCoord(t, func(cfg *config.Config) {
 			cfg.EnableStartupResync = true
 			cfg.ResyncMaxWait = 0
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
-			mp := newMP(t)
-			mp.pages = []mpPage{{entries: []any{entry("01", "r", 5)}}}
-			c := startCoord(t, mutate)
-			time.Sleep(50 * time.Millisecond)
-			mp.register(c, "mp-1")
-			time.Sleep(50 * time.Millisecond)
-			if q := mp.queries(); len(q) != 0 {
-				t.Fatalf("listed: %v", q)
-			}
 		})
-	}
+		waitFor(t, "the resync to give up", func() bool { return c.logs.has("startup resync giving up") })
+		mp.register(c, "mp-1")
+		if q := mp.queries(); len(q) != 0 {
+			t.Fatalf("listed after giving up: %v", q)
+		}
+	})
+	t.Run("disabled", func(t *testing.T) {
+		mp := newMP(t)
+		mp.pages = []mpPage{{entries: []any{entry("01", "r", 5)}}}
+		c := startCoord(t, func(cfg *config.Config) {
+			cfg.EnableStartupResync = false
+			cfg.ResyncPollInterval = 0.01
+		})
+		mp.register(c, "mp-1")
+		// Nothing can announce that a resync will never run: give a wrong
+		// one ten poll intervals to list. A correct one passes at any speed.
+		time.Sleep(100 * time.Millisecond)
+		if q := mp.queries(); len(q) != 0 || c.logs.has("startup resync") {
+			t.Fatalf("listed with the resync disabled: %v", q)
+		}
+	})
 }

@@ -28,11 +28,14 @@ func TestRegistry(t *testing.T) {
 	if _, re := r.Register(Instance{InstanceID: "a", IP: "h", HTTPPort: 1}); re {
 		t.Fatal("first registration reported re_registered")
 	}
+	// List and Get hand out copies: writing to one changes nothing inside.
 	snap := r.List()
-	r.Register(Instance{InstanceID: "b", IP: "h", HTTPPort: 2})
-	if len(snap) != 1 {
-		t.Fatal("snapshot changed after a later registration")
+	snap[0].Metadata["k"] = "v"
+	snap[0].IP = "other"
+	if got, _ := r.Get("a"); got.IP != "h" || len(got.Metadata) != 0 {
+		t.Fatalf("a List result aliases the registry: %+v", got)
 	}
+	r.Register(Instance{InstanceID: "b", IP: "h", HTTPPort: 2})
 	if !r.Heartbeat("a") || r.Heartbeat("zz") {
 		t.Fatal("heartbeat known/unknown")
 	}
