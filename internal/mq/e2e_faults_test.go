@@ -294,3 +294,43 @@ func TestRejectedRequests(t *testing.T) {
 		t.Errorf("refused STORE logged %d times, want once per peer", got)
 	}
 }
+
+// TestAbandonedTransfersAreDropped: a PREPARE whose COMMIT never comes is
+// dropped once it is older than the session TTL, though its worker stays
+// registered: the reservation is aborted and the read lock released.
+func TestAbandonedTransfersAreDropped(t *testing.T) {
+	h := start(t, opts{mq: func(c *mq.Config) { c.SessionTTL = time.Second }})
+	w := h.worker(1, "m", 1, 0)
+	sched := h.dial(mqclient.Options{})
+	data := chunkData{}
+	tokens := prompt(31, 2*testChunk)
+	d := func(c int) []byte { return data.get(31, 0, c) }
+	w.store(tokens, 0, 2*testChunk, "s", d)
+	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 2*testChunk, "r"), 2)
+	rk := key("m", 1, 0, tokens, 0, 2*testChunk, "r")
+	if ok, _, err := w.c.PrepareRetrieve(rk, w.inst); err != nil || !ok {
+		t.Fatalf("PREPARE_RETRIEVE = %v %v", ok, err)
+	}
+	sk := key("m", 1, 0, prompt(32, testChunk), 0, testChunk, "s2")
+	if plan, err := w.c.PrepareStore(sk, w.inst); err != nil || len(plan.Slots) != 1 {
+		t.Fatalf("PREPARE_STORE = %+v %v", plan, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(h.logs.String(), "dropped transfers whose COMMIT never came") {
+		if time.Now().After(deadline) {
+			t.Fatal("abandoned transfers were not dropped")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ok, err := w.c.CommitStore(sk, w.inst, nil); err != nil || ok {
+		t.Fatalf("COMMIT_STORE after the drop = %v %v", ok, err)
+	}
+	if ok, err := w.c.CommitRetrieve(rk, w.inst); err != nil || ok {
+		t.Fatalf("COMMIT_RETRIEVE after the drop = %v %v", ok, err)
+	}
+	// The worker is still registered and the data intact.
+	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 2*testChunk, "r2"), 2)
+	if !w.retrieve(tokens, 0, 2*testChunk, "r2", d) {
+		t.Fatal("retrieve after the drop failed")
+	}
+}

@@ -1,6 +1,8 @@
 package mq_test
 
 import (
+	"bytes"
+	"fmt"
 	"testing"
 
 	"github.com/lmcache-go/lmcache/internal/mqclient"
@@ -144,5 +146,72 @@ func TestMLAObjectShape(t *testing.T) {
 	// Both locks are gone now: a third retrieve is refused.
 	if ok, _, err := c.PrepareRetrieve(rk, 61); err != nil || ok {
 		t.Fatalf("third reader got ok=%v %v; the lookup took only 2 locks", ok, err)
+	}
+}
+
+// fill writes a prompt's chunks into the slots of a PREPARE_STORE plan.
+func (w *worker) fill(plan *mqclient.StorePlan, start int, data func(chunk int) []byte) {
+	w.h.t.Helper()
+	for i, s := range plan.Slots {
+		mem, err := w.pool.Slot(s)
+		if err != nil {
+			w.h.t.Fatal(err)
+		}
+		copy(mem, data(start/testChunk+plan.ChunkIndices[i]))
+	}
+}
+
+// TestInterleavedTransfersOfOneWorker: one worker prepares the same token
+// range of two prompts before committing either (two new requests in one
+// batch); each commit publishes its own prompt, and retrieves interleave
+// the same way.
+func TestInterleavedTransfersOfOneWorker(t *testing.T) {
+	h := start(t, opts{})
+	w := h.worker(1, "m", 1, 0)
+	sched := h.dial(mqclient.Options{})
+	data := chunkData{}
+	const end = 2 * testChunk
+	seeds := []int{21, 22}
+	var keys []*wire.Key
+	var plans []*mqclient.StorePlan
+	for _, seed := range seeds {
+		k := key("m", 1, 0, prompt(seed, end), 0, end, fmt.Sprint("s", seed))
+		plan, err := w.c.PrepareStore(k, w.inst)
+		if err != nil || len(plan.Slots) != 2 {
+			t.Fatalf("PREPARE_STORE of prompt %d: %+v %v", seed, plan, err)
+		}
+		keys, plans = append(keys, k), append(plans, plan)
+	}
+	for i, seed := range seeds {
+		w.fill(plans[i], 0, func(c int) []byte { return data.get(seed, 0, c) })
+	}
+	for i, k := range keys {
+		if ok, err := w.c.CommitStore(k, w.inst, nil); err != nil || !ok {
+			t.Fatalf("COMMIT_STORE of prompt %d = %v %v", seeds[i], ok, err)
+		}
+	}
+	var slots [][]wire.Slot
+	for _, seed := range seeds {
+		rid := fmt.Sprint("r", seed)
+		lookupUntil(t, sched, key("m", 1, -1, prompt(seed, end), 0, end, rid), 2)
+		ok, s, err := w.c.PrepareRetrieve(key("m", 1, 0, prompt(seed, end), 0, end, rid), w.inst)
+		if err != nil || !ok {
+			t.Fatalf("PREPARE_RETRIEVE of prompt %d = %v %v", seed, ok, err)
+		}
+		slots = append(slots, s)
+	}
+	for i, seed := range seeds {
+		for c, s := range slots[i] {
+			mem, err := w.pool.Slot(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(mem, data.get(seed, 0, c)) {
+				t.Fatalf("prompt %d chunk %d: retrieved bytes differ", seed, c)
+			}
+		}
+		if ok, err := w.c.CommitRetrieve(key("m", 1, 0, prompt(seed, end), 0, end, fmt.Sprint("r", seed)), w.inst); err != nil || !ok {
+			t.Fatalf("COMMIT_RETRIEVE of prompt %d = %v %v", seed, ok, err)
+		}
 	}
 }

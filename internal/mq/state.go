@@ -2,8 +2,10 @@ package mq
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"sync"
 	"time"
@@ -34,8 +36,7 @@ type state struct {
 	reads    map[pendingKey]*pendingRead
 	sessions map[string]*session
 	jobs     map[string]*answeredJob
-	warned   map[string]bool
-	lastWarn map[string]time.Time
+	lastWarn map[string]time.Time // warnEvery's keys; swept after an hour
 }
 
 type layoutKey struct {
@@ -62,8 +63,10 @@ type registration struct {
 	pinged     bool
 }
 
-// pendingKey identifies an in-flight transfer: the worker and its key with
-// request_id left out, as upstream.
+// pendingKey identifies an in-flight transfer as upstream does: the
+// instance and its key with request_id left out. The token ids enter as a
+// fingerprint, so two requests of one worker that cover the same range of
+// different prompts do not take each other's reservation.
 type pendingKey struct {
 	instance   int64
 	model      string
@@ -71,6 +74,7 @@ type pendingKey struct {
 	worker     int64
 	start, end int64
 	salt       string
+	tokens     uint64
 }
 
 type pendingWrite struct {
@@ -107,24 +111,19 @@ type answeredJob struct {
 func newState(s *Server) *state {
 	return &state{s: s, log: s.log, regs: map[int64]*registration{}, layouts: map[layoutKey]*layoutRef{},
 		writes: map[pendingKey]*pendingWrite{}, reads: map[pendingKey]*pendingRead{},
-		sessions: map[string]*session{}, jobs: map[string]*answeredJob{}, warned: map[string]bool{},
-		lastWarn: map[string]time.Time{}}
+		sessions: map[string]*session{}, jobs: map[string]*answeredJob{}, lastWarn: map[string]time.Time{}}
 }
 
-// warnOnce logs msg once per key (a peer and a kind of refusal), so a worker
-// that sends a refused request every step does not flood the log.
+// warnOnce logs msg once per key (a peer and a kind of refusal) and hour,
+// so a worker that sends a refused request every step does not flood the
+// log. Keys are forgotten by the sweep, so peers that come and go do not
+// grow the map.
 func (st *state) warnOnce(key, msg string, args ...any) {
-	st.mu.Lock()
-	seen := st.warned[key]
-	st.warned[key] = true
-	st.mu.Unlock()
-	if !seen {
-		st.log.Warn(msg, args...)
-	}
+	st.warnEvery(key, time.Hour, msg, args...)
 }
 
-// warnEvery logs msg at most once per interval per key (conditions that
-// repeat while they last, like a full pool).
+// warnEvery logs msg at most once per interval (up to an hour) per key
+// (conditions that repeat while they last, like a full pool).
 func (st *state) warnEvery(key string, every time.Duration, msg string, args ...any) {
 	now := time.Now()
 	st.mu.Lock()
@@ -361,17 +360,23 @@ func (st *state) dropLocked(r *registration) {
 // releaseTransfers aborts an instance's staged writes and releases its
 // pending reads.
 func (st *state) releaseTransfers(instance int64) {
+	st.dropTransfers(func(k pendingKey, _ time.Time) bool { return k.instance == instance })
+}
+
+// dropTransfers aborts the staged writes and releases the pending reads for
+// which drop is true, and returns how many it dropped.
+func (st *state) dropTransfers(drop func(k pendingKey, created time.Time) bool) int {
 	st.mu.Lock()
 	var ws []*pendingWrite
 	var rs []*pendingRead
 	for k, w := range st.writes {
-		if k.instance == instance {
+		if drop(k, w.created) {
 			ws = append(ws, w)
 			delete(st.writes, k)
 		}
 	}
 	for k, r := range st.reads {
-		if k.instance == instance {
+		if drop(k, r.created) {
 			rs = append(rs, r)
 			delete(st.reads, k)
 		}
@@ -383,6 +388,7 @@ func (st *state) releaseTransfers(instance int64) {
 	for _, r := range rs {
 		st.s.eng.ReleaseRead(r.owner, r.keys, 1)
 	}
+	return len(ws) + len(rs)
 }
 
 func (st *state) unregister(req *request) ([]byte, error) {
@@ -445,7 +451,36 @@ var errRefused = errors.New("refused")
 
 func pkOf(inst int64, k *wire.Key) pendingKey {
 	return pendingKey{instance: inst, model: k.ModelName, world: int64(k.WorldSize), worker: k.WorkerID.V,
-		start: int64(k.Start), end: int64(k.End), salt: k.CacheSalt}
+		start: int64(k.Start), end: int64(k.End), salt: k.CacheSalt, tokens: tokenFingerprint(k.TokenIDs)}
+}
+
+var fingerprintSeed = maphash.MakeSeed()
+
+// tokenFingerprint hashes token ids without allocating.
+func tokenFingerprint(ids []wire.Int) uint64 {
+	var h maphash.Hash
+	h.SetSeed(fingerprintSeed)
+	var buf [512]byte
+	n := 0
+	for _, t := range ids {
+		binary.LittleEndian.PutUint64(buf[n:], uint64(t))
+		if n += 8; n == len(buf) {
+			_, _ = h.Write(buf[:])
+			n = 0
+		}
+	}
+	_, _ = h.Write(buf[:n])
+	return h.Sum64()
+}
+
+// takePending removes and returns the transfer pending under pk (nil if
+// none).
+func takePending[T any](st *state, m map[pendingKey]*T, pk pendingKey) *T {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	v := m[pk]
+	delete(m, pk)
+	return v
 }
 
 // chunkRange is the chunk index range [first, last) that a key's [start,
@@ -564,11 +599,7 @@ func (st *state) prepareStore(req *request) ([]byte, error) {
 
 	pk := pkOf(r.instanceID, key)
 	tag := fmt.Sprintf("instance-%d", r.instanceID)
-	st.mu.Lock()
-	old := st.writes[pk]
-	delete(st.writes, pk)
-	st.mu.Unlock()
-	if old != nil { // a retried PREPARE replaces the earlier reservation
+	if old := takePending(st, st.writes, pk); old != nil { // a retried PREPARE replaces the earlier reservation
 		st.s.eng.AbortWrite(old.tag, old.keys)
 	}
 	sizes := make([]int64, len(keys))
@@ -611,11 +642,7 @@ func (st *state) commitStore(req *request) ([]byte, error) {
 	if err != nil || len(rest) != 0 {
 		return nil, fmt.Errorf("decode data: %w", errors.Join(err, errTrailing(rest)))
 	}
-	pk := pkOf(r.instanceID, key)
-	st.mu.Lock()
-	w := st.writes[pk]
-	delete(st.writes, pk)
-	st.mu.Unlock()
+	w := takePending(st, st.writes, pkOf(r.instanceID, key))
 	if len(data) > 0 {
 		if w != nil {
 			st.s.eng.AbortWrite(w.tag, w.keys)
@@ -659,11 +686,7 @@ func (st *state) prepareRetrieve(req *request) ([]byte, error) {
 	}
 	keys, _ := rankKeys(key, hashes, first, last, int(key.WorkerID.V), nil)
 	pk := pkOf(r.instanceID, key)
-	st.mu.Lock()
-	old := st.reads[pk]
-	delete(st.reads, pk)
-	st.mu.Unlock()
-	if old != nil {
+	if old := takePending(st, st.reads, pk); old != nil {
 		st.s.eng.ReleaseRead(old.owner, old.keys, 1)
 	}
 	slots, err := st.s.eng.ReadSlots(keys)
@@ -691,11 +714,7 @@ func (st *state) commitRetrieve(req *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	pk := pkOf(r.instanceID, key)
-	st.mu.Lock()
-	rd := st.reads[pk]
-	delete(st.reads, pk)
-	st.mu.Unlock()
+	rd := takePending(st, st.reads, pkOf(r.instanceID, key))
 	if rd == nil {
 		return wire.False, fmt.Errorf("COMMIT_RETRIEVE without a pending PREPARE_RETRIEVE for [%d, %d)", key.Start, key.End)
 	}
@@ -759,5 +778,11 @@ func (st *state) sweep(now time.Time) {
 		st.releaseTransfers(r.instanceID)
 		st.log.Warn("reaped a silent worker registration", "instance_id", r.instanceID, "model", r.model,
 			"world_size", r.world, "silent_for", now.Sub(r.lastPing).Round(time.Millisecond), "had_pinged", r.pinged)
+	}
+	// A PREPARE whose COMMIT never came (a worker that failed between the
+	// two but stays registered) would otherwise stay pending, and keep its
+	// reservation or read lock, until the worker unregisters.
+	if n := st.dropTransfers(func(_ pendingKey, created time.Time) bool { return now.Sub(created) > cfg.SessionTTL }); n > 0 {
+		st.log.Warn("dropped transfers whose COMMIT never came", "count", n, "older_than", cfg.SessionTTL)
 	}
 }
