@@ -130,6 +130,11 @@ type Table struct {
 
 	saltBytes    map[string]int64 // resident physical bytes per salt
 	stagingBytes int64
+	// readHeld holds the resident objects with readers > 0 (some leases
+	// may have run out unnoticed) and pinned counts resident objects with
+	// pins, so Stats need not scan every object under mu.
+	readHeld map[*object]struct{}
+	pinned   int
 
 	expiredReads  int64
 	expiredWrites int64
@@ -153,6 +158,7 @@ func NewTable(cfg TableConfig) (*Table, error) {
 		temps:        map[*object]struct{}{},
 		heldDetached: map[objkey.Key][]*object{},
 		saltBytes:    map[string]int64{},
+		readHeld:     map[*object]struct{}{},
 	}, nil
 }
 
@@ -165,6 +171,7 @@ func (t *Table) liveReaders(o *object, now int64) int32 {
 		o.readers = 0
 		o.holders = nil
 		t.expiredReads++
+		delete(t.readHeld, o)
 	}
 	return o.readers
 }
@@ -190,6 +197,10 @@ func (t *Table) free(o *object) {
 func (t *Table) removeResident(o *object, now int64) {
 	delete(t.resident, o.key)
 	delete(t.temps, o)
+	delete(t.readHeld, o)
+	if o.pins > 0 {
+		t.pinned--
+	}
 	t.order.remove(o)
 	t.saltBytes[o.key.CacheSalt] -= t.alloc.RoundUp(o.size)
 	if t.saltBytes[o.key.CacheSalt] <= 0 {
@@ -376,6 +387,9 @@ func (t *Table) Commit(tag string, keys []objkey.Key, opts CommitOpts) CommitRes
 			continue
 		}
 		o.state, o.temp, o.pins = resident, opts.Temporary, int32(opts.Pins)
+		if o.pins > 0 {
+			t.pinned++
+		}
 		t.resident[k] = o
 		t.saltBytes[k.CacheSalt] += t.alloc.RoundUp(o.size)
 		if o.temp {
@@ -428,6 +442,9 @@ func (t *Table) lock(o *object, owner string, n int, now int64) {
 	t.liveReaders(o, now)
 	o.readers += c
 	o.readExp = now + t.readTTL
+	if o.state == resident {
+		t.readHeld[o] = struct{}{}
+	}
 	if owner == "" {
 		return
 	}
@@ -549,6 +566,9 @@ func (t *Table) Release(owner string, keys []objkey.Key, n int) (released int, d
 		}
 		o.readers -= m
 		released += int(m)
+		if o.readers == 0 {
+			delete(t.readHeld, o)
+		}
 		if o.readers == 0 && t.maybeFree(o, now) {
 			deleted = append(deleted, o.key)
 		}
@@ -623,7 +643,9 @@ func (t *Table) Unpin(h Handle) {
 	defer t.mu.Unlock()
 	o := h.o
 	if o.pins > 0 {
-		o.pins--
+		if o.pins--; o.pins == 0 && o.state == resident {
+			t.pinned--
+		}
 	}
 	if o.pins == 0 && o.state == detached {
 		t.maybeFree(o, now())
@@ -823,7 +845,9 @@ type Stats struct {
 	ExpiredReads, ExpiredWrites   int64
 }
 
-// Stats scans the table (O(objects); used by status and metrics).
+// Stats is a snapshot for status and metrics. It visits only the
+// read-locked objects (to leave out leases that ran out), never the whole
+// table, so a scrape does not stall the data path.
 func (t *Table) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -831,15 +855,12 @@ func (t *Table) Stats() Stats {
 	s := Stats{
 		UsedBytes: t.alloc.Used(), TotalBytes: t.alloc.Total(),
 		Objects: len(t.resident), StagingObjects: len(t.staging), StagingBytes: t.stagingBytes,
-		Temporary: len(t.temps), Detached: len(t.detached),
+		Temporary: len(t.temps), Detached: len(t.detached), Pinned: t.pinned,
 		ExpiredReads: t.expiredReads, ExpiredWrites: t.expiredWrites,
 	}
-	for _, o := range t.resident {
-		if o.readers > 0 && now <= o.readExp {
+	for o := range t.readHeld {
+		if now <= o.readExp {
 			s.ReadLocked++
-		}
-		if o.pins > 0 {
-			s.Pinned++
 		}
 	}
 	return s
