@@ -143,6 +143,9 @@ func TestPinsFanOutAndValidation(t *testing.T) {
 	// chunks × world_size is bounded (no overflow for absurd world sizes).
 	c.must("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": int64(1) << 62, "token_ids": []int{1, 2, 3, 4, 5, 6, 7, 8}}, 400)
 	c.must("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": 3_000_000, "token_ids": []int{1, 2, 3, 4, 5, 6, 7, 8}}, 400)
+	// The same values as lax strings (the generic validator) answer the same.
+	c.must("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": "3000000000", "token_ids": []int{1, 2, 3, 4, 5, 6, 7, 8}}, 400)
+	c.must("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": "0", "token_ids": []int{}}, 422)
 	// The 1,000,000-token cap.
 	big := make([]int, 1_000_001)
 	g := c.must("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": 1, "token_ids": big}, 400)

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"strings"
 
@@ -56,7 +57,9 @@ func parseTokenRequest(w http.ResponseWriter, r *http.Request, needInstance bool
 		id = f.str("instance_id", true, "")
 	}
 	model := f.str("model_name", true, "")
-	ws := f.intRange("world_size", true, 1, 1, 1<<31)
+	// No upper bound, as upstream and the typed path above: pins bound
+	// chunks × world_size themselves.
+	ws := f.intRange("world_size", true, 1, 1, math.MaxInt64)
 	toks := f.intList("token_ids")
 	salt := f.str("cache_salt", false, "")
 	if err := f.err(); err != nil {

@@ -3,7 +3,6 @@ package coordinator
 import (
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 
 	gojson "github.com/goccy/go-json"
@@ -187,10 +186,31 @@ func prepareSlowEvent(i int, e *slowEvent) (ledger.Event, error) {
 	}
 	k, err := ledger.Prepare(&e.key)
 	if err != nil {
-		msg := strings.TrimPrefix(err.Error(), objkey.ErrInvalid.Error()+": ")
+		msg := invalidKeyMsg(err)
 		return ledger.Event{}, invalid(detailItem{Type: "value_error", Loc: evLoc(i, "key"), Msg: "Value error, event " + itoa(i) + ": " + msg, Input: e.key, Ctx: map[string]any{"error": msg}})
 	}
 	return ledger.Event{Op: op, Key: k, Bytes: e.bytes}, nil
+}
+
+// slowKey reads event i's key object. A missing or non-object key is
+// recorded on ef; a field error inside the key is returned at once.
+func slowKey(ef *fields, i int) (objkey.Encoded, error) {
+	raw, ok := ef.m["key"]
+	if !ok {
+		ef.missing("key")
+		return objkey.Encoded{}, nil
+	}
+	km, ok := raw.(map[string]any)
+	if !ok {
+		ef.fail("key", "model_attributes_type", "Input should be a valid dictionary or object to extract fields from", raw, nil)
+		return objkey.Encoded{}, nil
+	}
+	kf := &fields{m: km, loc: evLoc(i, "key")}
+	k := objkey.Encoded{ChunkHashHex: kf.str("chunk_hash_hex", true, ""), ModelName: kf.str("model_name", true, "")}
+	k.KVRank, _ = kf.integer("kv_rank", true, 0)
+	k.ObjectGroupID, _ = kf.integer("object_group_id", false, 0)
+	k.CacheSalt = kf.str("cache_salt", false, "")
+	return k, kf.err()
 }
 
 // ingestSlow re-validates a body the fast decoder refused, producing
@@ -225,22 +245,11 @@ func (s *Server) ingestSlow(r *http.Request, body []byte) (int, error) {
 		ef := &fields{m: m, loc: evLoc(i)}
 		se := slowEvent{typ: ef.str("type", true, "")}
 		se.bytes, _ = ef.integer("bytes", true, 0)
-		if kraw, ok := m["key"]; !ok {
-			ef.missing("key")
-		} else if km, ok := kraw.(map[string]any); !ok {
-			ef.fail("key", "model_attributes_type", "Input should be a valid dictionary or object to extract fields from", kraw, nil)
-		} else {
-			kf := &fields{m: km, loc: evLoc(i, "key")}
-			h := kf.str("chunk_hash_hex", true, "")
-			mn := kf.str("model_name", true, "")
-			rk, _ := kf.integer("kv_rank", true, 0)
-			g, _ := kf.integer("object_group_id", false, 0)
-			salt := kf.str("cache_salt", false, "")
-			if err := kf.err(); err != nil {
-				return 0, err
-			}
-			se.key = objkey.Encoded{ChunkHashHex: h, ModelName: mn, KVRank: rk, ObjectGroupID: g, CacheSalt: salt}
+		key, err := slowKey(ef, i)
+		if err != nil {
+			return 0, err
 		}
+		se.key = key
 		if err := ef.err(); err != nil {
 			return 0, err
 		}
