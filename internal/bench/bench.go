@@ -99,8 +99,6 @@ type Result struct {
 	PingPerSec                   float64
 }
 
-var dtypeSize = map[string]int{"float16": 2, "bfloat16": 2, "float32": 4, "uint8": 1, "float8_e4m3fn": 1}
-
 type counters struct {
 	stored, retrieved, verified, refusals atomic.Int64
 	storeNanos, retrieveNanos             atomic.Int64
@@ -116,7 +114,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Result, error) {
 	if o.Workers < 1 || o.Requests < 1 || o.Layers < 1 || o.Hidden < 1 {
 		return nil, errors.New("bench: workers, requests, layers and hidden must be >= 1")
 	}
-	item, ok := dtypeSize[o.Dtype]
+	item, ok := wire.DtypeSize(o.Dtype)
 	if !ok {
 		return nil, fmt.Errorf("bench: unsupported dtype %q", o.Dtype)
 	}
@@ -132,10 +130,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Result, error) {
 	if o.PromptTokens < chunk {
 		return nil, fmt.Errorf("bench: prompt of %d tokens is shorter than one chunk (%d)", o.PromptTokens, chunk)
 	}
-	objBytes := int64(item) * int64(o.Layers) * int64(chunk) * int64(o.Hidden)
-	if !o.MLA {
-		objBytes *= 2
-	}
+	objBytes := wire.ObjectBytes(wire.ObjectShape(int64(o.Layers), int64(chunk), int64(o.Hidden), o.MLA), item)
 	res := &Result{ChunkSize: chunk, ChunkBytes: objBytes}
 	// Random source: every chunk is a window into it at a chunk-specific
 	// offset, so chunks differ without generating GiBs of randomness.

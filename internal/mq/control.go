@@ -79,6 +79,21 @@ func (st *state) answer(id string, chunks int) {
 	st.mu.Unlock()
 }
 
+// answered returns the answer the server already knows for id (see
+// answeredJob), consuming it if consume.
+func (st *state) answered(id string, consume bool) (int, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	j := st.jobs[id]
+	if j == nil {
+		return 0, false
+	}
+	if consume {
+		delete(st.jobs, id)
+	}
+	return j.chunks, true
+}
+
 func (st *state) lookup(req *request) ([]byte, error) {
 	key, readers, err := lookupKey(req)
 	if err != nil {
@@ -113,11 +128,7 @@ func (st *state) startPrefetch(key *wire.Key, readers int) (bool, error) {
 		return false, err
 	}
 	world := int(key.WorldSize)
-	groups, err := objkey.FanOut(hashes[first:last], key.ModelName, world, -1, nil, key.CacheSalt)
-	if err != nil {
-		return false, err
-	}
-	flat := groups[0]
+	flat := objectKeys(key.ModelName, world, key.CacheSalt, hashes[first:last], -1)
 	chunks := make([][]objkey.Key, last-first)
 	for i := range chunks {
 		chunks[i] = flat[i*world : (i+1)*world : (i+1)*world]
@@ -148,15 +159,9 @@ func (st *state) queryStatus(req *request, consume bool) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	st.mu.Lock()
-	if j := st.jobs[id]; j != nil {
-		if consume {
-			delete(st.jobs, id)
-		}
-		st.mu.Unlock()
-		return wire.EncodeInt(int64(j.chunks)), nil
+	if n, ok := st.answered(id, consume); ok {
+		return wire.EncodeInt(int64(n)), nil
 	}
-	st.mu.Unlock()
 	res, err := st.s.eng.PollPrefetch(id)
 	switch {
 	case errors.Is(err, engine.ErrNotFound):
@@ -203,13 +208,9 @@ func (st *state) waitStatus(ctx context.Context, req *request) ([]byte, error) {
 			wait = d
 		}
 	}
-	st.mu.Lock()
-	if j := st.jobs[id]; j != nil {
-		delete(st.jobs, id)
-		st.mu.Unlock()
-		return wire.EncodeInt(int64(j.chunks)), nil
+	if n, ok := st.answered(id, true); ok {
+		return wire.EncodeInt(int64(n)), nil
 	}
-	st.mu.Unlock()
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	res, err := st.s.eng.WaitPrefetch(wctx, id)
@@ -241,13 +242,9 @@ func (st *state) freeLookupLocks(req *request) ([]byte, error) {
 	if err != nil {
 		return wire.Nil, err
 	}
-	groups, err := objkey.FanOut(hashes[first:last], key.ModelName, int(key.WorldSize), -1, nil, key.CacheSalt)
-	if err != nil {
-		return wire.Nil, err
-	}
 	// The engine releases only locks this request's lookup holds, so a
 	// duplicate or late free cannot take a lock from another reader.
-	st.s.eng.ReleaseRead(key.RequestID, groups[0], readers)
+	st.s.eng.ReleaseRead(key.RequestID, objectKeys(key.ModelName, int(key.WorldSize), key.CacheSalt, hashes[first:last], -1), readers)
 	return wire.Nil, nil
 }
 
@@ -265,10 +262,6 @@ func (st *state) endSession(req *request) ([]byte, error) {
 	if sess == nil || len(sess.hashes) == 0 || sess.world < 1 {
 		return wire.Nil, nil
 	}
-	groups, err := objkey.FanOut(sess.hashes, sess.model, sess.world, -1, nil, sess.salt)
-	if err != nil {
-		return wire.Nil, err
-	}
-	st.s.eng.Touch(groups[0])
+	st.s.eng.Touch(objectKeys(sess.model, sess.world, sess.salt, sess.hashes, -1))
 	return wire.Nil, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -54,13 +55,18 @@ type registration struct {
 	instanceID int64
 	model      string
 	world      int
-	shape      []int64
+	slotShape  []wire.Int // the chunk object's shape, as slots carry it
 	dtype      string
 	objBytes   int64
 	hybrid     string // non-empty: why this registration is not served
 	registered time.Time
 	lastPing   time.Time
 	pinged     bool
+}
+
+// slot describes a chunk object of r's layout at a pool offset.
+func (r *registration) slot(offset int64) wire.Slot {
+	return wire.Slot{Offset: wire.Int(offset), Length: wire.Int(r.objBytes), Shape: r.slotShape, Dtype: r.dtype}
 }
 
 // pendingKey identifies an in-flight transfer as upstream does: the
@@ -91,9 +97,12 @@ type pendingRead struct {
 
 // session caches a request's chunk hashes; every request carries the full
 // token prefix, so a lost session only costs rehashing.
+//
+// tokens and hashes are replaced, never modified in place, so a caller may
+// keep sub-slices of them after unlocking.
 type session struct {
-	tokens   []int64 // the tokens hashed so far (whole chunks)
-	hashes   [][]byte
+	tokens   []uint32 // the tokens hashed so far (whole chunks)
+	hashes   []string // their chunk hashes, as objkey.Key.ChunkHash
 	model    string
 	world    int
 	salt     string
@@ -219,28 +228,12 @@ func (st *state) transfer(req *request) []byte {
 	return resp
 }
 
-// dtypeSizes are the element sizes of the torch dtype names vLLM sends.
-var dtypeSizes = map[string]int64{
-	"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
-	"uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-	"int16": 2, "int32": 4, "int64": 8,
-}
-
-// ObjectShape is the chunk object shape research 7.2 prescribes: KV_2LTD
-// [2, layers, chunk, hidden], or [layers, chunk, hidden] for MLA.
-func ObjectShape(numLayers, chunkSize, hidden int64, mla bool) []int64 {
-	if mla {
-		return []int64{numLayers, chunkSize, hidden}
-	}
-	return []int64{2, numLayers, chunkSize, hidden}
-}
-
 func (st *state) register(req *request) ([]byte, error) {
 	var p wire.RegisterPayload
 	if err := wire.Unmarshal(req.payloads[0], &p); err != nil {
 		return registerError("undecodable payload: " + err.Error()), fmt.Errorf("decode payload: %w", err)
 	}
-	itemSize, ok := dtypeSizes[p.DtypeStr]
+	itemSize, ok := wire.DtypeSize(p.DtypeStr)
 	switch {
 	case !ok:
 		return registerError("unsupported dtype_str " + p.DtypeStr), fmt.Errorf("unsupported dtype_str %q", p.DtypeStr)
@@ -251,11 +244,8 @@ func (st *state) register(req *request) ([]byte, error) {
 	if err := (objkey.Key{ModelName: p.ModelName}).Validate(); err != nil {
 		return registerError(err.Error()), err
 	}
-	shape := ObjectShape(int64(p.NumLayers), int64(st.s.cfg.ChunkSize), int64(p.HiddenDimSize), p.UseMLA)
-	objBytes := itemSize
-	for _, d := range shape {
-		objBytes *= d
-	}
+	shape := wire.ObjectShape(int64(p.NumLayers), int64(st.s.cfg.ChunkSize), int64(p.HiddenDimSize), p.UseMLA)
+	objBytes := wire.ObjectBytes(shape, itemSize)
 	pool := st.s.eng.Pool()
 	if pool.Name == "" {
 		st.warnOnce("noshm", "a worker registered but the L1 pool is not shared memory; set --shm-name (it will fall back to the pickle transfer, which is refused)")
@@ -282,7 +272,10 @@ func (st *state) register(req *request) ([]byte, error) {
 		st.dropLocked(old)
 	}
 	r := &registration{instanceID: int64(p.InstanceID), model: p.ModelName, world: int(p.WorldSize),
-		shape: shape, dtype: p.DtypeStr, objBytes: objBytes, registered: now, lastPing: now}
+		slotShape: make([]wire.Int, len(shape)), dtype: p.DtypeStr, objBytes: objBytes, registered: now, lastPing: now}
+	for i, d := range shape {
+		r.slotShape[i] = wire.Int(d)
+	}
 	first := false
 	if hybrid {
 		r.hybrid = why
@@ -498,43 +491,49 @@ func (st *state) chunkRange(k *wire.Key) (int, int, error) {
 }
 
 // chunkHashes returns the hashes of chunks [0, last) of the key's tokens,
-// reusing the request session's cached prefix.
-func (st *state) chunkHashes(k *wire.Key, last int) ([][]byte, error) {
+// reusing the request session's cached prefix: a LOOKUP's hashes serve the
+// request's later LOOKUPs and transfers without converting or hashing the
+// tokens again.
+func (st *state) chunkHashes(k *wire.Key, last int) ([]string, error) {
 	c := st.s.cfg.ChunkSize
-	tokens := k.Tokens()[:last*c]
-	if _, err := tokenhash.ToUint32(tokens); err != nil {
-		return nil, err
+	ids := k.TokenIDs[:last*c]
+	for i, t := range ids {
+		if t < 0 || t > math.MaxUint32 {
+			return nil, fmt.Errorf("%w: token_ids[%d]=%d", tokenhash.ErrTokenRange, i, t)
+		}
 	}
+	var hashes []string
+	var tokens []uint32
 	st.mu.Lock()
-	sess := st.sessions[k.RequestID]
-	reuse := 0
-	var prev [][]byte
-	if sess != nil {
-		for reuse < len(sess.hashes) && reuse < last && equalTokens(sess.tokens[reuse*c:(reuse+1)*c], tokens[reuse*c:(reuse+1)*c]) {
+	if sess := st.sessions[k.RequestID]; sess != nil {
+		reuse := 0
+		for reuse < len(sess.hashes) && reuse < last && sameTokens(sess.tokens[reuse*c:(reuse+1)*c], ids[reuse*c:(reuse+1)*c]) {
 			reuse++
 		}
-		prev = sess.hashes[:reuse:reuse]
+		// Full-capacity slices: appending below copies, never writes into
+		// the session's arrays.
+		hashes, tokens = sess.hashes[:reuse:reuse], sess.tokens[:reuse*c:reuse*c]
 	}
 	st.mu.Unlock()
 
-	hashes := append([][]byte(nil), prev...)
-	if reuse < last {
+	if reuse := len(hashes); reuse < last {
+		for _, t := range ids[reuse*c:] {
+			tokens = append(tokens, uint32(t))
+		}
 		h := st.s.hasher
 		if reuse > 0 {
 			var err error
-			if h, err = tokenhash.New(st.s.hasher.Algorithm(), c, tokenhash.WithRoot(prev[reuse-1])); err != nil {
+			if h, err = tokenhash.New(h.Algorithm(), c, tokenhash.WithRoot([]byte(hashes[reuse-1]))); err != nil {
 				return nil, err
 			}
 		}
-		more, err := h.ChunkHashes(tokens[reuse*c:])
-		if err != nil {
-			return nil, err
+		for _, d := range h.ChunkHashesU32(tokens[reuse*c:]) {
+			hashes = append(hashes, string(d))
 		}
-		hashes = append(hashes, more...)
 	}
 
 	st.mu.Lock()
-	sess = st.sessions[k.RequestID]
+	sess := st.sessions[k.RequestID]
 	if sess == nil {
 		sess = &session{}
 		st.sessions[k.RequestID] = sess
@@ -547,31 +546,39 @@ func (st *state) chunkHashes(k *wire.Key, last int) ([][]byte, error) {
 	return hashes, nil
 }
 
-func equalTokens(a, b []int64) bool {
+func sameTokens(a []uint32, b []wire.Int) bool {
 	if len(a) != len(b) {
 		return false
 	}
 	for i := range a {
-		if a[i] != b[i] {
+		if int64(a[i]) != int64(b[i]) {
 			return false
 		}
 	}
 	return true
 }
 
-// rankKeys builds one rank's object keys for chunks [first, last).
-func rankKeys(k *wire.Key, hashes [][]byte, first, last, worker int, skip func(i int) bool) ([]objkey.Key, []int) {
-	keys := make([]objkey.Key, 0, last-first)
-	idx := make([]int, 0, last-first)
-	rank := objkey.RankFor(int(k.WorldSize), worker)
-	for i := first; i < last; i++ {
-		if skip != nil && skip(i-first) {
-			continue
-		}
-		keys = append(keys, objkey.Key{ChunkHash: string(hashes[i]), ModelName: k.ModelName, KVRank: rank, CacheSalt: k.CacheSalt})
-		idx = append(idx, i-first)
+// objectKeys builds the object keys of chunks: every rank of each chunk,
+// chunk-major (worker < 0: what LOOKUP locks), or one worker's rank. The
+// model name and salt are the request's, validated where it was decoded
+// (a key that cannot exist simply misses).
+func objectKeys(model string, world int, salt string, hashes []string, worker int) []objkey.Key {
+	lo, hi := 0, world
+	if worker >= 0 {
+		lo, hi = worker, worker+1
 	}
-	return keys, idx
+	keys := make([]objkey.Key, 0, len(hashes)*(hi-lo))
+	for _, h := range hashes {
+		for r := lo; r < hi; r++ {
+			keys = append(keys, objkey.Key{ChunkHash: h, ModelName: model, KVRank: objkey.RankFor(world, r), CacheSalt: salt})
+		}
+	}
+	return keys
+}
+
+// workerKeys is objectKeys for a worker request's chunks [first, last).
+func workerKeys(k *wire.Key, hashes []string, first, last int) []objkey.Key {
+	return objectKeys(k.ModelName, int(k.WorldSize), k.CacheSalt, hashes[first:last], int(k.WorkerID.V))
 }
 
 func (st *state) prepareStore(req *request) ([]byte, error) {
@@ -594,8 +601,21 @@ func (st *state) prepareStore(req *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	skip := func(i int) bool { return len(mask) > 0 && i < len(mask[0]) && mask[0][i] }
-	keys, idx := rankKeys(key, hashes, first, last, int(key.WorkerID.V), skip)
+	// Chunks backed only by vLLM's null block are not stored.
+	var null []bool
+	if len(mask) > 0 {
+		null = mask[0]
+	}
+	keys := workerKeys(key, hashes, first, last)
+	idx := make([]int, 0, len(keys))
+	kept := keys[:0]
+	for i, k := range keys {
+		if i < len(null) && null[i] {
+			continue
+		}
+		kept, idx = append(kept, k), append(idx, i)
+	}
+	keys = kept
 
 	pk := pkOf(r.instanceID, key)
 	tag := fmt.Sprintf("instance-%d", r.instanceID)
@@ -610,10 +630,6 @@ func (st *state) prepareStore(req *request) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reserve %d chunks of %d bytes: %w", len(keys), r.objBytes, err)
 	}
-	shape := make([]wire.Int, len(r.shape))
-	for i, d := range r.shape {
-		shape[i] = wire.Int(d)
-	}
 	var outSlots []wire.Slot
 	var outIdx []wire.Int
 	var reserved []objkey.Key
@@ -621,7 +637,7 @@ func (st *state) prepareStore(req *request) ([]byte, error) {
 		if !sl.Valid() {
 			continue
 		}
-		outSlots = append(outSlots, wire.Slot{Offset: wire.Int(sl.Offset), Length: wire.Int(r.objBytes), Shape: shape, Dtype: r.dtype})
+		outSlots = append(outSlots, r.slot(sl.Offset))
 		outIdx = append(outIdx, wire.Int(idx[i]))
 		reserved = append(reserved, keys[i])
 	}
@@ -684,7 +700,7 @@ func (st *state) prepareRetrieve(req *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	keys, _ := rankKeys(key, hashes, first, last, int(key.WorkerID.V), nil)
+	keys := workerKeys(key, hashes, first, last)
 	pk := pkOf(r.instanceID, key)
 	if old := takePending(st, st.reads, pk); old != nil {
 		st.s.eng.ReleaseRead(old.owner, old.keys, 1)
@@ -695,13 +711,9 @@ func (st *state) prepareRetrieve(req *request) ([]byte, error) {
 		// are freed by FREE_LOOKUP_LOCKS or their TTL.
 		return nil, fmt.Errorf("retrieve %d chunks: %w", len(keys), err)
 	}
-	shape := make([]wire.Int, len(r.shape))
-	for i, d := range r.shape {
-		shape[i] = wire.Int(d)
-	}
 	out := make([]wire.Slot, len(slots))
 	for i, sl := range slots {
-		out[i] = wire.Slot{Offset: wire.Int(sl.Offset), Length: wire.Int(r.objBytes), Shape: shape, Dtype: r.dtype}
+		out[i] = r.slot(sl.Offset)
 	}
 	st.mu.Lock()
 	st.reads[pk] = &pendingRead{owner: key.RequestID, keys: keys, created: time.Now()}

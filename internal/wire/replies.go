@@ -174,15 +174,6 @@ func (k *Key) NullChunks() ([][]bool, error) {
 	return out, nil
 }
 
-// Tokens returns the key's token ids as int64s.
-func (k *Key) Tokens() []int64 {
-	out := make([]int64, len(k.TokenIDs))
-	for i, t := range k.TokenIDs {
-		out[i] = int64(t)
-	}
-	return out
-}
-
 // Readers is num_kv_readers with 0 (field absent, older client) read as 1.
 func (k *Key) Readers() int {
 	if k.NumKVReaders < 1 {

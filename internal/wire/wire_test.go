@@ -239,3 +239,17 @@ func TestNullChunkMask(t *testing.T) {
 		t.Error("int in mask accepted")
 	}
 }
+
+func TestObjectLayout(t *testing.T) {
+	// research datapath.md 7.2: 32 layers x 1024 hidden, fp16, chunk 256.
+	item, ok := DtypeSize("float16")
+	if !ok || ObjectBytes(ObjectShape(32, 256, 1024, false), item) != 32<<20 {
+		t.Errorf("KV_2LTD object: item %d %v, %d bytes", item, ok, ObjectBytes(ObjectShape(32, 256, 1024, false), item))
+	}
+	if got := ObjectShape(32, 256, 576, true); len(got) != 3 || got[0] != 32 || got[1] != 256 || got[2] != 576 {
+		t.Errorf("MLA shape %v", got)
+	}
+	if _, ok := DtypeSize("complex64"); ok {
+		t.Error("complex64 has a size")
+	}
+}

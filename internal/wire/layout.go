@@ -1,0 +1,34 @@
+package wire
+
+// dtypeSizes are the element sizes of the torch dtype names vLLM sends in
+// dtype_str and reads back from a slot's dtype.
+var dtypeSizes = map[string]int64{
+	"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
+	"uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+	"int16": 2, "int32": 4, "int64": 8,
+}
+
+// DtypeSize is the element size in bytes of a torch dtype name.
+func DtypeSize(dtype string) (int64, bool) {
+	n, ok := dtypeSizes[dtype]
+	return n, ok
+}
+
+// ObjectShape is the shape of one chunk object in a shared-memory slot
+// (research datapath.md 7.2): KV_2LTD [2, layers, chunk, hidden], or
+// [layers, chunk, hidden] for MLA.
+func ObjectShape(numLayers, chunkSize, hidden int64, mla bool) []int64 {
+	if mla {
+		return []int64{numLayers, chunkSize, hidden}
+	}
+	return []int64{2, numLayers, chunkSize, hidden}
+}
+
+// ObjectBytes is the size of an object of shape and element size item.
+func ObjectBytes(shape []int64, item int64) int64 {
+	n := item
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
