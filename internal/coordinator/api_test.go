@@ -78,6 +78,18 @@ func TestUnknownRouteMethodAndBodyLimit(t *testing.T) {
 	if code, raw := c.do("PATCH", "/instances", nil); code != 405 || string(raw) != `{"detail":"Method Not Allowed"}` {
 		t.Fatalf("405 = %d %s", code, raw)
 	}
+	patch, err := http.NewRequest("PATCH", c.base+"/instances", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.client.Do(patch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if allow := resp.Header.Get("Allow"); allow != "GET, POST" {
+		t.Fatalf("405 Allow = %q, want GET, POST", allow)
+	}
 	if code, _ := c.do("POST", "/quota/config", map[string]any{}); code != 405 {
 		t.Fatalf("POST /quota/config = %d", code)
 	}
@@ -116,6 +128,7 @@ func TestMetricsExposition(t *testing.T) {
 		`lmcache_coordinator_events_ingested_total{type="store"} 3`,
 		`lmcache_coordinator_events_ingested_total{type="lookup"} 1`,
 		`lmcache_coordinator_events_ingested_total{type="delete"} 1`,
+		"lmcache_coordinator_event_batches_total 1",
 		"lmcache_coordinator_tracked_keys 2",
 		"lmcache_coordinator_tracked_bytes 300",
 		"lmcache_coordinator_eviction_cycles_total 1",

@@ -93,6 +93,27 @@ func TestStartupResyncSkipsMalformedAndKeepsPartial(t *testing.T) {
 	}
 }
 
+// TestStartupResyncStopsOnRepeatedToken: a server that hands back the
+// token it was just given would loop forever; the resync stops there and
+// keeps what it recorded.
+func TestStartupResyncStopsOnRepeatedToken(t *testing.T) {
+	mp := newMP(t)
+	mp.pages = []mpPage{
+		{entries: []any{entry("01", "r", 5)}, next: strp("T1")},
+		{entries: []any{entry("02", "r", 7)}, next: strp("T1")},
+		{entries: []any{entry("03", "r", 11)}, next: nil},
+	}
+	c := startCoord(t, resyncConfig(1000))
+	mp.register(c, "mp-1")
+	waitFor(t, "the resync to finish", func() bool { return c.logs.has("startup resync finished") })
+	if q := strings.Join(mp.queries(), " "); q != "page_size=1000 page_size=1000&page_token=T1" {
+		t.Fatalf("queries %s", q)
+	}
+	if u := c.usageBytes("r"); u != 12 {
+		t.Fatalf("usage %d, want the two pages read (12)", u)
+	}
+}
+
 // TestStartupResyncClampsPageSize: RESYNC_PAGE_SIZE above the server's
 // 5000 ceiling is clamped instead of failing the whole resync.
 func TestStartupResyncClampsPageSize(t *testing.T) {

@@ -37,6 +37,7 @@ func TestPrecedence(t *testing.T) {
 		EnvPrefix + "HASH_ALGORITHM": "sha256_cbor", EnvPrefix + "BLEND_PROBE_STRIDE": "3", EnvPrefix + "TIMEOUT_KEEP_ALIVE": "20",
 		EnvPrefix + "ENABLE_STARTUP_RESYNC": "False", EnvPrefix + "RESYNC_POLL_INTERVAL": "0.5",
 		EnvPrefix + "RESYNC_MAX_WAIT": "0", EnvPrefix + "RESYNC_PAGE_SIZE": "200", EnvPrefix + "STATE_FILE": "/tmp/s.json",
+		EnvPrefix + "METRICS_TOP_SALTS": "5", EnvPrefix + "INFLIGHT_TTL": "2.5", EnvPrefix + "LOG_LEVEL": "warn",
 	}
 	c, err := Load(nil, env(e), &bytes.Buffer{})
 	if err != nil {
@@ -45,7 +46,7 @@ func TestPrecedence(t *testing.T) {
 	want := Config{Host: "10.0.0.1", Port: 1234, InstanceTimeout: 7.5, HealthCheckInterval: 0, EvictionCheckInterval: 0,
 		EvictionRatio: 0.5, TriggerWatermark: 0.9, ChunkSize: 16, HashAlgorithm: "sha256_cbor", BlendProbeStride: 3,
 		TimeoutKeepAlive: 20, EnableStartupResync: false, ResyncPollInterval: 0.5, ResyncMaxWait: 0, ResyncPageSize: 200,
-		StateFile: "/tmp/s.json", MetricsTopSalts: 20, InflightTTL: 30, LogLevel: "info"}
+		StateFile: "/tmp/s.json", MetricsTopSalts: 5, InflightTTL: 2.5, LogLevel: "warn"}
 	if c != want {
 		t.Fatalf("env:\n got %+v\nwant %+v", c, want)
 	}
@@ -98,6 +99,9 @@ func TestInvalidValues(t *testing.T) {
 		{"", "RESYNC_POLL_INTERVAL", "0", "> 0"},
 		{"", "RESYNC_MAX_WAIT", "-1", ">= 0"},
 		{"", "RESYNC_PAGE_SIZE", "0", ">= 1"},
+		{"--metrics-top-salts", "METRICS_TOP_SALTS", "10001", "between 0 and 10000"},
+		{"--inflight-ttl", "INFLIGHT_TTL", "-1", ">= 0"},
+		{"--log-level", "LOG_LEVEL", "loud", "one of debug, info, warn, error"},
 	}
 	for _, tc := range cases {
 		if tc.flag != "" {
