@@ -26,7 +26,7 @@ const (
 // documented on each field (see Defaults), except Port: 0 is a free port.
 type Config struct {
 	// Host and Port are --host (default "localhost") and --port (default
-	// 5555, set by Defaults and AddFlags). The server binds tcp://Host:Port;
+	// 5555, set by Defaults). The server binds tcp://Host:Port;
 	// "localhost" binds loopback; Port 0 picks a free port (see Endpoint).
 	Host string
 	Port int

@@ -33,27 +33,6 @@ func (i *Int) UnmarshalMsg(b []byte) ([]byte, error) {
 // Msgsize implements msgp.Sizer.
 func (i Int) Msgsize() int { return msgp.Int64Size }
 
-// Uint is an unsigned 64-bit value such as a hash: values at or above 2^63
-// are encoded as uint64 (0xcf) and never wrap to negative; a negative input
-// is a decode error.
-type Uint uint64
-
-// MarshalMsg implements msgp.Marshaler.
-func (u Uint) MarshalMsg(b []byte) ([]byte, error) { return msgp.AppendUint64(b, uint64(u)), nil }
-
-// UnmarshalMsg implements msgp.Unmarshaler.
-func (u *Uint) UnmarshalMsg(b []byte) ([]byte, error) {
-	v, o, err := msgp.ReadUint64Bytes(b)
-	if err != nil {
-		return b, err
-	}
-	*u = Uint(v)
-	return o, nil
-}
-
-// Msgsize implements msgp.Sizer.
-func (u Uint) Msgsize() int { return msgp.Uint64Size }
-
 // AppendInt appends v in msgspec's integer form (see Int).
 func AppendInt(b []byte, v int64) []byte {
 	if v >= 0 {

@@ -193,12 +193,12 @@ var Gen3 = newProfile("gen3", []Op{
 	OpCBProtocolHandshake, OpPollKVEvents,
 })
 
-// Profiles lists the supported numberings, in fingerprint order.
-var Profiles = []*Profile{Gen2M, Gen3}
+// profiles lists the supported numberings, in fingerprint order.
+var profiles = []*Profile{Gen2M, Gen3}
 
 // ProfileByName resolves a --wire-profile value other than "auto".
 func ProfileByName(name string) (*Profile, bool) {
-	for _, p := range Profiles {
+	for _, p := range profiles {
 		if p.Name == name {
 			return p, true
 		}
@@ -209,7 +209,7 @@ func ProfileByName(name string) (*Profile, bool) {
 // ProfileByChunkSizeID identifies a client generation from the op number of
 // its first request, GET_CHUNK_SIZE.
 func ProfileByChunkSizeID(id int64) (*Profile, bool) {
-	for _, p := range Profiles {
+	for _, p := range profiles {
 		if p.ChunkSizeID == id {
 			return p, true
 		}

@@ -122,8 +122,8 @@ func AppendOptString(b []byte, s string, present bool) []byte {
 // IsNilOrAbsent reports whether a raw optional field was not sent or was nil.
 func IsNilOrAbsent(r msgp.Raw) bool { return len(r) == 0 || msgp.IsNil(r) }
 
-// ArrayLen is the length of a raw array value; nil or absent counts as 0.
-func ArrayLen(r msgp.Raw) (int, error) {
+// arrayLen is the length of a raw array value; nil or absent counts as 0.
+func arrayLen(r msgp.Raw) (int, error) {
 	if IsNilOrAbsent(r) {
 		return 0, nil
 	}
@@ -185,7 +185,7 @@ func (k *Key) Readers() int {
 // Hybrid reports whether a registration describes a multi-group model,
 // which this server does not serve (research datapath.md 10.2).
 func (p *RegisterPayload) Hybrid() (bool, string) {
-	if n, err := ArrayLen(p.EngineGroupInfos); err != nil || n > 1 {
+	if n, err := arrayLen(p.EngineGroupInfos); err != nil || n > 1 {
 		return true, fmt.Sprintf("%d engine_group_infos", n)
 	}
 	if p.EnableL1KVWeaveQuant {

@@ -28,7 +28,8 @@ type Key struct {
 
 // RegisterPayload is RegisterEngineDrivenContextPayload. The first eight
 // fields are stable across versions; the rest are optional and only inspected
-// to recognise hybrid (multi-group) models.
+// to recognise hybrid (multi-group) models (engine_group_infos is counted,
+// not decoded).
 type RegisterPayload struct {
 	InstanceID           Int      `msg:"instance_id"`
 	ModelName            string   `msg:"model_name"`
@@ -43,12 +44,6 @@ type RegisterPayload struct {
 	GroupHiddenDimSizes  msgp.Raw `msg:"group_hidden_dim_sizes"`
 	GroupLayoutDescs     msgp.Raw `msg:"group_layout_descs"`
 	EnableL1KVWeaveQuant bool     `msg:"enable_l1_kvweave_quant"`
-}
-
-// EngineGroupInfo is one KV cache group of the engine (mainline group_view).
-type EngineGroupInfo struct {
-	EngineGroupID Int   `msg:"engine_group_id"`
-	LayerIndices  []Int `msg:"layer_indices"`
 }
 
 // RegisterResponse is RegisterEngineDrivenContextResponse. Clients read only
