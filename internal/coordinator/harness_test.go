@@ -186,7 +186,6 @@ type mpServer struct {
 	submitBody  string
 	statusCode  int
 	statusBody  string
-	deleteSeen  chan struct{}
 }
 
 type mpPage struct {
@@ -196,7 +195,7 @@ type mpPage struct {
 
 func newMP(t testing.TB) *mpServer {
 	m := &mpServer{deleteCode: 200, submitCode: 202, submitBody: `{"request_id":"abc","chunks":2,"status":"submitted"}`,
-		statusCode: 200, statusBody: `{"status":"completed","found_keys":2,"total_keys":2}`, deleteSeen: make(chan struct{}, 1000)}
+		statusCode: 200, statusBody: `{"status":"completed","found_keys":2,"total_keys":2}`}
 	mux := http.NewServeMux()
 	mux.HandleFunc("DELETE /cache/objects", func(w http.ResponseWriter, r *http.Request) {
 		raw, _ := io.ReadAll(r.Body)
@@ -211,7 +210,6 @@ func newMP(t testing.TB) *mpServer {
 		m.mu.Unlock()
 		w.WriteHeader(code)
 		fmt.Fprintf(w, `{"deleted":%d,"skipped":0,"ok":true}`, len(body.Keys))
-		m.deleteSeen <- struct{}{}
 	})
 	mux.HandleFunc("GET /cache/objects", func(w http.ResponseWriter, r *http.Request) {
 		m.mu.Lock()
