@@ -207,9 +207,9 @@ func rangeInt(v, lo, hi int) string {
 	return ""
 }
 
-// ParseEnvBool reads a boolean the way upstream does: true iff the trimmed,
+// parseEnvBool reads a boolean the way upstream does: true iff the trimmed,
 // lower-cased value is 1, true, yes or on.
-func ParseEnvBool(v string) bool {
+func parseEnvBool(v string) bool {
 	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "1", "true", "yes", "on":
 		return true
@@ -328,7 +328,7 @@ func setValue(cfg *Config, fd field, raw string) error {
 	case "string":
 		*fd.s(cfg) = raw
 	case "bool":
-		*fd.b(cfg) = ParseEnvBool(raw)
+		*fd.b(cfg) = parseEnvBool(raw)
 	}
 	return nil
 }
@@ -348,16 +348,4 @@ func valueString(cfg Config, fd field) string {
 		return "False"
 	}
 	return ""
-}
-
-// Names lists every flag (with its leading dashes) and env var, for the
-// compatibility table and tests.
-func Names() (flags, envs []string) {
-	for _, fd := range fieldsTable() {
-		if fd.flag != "" {
-			flags = append(flags, "--"+fd.flag)
-		}
-		envs = append(envs, EnvPrefix+fd.env)
-	}
-	return flags, envs
 }

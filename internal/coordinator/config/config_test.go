@@ -139,7 +139,7 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 	if !errors.Is(err, ErrHelp) {
 		t.Fatalf("err %v", err)
 	}
-	flags, envs := Names()
+	flags, envs := names()
 	if len(flags) != 15 || len(envs) != 19 {
 		t.Fatalf("%d flags, %d env vars", len(flags), len(envs))
 	}
@@ -165,4 +165,15 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 			t.Errorf("help lacks %s", d)
 		}
 	}
+}
+
+// names lists every flag (with its leading dashes) and env var.
+func names() (flags, envs []string) {
+	for _, fd := range fieldsTable() {
+		if fd.flag != "" {
+			flags = append(flags, "--"+fd.flag)
+		}
+		envs = append(envs, EnvPrefix+fd.env)
+	}
+	return flags, envs
 }
