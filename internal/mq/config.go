@@ -57,6 +57,12 @@ type Config struct {
 	// MaxControlInFlight bounds control requests (LOOKUP and friends) being
 	// handled at once (default 1024); later ones wait for a free handler.
 	MaxControlInFlight int
+	// MaxQueued bounds the requests waiting for a handler (default 4096):
+	// control requests over all peers, transfer requests per peer. A
+	// request beyond it is refused at once with its negative reply (LOOKUP
+	// then reports 0 hits, PREPARE_STORE no slots), so a flooding client
+	// costs bounded memory and other peers keep being served.
+	MaxQueued int
 	// SendHWM is the ROUTER's per-peer send queue in messages (default
 	// 100000). A peer that lets it fill loses replies (logged), others do
 	// not wait for it.
@@ -76,6 +82,7 @@ func Defaults() Config {
 		WorkerRegistrationGrace: 3600 * time.Second,
 		SessionTTL:              600 * time.Second,
 		MaxControlInFlight:      1024,
+		MaxQueued:               4096,
 		SendHWM:                 100000,
 	}
 }
@@ -104,6 +111,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxControlInFlight == 0 {
 		c.MaxControlInFlight = d.MaxControlInFlight
+	}
+	if c.MaxQueued == 0 {
+		c.MaxQueued = d.MaxQueued
 	}
 	if c.SendHWM == 0 {
 		c.SendHWM = d.SendHWM

@@ -11,7 +11,7 @@ func TestDefaults(t *testing.T) {
 	cfg := mq.Defaults()
 	if cfg.Host != "localhost" || cfg.Port != 5555 || cfg.TransferMode != "auto" || cfg.WireProfile != "auto" ||
 		cfg.ChunkSize != 256 || cfg.HashAlgorithm != "blake3" || cfg.WorkerReapTimeout != 120*time.Second ||
-		cfg.WorkerRegistrationGrace != time.Hour || cfg.SessionTTL != 10*time.Minute {
+		cfg.WorkerRegistrationGrace != time.Hour || cfg.SessionTTL != 10*time.Minute || cfg.MaxControlInFlight != 1024 || cfg.MaxQueued != 4096 {
 		t.Fatalf("defaults %+v", cfg)
 	}
 }

@@ -387,3 +387,142 @@ func TestUnsupportedKnownOps(t *testing.T) {
 		}
 	}
 }
+
+// gatedEngine holds ReserveWrite and PollPrefetch until release is closed
+// and signals entered (without blocking) each time one starts waiting.
+type gatedEngine struct {
+	*engine.Engine
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gatedEngine) wait() {
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
+	<-g.release
+}
+
+func (g *gatedEngine) ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]engine.Slot, error) {
+	g.wait()
+	return g.Engine.ReserveWrite(tag, keys, sizes)
+}
+
+func (g *gatedEngine) PollPrefetch(id string) (engine.PrefetchResult, error) {
+	g.wait()
+	return g.Engine.PollPrefetch(id)
+}
+
+// serveGated runs a second server over h's engine, gated, and returns a
+// raw DEALER connected to it.
+func serveGated(t *testing.T, h *harness, cfg mq.Config) (*gatedEngine, *zmq.Socket) {
+	t.Helper()
+	g := &gatedEngine{Engine: h.eng, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	cfg.Host, cfg.ChunkSize = "127.0.0.1", testChunk
+	srv, err := mq.New(cfg, g, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- srv.Run(ctx) }()
+	sock, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = sock.Close()
+		select {
+		case <-g.release:
+		default:
+			close(g.release)
+		}
+		cancel()
+		<-done
+	})
+	_ = sock.SetLinger(0)
+	_ = sock.SetRcvtimeo(10 * time.Second)
+	if err := sock.Connect(srv.Endpoint()); err != nil {
+		t.Fatal(err)
+	}
+	return g, sock
+}
+
+// rawSend sends one gen3 request on sock without waiting for its reply.
+func rawSend(t *testing.T, sock *zmq.Socket, uid int64, op wire.Op, payloads ...[]byte) {
+	t.Helper()
+	id, _ := wire.Gen3.ID(op)
+	if _, err := sock.SendMessage(append([][]byte{wire.EncodeInt(uid), wire.EncodeInt(id)}, payloads...)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rawRecv receives one reply and returns its uid and response frame.
+func rawRecv(t *testing.T, sock *zmq.Socket) (int64, []byte) {
+	t.Helper()
+	msg, err := sock.RecvMessageBytes(0)
+	if err != nil || len(msg) != 3 {
+		t.Fatalf("reply %x %v", msg, err)
+	}
+	var uid wire.Int
+	if err := wire.Unmarshal(msg[0], &uid); err != nil {
+		t.Fatal(err)
+	}
+	return int64(uid), msg[2]
+}
+
+// TestOverloadIsRefused: requests beyond MaxQueued are answered at once
+// with their negative reply instead of queueing without bound, for control
+// requests over all peers and for one peer's transfer requests.
+func TestOverloadIsRefused(t *testing.T) {
+	h := start(t, opts{})
+	t.Run("control", func(t *testing.T) {
+		g, sock := serveGated(t, h, mq.Config{MaxControlInFlight: 1, MaxQueued: 2})
+		rid := msgp.AppendString(nil, "nobody")
+		// One handled (held in the engine) and two waiting are admitted;
+		// the next three are refused while the first three are held.
+		for uid := int64(1); uid <= 6; uid++ {
+			rawSend(t, sock, uid, wire.OpQueryPrefetchStatus, rid)
+		}
+		for want := int64(4); want <= 6; want++ {
+			if uid, resp := rawRecv(t, sock); uid != want || !bytes.Equal(resp, wire.EncodeInt(0)) {
+				t.Fatalf("reply uid %d %x; want the refusal of %d first", uid, resp, want)
+			}
+		}
+		close(g.release)
+		seen := map[int64]bool{}
+		for range 3 {
+			uid, _ := rawRecv(t, sock)
+			seen[uid] = true
+		}
+		if !seen[1] || !seen[2] || !seen[3] {
+			t.Fatalf("admitted requests answered: %v", seen)
+		}
+	})
+	t.Run("transfer", func(t *testing.T) {
+		g, sock := serveGated(t, h, mq.Config{MaxQueued: 2})
+		rawSend(t, sock, 0, wire.OpRegisterEngineDriven, wire.Marshal(regPayload(77, "m", 1)))
+		if uid, _ := rawRecv(t, sock); uid != 0 {
+			t.Fatalf("registration reply uid %d", uid)
+		}
+		prepare := func(uid int64) {
+			k := key("m", 1, 0, prompt(int(uid), testChunk), 0, testChunk, fmt.Sprint("p", uid))
+			rawSend(t, sock, uid, wire.OpPrepareStore, wire.Marshal(k), wire.EncodeInt(77))
+		}
+		prepare(1)
+		<-g.entered // the first is running, held in the engine
+		for uid := int64(2); uid <= 4; uid++ {
+			prepare(uid)
+		}
+		if uid, resp := rawRecv(t, sock); uid != 4 || !bytes.Equal(resp, wire.NegativeReply(wire.OpPrepareStore)) {
+			t.Fatalf("reply uid %d %x; want the refusal of 4 first", uid, resp)
+		}
+		close(g.release)
+		for want := int64(1); want <= 3; want++ { // the peer's queue is FIFO
+			if uid, resp := rawRecv(t, sock); uid != want || bytes.Equal(resp, wire.NegativeReply(wire.OpPrepareStore)) {
+				t.Fatalf("reply uid %d %x; want slots for %d", uid, resp, want)
+			}
+		}
+	})
+}

@@ -8,8 +8,10 @@
 // goroutine; transfer requests run on a per-peer FIFO goroutine (so one
 // worker's PREPARE/COMMIT stay ordered and a slow worker delays only
 // itself); control requests (LOOKUP and friends) each run on their own
-// goroutine under a semaphore. Handler goroutines hand replies back through
-// the PUSH socket, which a mutex serialises.
+// goroutine under a semaphore. Both waits are bounded (Config.MaxQueued):
+// beyond it the router answers with the negative reply itself. Handler
+// goroutines hand replies back through the PUSH socket, which a mutex
+// serialises.
 package mq
 
 import (
@@ -52,10 +54,13 @@ type Server struct {
 	push     *zmq.Socket
 	endpoint string
 
-	st      *state
-	sem     chan struct{}
-	wg      sync.WaitGroup // handler goroutines
-	runOnce sync.Once
+	st  *state
+	sem chan struct{} // control requests being handled
+	// admitted counts control requests handled or waiting for sem; the
+	// router refuses one when it is full.
+	admitted chan struct{}
+	wg       sync.WaitGroup // handler goroutines
+	runOnce  sync.Once
 
 	// peers is touched only by the router goroutine.
 	peers map[string]*peer
@@ -91,7 +96,8 @@ func New(cfg Config, eng Engine, logger *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("mq: --hash-algorithm: %w", err)
 	}
 	s := &Server{cfg: cfg, eng: eng, log: logger.With("component", "mq"), hasher: hasher,
-		sem: make(chan struct{}, cfg.MaxControlInFlight), peers: map[string]*peer{}}
+		sem: make(chan struct{}, cfg.MaxControlInFlight), admitted: make(chan struct{}, cfg.MaxControlInFlight+cfg.MaxQueued),
+		peers: map[string]*peer{}}
 	if cfg.WireProfile != ProfileAuto {
 		s.profile, _ = wire.ProfileByName(cfg.WireProfile)
 	}
@@ -359,12 +365,23 @@ func (s *Server) handle(msg [][]byte) {
 		reply(s.st.rejectLMCacheDriven(req))
 	case wire.OpRegisterEngineDriven, wire.OpUnregisterEngineDriven, wire.OpPrepareStore,
 		wire.OpCommitStore, wire.OpPrepareRetrieve, wire.OpCommitRetrieve:
-		s.enqueue(p, func() { s.replyAsync(id, uid, opFrame, s.st.transfer(req)) })
+		if !s.enqueue(p, func() { s.replyAsync(id, uid, opFrame, s.st.transfer(req)) }) {
+			s.refuseOverload(p, op, "transfer requests queued by this peer")
+			reply(wire.NegativeReply(op))
+		}
 	case wire.OpLookup, wire.OpQueryPrefetchStatus, wire.OpQueryPrefetchLookupHits,
 		wire.OpWaitPrefetchStatus, wire.OpFreeLookupLocks, wire.OpEndSession, wire.OpClear:
+		select {
+		case s.admitted <- struct{}{}:
+		default:
+			s.refuseOverload(p, op, "control requests waiting over all peers")
+			reply(wire.NegativeReply(op))
+			return
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
+			defer func() { <-s.admitted }()
 			select {
 			case s.sem <- struct{}{}:
 			case <-s.handlerCtx.Done():
@@ -404,15 +421,28 @@ func (s *Server) chooseProfile(p *peer, f wire.OpFrame) *wire.Profile {
 	return wire.Gen3
 }
 
-// enqueue runs fn on p's FIFO goroutine, starting one if none runs.
-func (s *Server) enqueue(p *peer, fn func()) {
+// refuseOverload logs (at most every 10 s per peer) a request refused
+// because too many are queued.
+func (s *Server) refuseOverload(p *peer, op wire.Op, what string) {
+	s.st.warnEvery("overload/"+p.idString(), 10*time.Second, "request refused: too many "+what+" (logged at most every 10 s per peer)",
+		"peer", p.idString(), "op", op.EnumName(), "max_queued", s.cfg.MaxQueued)
+}
+
+// enqueue runs fn on p's FIFO goroutine, starting one if none runs. It
+// returns false, and does nothing, when p already has MaxQueued requests
+// waiting.
+func (s *Server) enqueue(p *peer, fn func()) bool {
 	p.mu.Lock()
+	if len(p.queue) >= s.cfg.MaxQueued {
+		p.mu.Unlock()
+		return false
+	}
 	p.queue = append(p.queue, fn)
 	start := !p.running
 	p.running = true
 	p.mu.Unlock()
 	if !start {
-		return
+		return true
 	}
 	s.wg.Add(1)
 	go func() {
@@ -431,6 +461,7 @@ func (s *Server) enqueue(p *peer, fn func()) {
 			next()
 		}
 	}()
+	return true
 }
 
 // request is one decoded request on its way to a handler.
