@@ -42,7 +42,9 @@ func TestWireProfilesAuto(t *testing.T) {
 		w := &worker{h: h, c: c, inst: inst, world: 1, pool: pool, model: "m"}
 		tokens := prompt(40+i, 2*testChunk)
 		d := func(ch int) []byte { return data.get(40+i, 0, ch) }
-		w.store(tokens, 0, 2*testChunk, "s", d)
+		if n := w.store(tokens, 0, 2*testChunk, "s", d); n != 2 {
+			t.Fatalf("client %d: PREPARE_STORE asked for %d chunks, want 2", i, n)
+		}
 		lookupUntil(t, c, key("m", 1, -1, tokens, 0, 2*testChunk, fmt.Sprint("r", i)), 2)
 		if !w.retrieve(tokens, 0, 2*testChunk, fmt.Sprint("r", i), d) {
 			t.Fatalf("client %d: retrieve failed", i)
@@ -148,10 +150,14 @@ func TestPrefetchQueries(t *testing.T) {
 		t.Fatal(err)
 	}
 	var hits int
+	deadline := time.Now().Add(10 * time.Second)
 	for ready := false; !ready; {
 		var err error
 		if hits, ready, err = sched.QueryPrefetchLookupHits("q"); err != nil {
 			t.Fatal(err)
+		}
+		if !ready && time.Now().After(deadline) {
+			t.Fatal("QUERY_PREFETCH_LOOKUP_HITS never ready")
 		}
 	}
 	if hits != 4 {
@@ -179,7 +185,9 @@ func TestPrefetchQueries(t *testing.T) {
 	}
 	// CLEAR drops unlocked data.
 	for _, id := range []string{"warm", "q", "wait"} {
-		_ = sched.FreeLookupLocks(key("m", 1, -1, tokens, 0, 4*testChunk, id), 1)
+		if err := sched.FreeLookupLocks(key("m", 1, -1, tokens, 0, 4*testChunk, id), 1); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := sched.Clear(false); err != nil {
 		t.Fatal(err)
@@ -303,33 +311,10 @@ func pipelinedClient(endpoint string, ci, n int, tokens []wire.Int) error {
 	return err
 }
 
-// blockingEngine wraps the real engine and holds ReserveWrite until
-// released, standing in for a slow transfer.
-type blockingEngine struct {
-	*engine.Engine
-	entered chan struct{}
-	release chan struct{}
-}
-
-func (b *blockingEngine) ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]engine.Slot, error) {
-	b.entered <- struct{}{}
-	<-b.release
-	return b.Engine.ReserveWrite(tag, keys, sizes)
-}
-
 func TestSlowTransferDoesNotBlockOthers(t *testing.T) {
 	base := start(t, opts{}) // only for its engine
-	be := &blockingEngine{Engine: base.eng, entered: make(chan struct{}, 1), release: make(chan struct{})}
-	srv, err := mq.New(mq.Config{Host: "127.0.0.1", ChunkSize: testChunk}, be, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- srv.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-
-	h := &harness{t: t, eng: base.eng, endpoint: srv.Endpoint(), shmDir: base.shmDir, logs: base.logs}
+	be := newGate(base.eng, true, false)
+	h := &harness{t: t, eng: base.eng, endpoint: serveGated(t, be, mq.Config{}), shmDir: base.shmDir, logs: base.logs}
 	w := h.worker(1, "m", 1, 0)
 	slow := make(chan error, 1)
 	go func() {
@@ -388,15 +373,24 @@ func TestUnsupportedKnownOps(t *testing.T) {
 	}
 }
 
-// gatedEngine holds ReserveWrite and PollPrefetch until release is closed
-// and signals entered (without blocking) each time one starts waiting.
+// gatedEngine wraps the real engine and holds ReserveWrite (a slow
+// transfer) and/or PollPrefetch (a slow control request) until release is
+// closed, signalling entered (without blocking) each time a call waits.
 type gatedEngine struct {
 	*engine.Engine
-	entered chan struct{}
-	release chan struct{}
+	writes, polls bool
+	entered       chan struct{}
+	release       chan struct{}
 }
 
-func (g *gatedEngine) wait() {
+func newGate(eng *engine.Engine, writes, polls bool) *gatedEngine {
+	return &gatedEngine{Engine: eng, writes: writes, polls: polls, entered: make(chan struct{}, 1), release: make(chan struct{})}
+}
+
+func (g *gatedEngine) wait(gated bool) {
+	if !gated {
+		return
+	}
 	select {
 	case g.entered <- struct{}{}:
 	default:
@@ -405,20 +399,19 @@ func (g *gatedEngine) wait() {
 }
 
 func (g *gatedEngine) ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]engine.Slot, error) {
-	g.wait()
+	g.wait(g.writes)
 	return g.Engine.ReserveWrite(tag, keys, sizes)
 }
 
 func (g *gatedEngine) PollPrefetch(id string) (engine.PrefetchResult, error) {
-	g.wait()
+	g.wait(g.polls)
 	return g.Engine.PollPrefetch(id)
 }
 
-// serveGated runs a second server over h's engine, gated, and returns a
-// raw DEALER connected to it.
-func serveGated(t *testing.T, h *harness, cfg mq.Config) (*gatedEngine, *zmq.Socket) {
+// serveGated runs another server over g until the test ends (releasing
+// the gate first) and returns its endpoint.
+func serveGated(t *testing.T, g *gatedEngine, cfg mq.Config) string {
 	t.Helper()
-	g := &gatedEngine{Engine: h.eng, entered: make(chan struct{}, 1), release: make(chan struct{})}
 	cfg.Host, cfg.ChunkSize = "127.0.0.1", testChunk
 	srv, err := mq.New(cfg, g, nil)
 	if err != nil {
@@ -427,26 +420,34 @@ func serveGated(t *testing.T, h *harness, cfg mq.Config) (*gatedEngine, *zmq.Soc
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- srv.Run(ctx) }()
-	sock, err := zmq.NewSocket(zmq.DEALER)
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		_ = sock.Close()
 		select {
 		case <-g.release:
 		default:
 			close(g.release)
 		}
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
 	})
-	_ = sock.SetLinger(0)
-	_ = sock.SetRcvtimeo(10 * time.Second)
-	if err := sock.Connect(srv.Endpoint()); err != nil {
+	return srv.Endpoint()
+}
+
+// rawDealer is a DEALER socket for pipelined requests.
+func rawDealer(t *testing.T, endpoint string) *zmq.Socket {
+	t.Helper()
+	sock, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return g, sock
+	t.Cleanup(func() { _ = sock.Close() })
+	_ = sock.SetLinger(0)
+	_ = sock.SetRcvtimeo(10 * time.Second)
+	if err := sock.Connect(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	return sock
 }
 
 // rawSend sends one gen3 request on sock without waiting for its reply.
@@ -478,7 +479,8 @@ func rawRecv(t *testing.T, sock *zmq.Socket) (int64, []byte) {
 func TestOverloadIsRefused(t *testing.T) {
 	h := start(t, opts{})
 	t.Run("control", func(t *testing.T) {
-		g, sock := serveGated(t, h, mq.Config{MaxControlInFlight: 1, MaxQueued: 2})
+		g := newGate(h.eng, false, true)
+		sock := rawDealer(t, serveGated(t, g, mq.Config{MaxControlInFlight: 1, MaxQueued: 2}))
 		rid := msgp.AppendString(nil, "nobody")
 		// One handled (held in the engine) and two waiting are admitted;
 		// the next three are refused while the first three are held.
@@ -501,7 +503,8 @@ func TestOverloadIsRefused(t *testing.T) {
 		}
 	})
 	t.Run("transfer", func(t *testing.T) {
-		g, sock := serveGated(t, h, mq.Config{MaxQueued: 2})
+		g := newGate(h.eng, true, false)
+		sock := rawDealer(t, serveGated(t, g, mq.Config{MaxQueued: 2}))
 		rawSend(t, sock, 0, wire.OpRegisterEngineDriven, wire.Marshal(regPayload(77, "m", 1)))
 		if uid, _ := rawRecv(t, sock); uid != 0 {
 			t.Fatalf("registration reply uid %d", uid)
