@@ -73,25 +73,16 @@ func lookupKey(req *request) (*wire.Key, int, error) {
 	return &key, readers, nil
 }
 
-func (st *state) answer(id string, chunks int) {
-	st.mu.Lock()
-	st.jobs[id] = &answeredJob{chunks: chunks, created: time.Now()}
-	st.mu.Unlock()
-}
-
-// answered returns the answer the server already knows for id (see
-// answeredJob), consuming it if consume.
-func (st *state) answered(id string, consume bool) (int, bool) {
+// noJobFor reports whether id's last LOOKUP started no job (its answer is
+// 0), forgetting that if consume.
+func (st *state) noJobFor(id string, consume bool) bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	j := st.jobs[id]
-	if j == nil {
-		return 0, false
+	_, ok := st.noJob[id]
+	if ok && consume {
+		delete(st.noJob, id)
 	}
-	if consume {
-		delete(st.jobs, id)
-	}
-	return j.chunks, true
+	return ok
 }
 
 func (st *state) lookup(req *request) ([]byte, error) {
@@ -100,15 +91,15 @@ func (st *state) lookup(req *request) ([]byte, error) {
 		return wire.Nil, err
 	}
 	st.mu.Lock()
-	delete(st.jobs, key.RequestID) // a new lookup replaces an unconsumed answer
+	delete(st.noJob, key.RequestID) // a new lookup replaces an unconsumed answer
 	st.mu.Unlock()
-	started, err := st.startPrefetch(key, readers)
-	if !started {
-		// Nothing can hit: the answer is known now, and
-		// QUERY_PREFETCH_STATUS must find it.
-		st.answer(key.RequestID, 0)
+	if started, err := st.startPrefetch(key, readers); !started {
+		st.mu.Lock()
+		st.noJob[key.RequestID] = time.Now()
+		st.mu.Unlock()
+		return wire.Nil, err
 	}
-	return wire.Nil, err
+	return wire.Nil, nil
 }
 
 // startPrefetch starts LOOKUP's engine job; false means no job was started.
@@ -159,10 +150,14 @@ func (st *state) queryStatus(req *request, consume bool) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n, ok := st.answered(id, consume); ok {
-		return wire.EncodeInt(int64(n)), nil
+	if st.noJobFor(id, consume) {
+		return wire.EncodeInt(0), nil
 	}
-	res, err := st.s.eng.PollPrefetch(id)
+	poll := st.s.eng.PollPrefetch
+	if !consume {
+		poll = st.s.eng.PeekPrefetch
+	}
+	res, err := poll(id)
 	switch {
 	case errors.Is(err, engine.ErrNotFound):
 		return wire.EncodeInt(0), nil
@@ -175,9 +170,8 @@ func (st *state) queryStatus(req *request, consume bool) ([]byte, error) {
 	case !res.Done:
 		return wire.Nil, nil
 	}
-	st.logJobError(id, res)
-	if !consume {
-		st.answer(id, res.PrefixChunks) // the engine consumed it; keep it for QUERY_PREFETCH_STATUS
+	if consume {
+		st.logJobError(id, res)
 	}
 	return wire.EncodeInt(int64(res.PrefixChunks)), nil
 }
@@ -208,8 +202,8 @@ func (st *state) waitStatus(ctx context.Context, req *request) ([]byte, error) {
 			wait = d
 		}
 	}
-	if n, ok := st.answered(id, true); ok {
-		return wire.EncodeInt(int64(n)), nil
+	if st.noJobFor(id, true) {
+		return wire.EncodeInt(0), nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -257,7 +251,7 @@ func (st *state) endSession(req *request) ([]byte, error) {
 	st.mu.Lock()
 	sess := st.sessions[id]
 	delete(st.sessions, id)
-	delete(st.jobs, id)
+	delete(st.noJob, id)
 	st.mu.Unlock()
 	if sess == nil || len(sess.hashes) == 0 || sess.world < 1 {
 		return wire.Nil, nil

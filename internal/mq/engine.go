@@ -19,9 +19,11 @@ type Engine interface {
 	// Layout reports a registered layout: a worker's, or one given with
 	// --register-model before any worker arrived.
 	Layout(modelName string, worldSize int) (engine.Layout, error)
-	// Prefetch, PollPrefetch and WaitPrefetch run LOOKUP's job.
+	// Prefetch, PollPrefetch (consumes a done job), PeekPrefetch (does
+	// not) and WaitPrefetch run LOOKUP's job.
 	Prefetch(req engine.PrefetchRequest) error
 	PollPrefetch(id string) (engine.PrefetchResult, error)
+	PeekPrefetch(id string) (engine.PrefetchResult, error)
 	WaitPrefetch(ctx context.Context, id string) (engine.PrefetchResult, error)
 	// ReserveWrite, CommitWrite and AbortWrite are PREPARE/COMMIT_STORE.
 	ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]engine.Slot, error)

@@ -24,7 +24,7 @@ import (
 const hintEngineDriven = "set LMCACHE_MP_TRANSFER_MODE=engine_driven in vLLM's environment (same host, shared /dev/shm, non-hybrid model)"
 
 // state is the server's protocol state: worker registrations, in-flight
-// transfers, request sessions and answered prefetch jobs. One mutex guards
+// transfers, request sessions and lookups without a job. One mutex guards
 // it; engine calls are made outside it.
 type state struct {
 	s   *Server
@@ -36,7 +36,10 @@ type state struct {
 	writes   map[pendingKey]*pendingWrite
 	reads    map[pendingKey]*pendingRead
 	sessions map[string]*session
-	jobs     map[string]*answeredJob
+	// noJob holds the request ids (and when) whose LOOKUP started no
+	// engine job (no layout, empty range, bad tokens): they answer 0 even
+	// if an older, unconsumed job of the same id is still in the engine.
+	noJob    map[string]time.Time
 	lastWarn map[string]time.Time // warnEvery's keys; swept after an hour
 }
 
@@ -109,18 +112,10 @@ type session struct {
 	lastUsed time.Time
 }
 
-// answeredJob is a prefetch result the server already knows: a lookup that
-// needed no engine job (no layout registered), or a result read by
-// QUERY_PREFETCH_LOOKUP_HITS that QUERY_PREFETCH_STATUS has yet to consume.
-type answeredJob struct {
-	chunks  int
-	created time.Time
-}
-
 func newState(s *Server) *state {
 	return &state{s: s, log: s.log, regs: map[int64]*registration{}, layouts: map[layoutKey]*layoutRef{},
 		writes: map[pendingKey]*pendingWrite{}, reads: map[pendingKey]*pendingRead{},
-		sessions: map[string]*session{}, jobs: map[string]*answeredJob{}, lastWarn: map[string]time.Time{}}
+		sessions: map[string]*session{}, noJob: map[string]time.Time{}, lastWarn: map[string]time.Time{}}
 }
 
 // warnOnce logs msg once per key (a peer and a kind of refusal) and hour,
@@ -734,7 +729,7 @@ func (st *state) commitRetrieve(req *request) ([]byte, error) {
 	return wire.True, nil
 }
 
-// ---- sweeping: sessions, answered jobs, stale transfers, reaping ----
+// ---- sweeping: sessions, lookups without a job, stale transfers, reaping ----
 
 func (st *state) sweepLoop(ctx context.Context) {
 	every := time.Second
@@ -770,9 +765,9 @@ func (st *state) sweep(now time.Time) {
 			delete(st.lastWarn, k)
 		}
 	}
-	for id, j := range st.jobs {
-		if now.Sub(j.created) > cfg.SessionTTL {
-			delete(st.jobs, id)
+	for id, t := range st.noJob {
+		if now.Sub(t) > cfg.SessionTTL {
+			delete(st.noJob, id)
 		}
 	}
 	for _, r := range st.regs {
