@@ -18,19 +18,7 @@ const (
 // model@%08x(kv_rank)@%x(group)@hex(hash)[@salt]. The model name is kept
 // verbatim, slashes included.
 func (k Key) S3Name() string {
-	var b strings.Builder
-	b.WriteString(k.ModelName)
-	b.WriteString(nameSep)
-	b.WriteString(pyHex(k.KVRank, 8, false))
-	b.WriteString(nameSep)
-	b.WriteString(pyHex(k.ObjectGroupID, 0, false))
-	b.WriteString(nameSep)
-	b.WriteString(k.HashHex())
-	if k.CacheSalt != "" {
-		b.WriteString(nameSep)
-		b.WriteString(k.CacheSalt)
-	}
-	return b.String()
+	return k.joinFields(k.ModelName, pyHex(k.KVRank, 8, false))
 }
 
 // ParseS3Name decodes an S3 object name. A name that is not ours (other tools
@@ -42,10 +30,16 @@ func ParseS3Name(name string) (Key, error) {
 // FSName is the file name upstream's FS adapter uses: slashes in the model
 // become "-SEP-", kv_rank is formatted as Python's '%#010x', and ".data" ends it.
 func (k Key) FSName() string {
+	return k.joinFields(strings.ReplaceAll(k.ModelName, "/", fsSlash), pyHex(k.KVRank, 10, true)) + fsExt
+}
+
+// joinFields is the layout both codecs share once model and kv_rank are
+// formatted: model@rank@group@hash[@salt].
+func (k Key) joinFields(model, rank string) string {
 	var b strings.Builder
-	b.WriteString(strings.ReplaceAll(k.ModelName, "/", fsSlash))
+	b.WriteString(model)
 	b.WriteString(nameSep)
-	b.WriteString(pyHex(k.KVRank, 10, true))
+	b.WriteString(rank)
 	b.WriteString(nameSep)
 	b.WriteString(pyHex(k.ObjectGroupID, 0, false))
 	b.WriteString(nameSep)
@@ -54,7 +48,6 @@ func (k Key) FSName() string {
 		b.WriteString(nameSep)
 		b.WriteString(k.CacheSalt)
 	}
-	b.WriteString(fsExt)
 	return b.String()
 }
 
