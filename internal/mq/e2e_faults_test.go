@@ -228,7 +228,8 @@ func TestMalformedFrames(t *testing.T) {
 func TestUnknownOps(t *testing.T) {
 	h := start(t, opts{})
 	c := h.dial(mqclient.Options{})
-	for _, opf := range [][]byte{wire.EncodeInt(99), wire.EncodeInt(-1), msgp.AppendString(nil, "bogus_op"), {0xc3}} {
+	// An empty op frame is what a streaming ack/cancel frame looks like.
+	for _, opf := range [][]byte{wire.EncodeInt(99), wire.EncodeInt(-1), msgp.AppendString(nil, "bogus_op"), {0xc3}, {}} {
 		r, err := c.Raw(wire.EncodeInt(5), opf, wire.Nil)
 		if err != nil {
 			t.Fatal(err)

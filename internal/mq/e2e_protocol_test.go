@@ -366,9 +366,13 @@ func TestUnsupportedKnownOps(t *testing.T) {
 	if _, err := g2.GetChunkSize(); err != nil {
 		t.Fatal(err)
 	}
-	for _, op := range []wire.Op{wire.OpCBRegisterKVCache, wire.OpCBStoreFinal, wire.OpCBRetrievePreComputedV2} {
+	for _, op := range []wire.Op{wire.OpCBRegisterKVCache, wire.OpCBUnregisterKVCache, wire.OpCBStorePreComputed, wire.OpCBLookupPreComputed,
+		wire.OpCBRetrievePreComputed, wire.OpCBStoreFinal, wire.OpCBLookupPreComputedV2, wire.OpCBRetrievePreComputedV2} {
 		if b, err := g2.Call(op); err != nil || !bytes.Equal(b, wire.Nil) {
 			t.Errorf("gen2m %s = %x %v", op, b, err)
+		}
+		if !strings.Contains(h.logs.String(), "op="+op.EnumName()) {
+			t.Errorf("gen2m %s not logged", op)
 		}
 	}
 }
