@@ -62,7 +62,7 @@ type registration struct {
 	dtype      string
 	objBytes   int64
 	hybrid     string // non-empty: why this registration is not served
-	registered time.Time
+	tag        string // the engine's write-reservation owner
 	lastPing   time.Time
 	pinged     bool
 }
@@ -267,7 +267,7 @@ func (st *state) register(req *request) ([]byte, error) {
 		st.dropLocked(old)
 	}
 	r := &registration{instanceID: int64(p.InstanceID), model: p.ModelName, world: int(p.WorldSize),
-		slotShape: make([]wire.Int, len(shape)), dtype: p.DtypeStr, objBytes: objBytes, registered: now, lastPing: now}
+		slotShape: make([]wire.Int, len(shape)), dtype: p.DtypeStr, objBytes: objBytes, tag: fmt.Sprintf("instance-%d", p.InstanceID), lastPing: now}
 	for i, d := range shape {
 		r.slotShape[i] = wire.Int(d)
 	}
@@ -613,7 +613,6 @@ func (st *state) prepareStore(req *request) ([]byte, error) {
 	keys = kept
 
 	pk := pkOf(r.instanceID, key)
-	tag := fmt.Sprintf("instance-%d", r.instanceID)
 	if old := takePending(st, st.writes, pk); old != nil { // a retried PREPARE replaces the earlier reservation
 		st.s.eng.AbortWrite(old.tag, old.keys)
 	}
@@ -621,13 +620,13 @@ func (st *state) prepareStore(req *request) ([]byte, error) {
 	for i := range sizes {
 		sizes[i] = r.objBytes
 	}
-	slots, err := st.s.eng.ReserveWrite(tag, keys, sizes)
+	slots, err := st.s.eng.ReserveWrite(r.tag, keys, sizes)
 	if err != nil {
 		return nil, fmt.Errorf("reserve %d chunks of %d bytes: %w", len(keys), r.objBytes, err)
 	}
-	var outSlots []wire.Slot
-	var outIdx []wire.Int
-	var reserved []objkey.Key
+	outSlots := make([]wire.Slot, 0, len(slots))
+	outIdx := make([]wire.Int, 0, len(slots))
+	reserved := make([]objkey.Key, 0, len(slots))
 	for i, sl := range slots {
 		if !sl.Valid() {
 			continue
@@ -638,7 +637,7 @@ func (st *state) prepareStore(req *request) ([]byte, error) {
 	}
 	if len(reserved) > 0 {
 		st.mu.Lock()
-		st.writes[pk] = &pendingWrite{tag: tag, keys: reserved, created: time.Now()}
+		st.writes[pk] = &pendingWrite{tag: r.tag, keys: reserved, created: time.Now()}
 		st.mu.Unlock()
 	}
 	return wire.EncodeStoreReply(outSlots, outIdx), nil
