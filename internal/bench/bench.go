@@ -357,10 +357,12 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 		chunkSrc := func(i int) []byte { return window(src, objBytes, seed+int64(i)) }
 
 		// 1. Scheduler lookup (a miss for a fresh prompt).
-		if _, _, err := timedLookup(sched, mkKey(o.Model, -1, tokens, 0, end, reqID), c, measured); err != nil {
+		if _, err := c.lookup(sched, mkKey(o.Model, -1, tokens, 0, end, reqID), measured); err != nil {
 			return err
 		}
-		_ = sched.FreeLookupLocks(mkKey(o.Model, -1, tokens, 0, end, reqID), 1)
+		if err := sched.FreeLookupLocks(mkKey(o.Model, -1, tokens, 0, end, reqID), 1); err != nil {
+			return err
+		}
 
 		if measured {
 			chunks := make([][]byte, nChunks)
@@ -403,14 +405,11 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 			}
 			copy(mem, chunkSrc(plan.ChunkIndices[i]))
 		}
-		if len(plan.Slots) > 0 {
-			tc := time.Now()
-			ok, err := wk.CommitStore(wkey, inst, nil)
-			if err != nil || !ok {
-				return fmt.Errorf("bench: COMMIT_STORE = %v, %v", ok, err)
-			}
-			rpc += time.Since(tc)
+		tc := time.Now()
+		if ok, err := wk.CommitStore(wkey, inst, nil); err != nil || !ok {
+			return fmt.Errorf("bench: COMMIT_STORE = %v, %v", ok, err)
 		}
+		rpc += time.Since(tc)
 		if measured {
 			c.storeRPCNanos.Add(int64(rpc))
 			c.storeNanos.Add(int64(time.Since(t0)))
@@ -422,13 +421,15 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 		lreq := reqID + "-hit"
 		var hits int
 		for attempt := 0; attempt < 100; attempt++ {
-			if hits, _, err = timedLookup(sched, mkKey(o.Model, -1, tokens, 0, end, lreq), c, measured && attempt == 0); err != nil {
+			if hits, err = c.lookup(sched, mkKey(o.Model, -1, tokens, 0, end, lreq), measured && attempt == 0); err != nil {
 				return err
 			}
 			if hits == nChunks {
 				break
 			}
-			_ = sched.FreeLookupLocks(mkKey(o.Model, -1, tokens, 0, end, lreq), 1)
+			if err := sched.FreeLookupLocks(mkKey(o.Model, -1, tokens, 0, end, lreq), 1); err != nil {
+				return err
+			}
 			time.Sleep(time.Millisecond)
 		}
 		if measured {
@@ -463,7 +464,7 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 			verifyNanos += time.Since(tv)
 			c.verified.Add(objBytes)
 		}
-		tc := time.Now()
+		tc = time.Now()
 		if ok, err := wk.CommitRetrieve(rkey, inst); err != nil || !ok {
 			return fmt.Errorf("bench: COMMIT_RETRIEVE = %v, %v", ok, err)
 		}
@@ -477,7 +478,9 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 		if err := sched.EndSession(lreq); err != nil {
 			return err
 		}
-		_ = sched.EndSession(reqID)
+		if err := sched.EndSession(reqID); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -488,16 +491,22 @@ func registration(o Options, inst int64) *wire.RegisterPayload {
 		NumPhysicalSlots: wire.Nil, EngineGroupInfos: wire.EmptyList, GroupHiddenDimSizes: wire.Nil, GroupLayoutDescs: wire.Nil}
 }
 
-func timedLookup(c *mqclient.Client, k *wire.Key, cnt *counters, record bool) (int, time.Duration, error) {
+// timedLookup is LOOKUP + QUERY_PREFETCH_STATUS until ready, timed.
+func timedLookup(c *mqclient.Client, k *wire.Key) (int, time.Duration, error) {
 	t0 := time.Now()
 	n, err := c.LookupWait(k, 50*time.Microsecond)
-	d := time.Since(t0)
+	return n, time.Since(t0), err
+}
+
+// lookup runs timedLookup and, if record, adds its latency to the counters.
+func (cnt *counters) lookup(c *mqclient.Client, k *wire.Key, record bool) (int, error) {
+	n, d, err := timedLookup(c, k)
 	if err == nil && record {
 		cnt.mu.Lock()
 		cnt.lookups = append(cnt.lookups, d)
 		cnt.mu.Unlock()
 	}
-	return n, d, err
+	return n, err
 }
 
 // longLookups times LOOKUP for LookupTokens-token prompts: a stored
@@ -526,14 +535,13 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int) ([]time
 	end := len(tokens) / chunk * chunk
 	var lat []time.Duration
 	hits := 0
-	var cnt counters
 	for i := range o.LookupSamples {
 		if ctx.Err() != nil {
 			return nil, 0, ctx.Err()
 		}
 		id := fmt.Sprintf("bench-long-%d-%d", runID, i)
 		k := mkKey(o.Model, -1, tokens, 0, end, id)
-		n, d, err := timedLookup(c, k, &cnt, false)
+		n, d, err := timedLookup(c, k)
 		if err != nil {
 			return nil, 0, err
 		}
