@@ -99,7 +99,14 @@ func serveInProcess(ctx context.Context, l1Bytes int64, chunk int, stderr io.Wri
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); _ = eng.Run(ctx) }()
-	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
+	// A server that stops early makes the bench fail on timeouts; say why.
+	run := func(name string, f func(context.Context) error) {
+		defer wg.Done()
+		if err := f(ctx); err != nil {
+			logger.Error("in-process "+name+" stopped", "err", err)
+		}
+	}
+	go run("engine", eng.Run)
+	go run("data-path server", srv.Run)
 	return func() { cancel(); wg.Wait(); _ = eng.Close() }, srv.Endpoint(), nil
 }
