@@ -2,6 +2,7 @@ package wire
 
 import (
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -104,9 +105,15 @@ func NegativeReply(op Op) []byte {
 // EncodeError is the reply to a request whose operation is unknown or whose
 // op frame cannot be decoded.
 func EncodeError(errType, msg string) []byte {
-	const maxMsg = 4096 // upstream's cap on the error text
+	const maxMsg = 4096 // upstream's cap on the error text, in UTF-8 bytes
 	if len(msg) > maxMsg {
-		msg = msg[:maxMsg]
+		// Cut at a character boundary: a str with broken UTF-8 fails to
+		// decode in Python (msgpack raw=False).
+		cut := maxMsg
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut]
 	}
 	return Marshal(&ErrorReply{ErrorType: errType, Message: msg})
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -242,5 +244,16 @@ func TestObjectLayout(t *testing.T) {
 	}
 	if _, ok := DtypeSize("complex64"); ok {
 		t.Error("complex64 has a size")
+	}
+}
+
+func TestErrorReplyCutsAtCharacterBoundary(t *testing.T) {
+	msg := strings.Repeat("a", 4095) + "é" // the 2-byte é straddles the cap
+	var e ErrorReply
+	if err := Unmarshal(EncodeError("ValueError", msg), &e); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.Message) != 4095 || !utf8.ValidString(e.Message) {
+		t.Errorf("message of %d bytes, valid UTF-8 %v", len(e.Message), utf8.ValidString(e.Message))
 	}
 }
