@@ -17,38 +17,6 @@ import (
 // maxWait bounds WAIT_PREFETCH_STATUS's timeout argument.
 const maxWait = 10 * time.Minute
 
-// control handles LOOKUP and the other scheduler requests, each on its own
-// goroutine.
-func (st *state) control(ctx context.Context, req *request) []byte {
-	var resp []byte
-	var err error
-	switch req.op {
-	case wire.OpLookup:
-		resp, err = st.lookup(req)
-	case wire.OpQueryPrefetchStatus:
-		resp, err = st.queryStatus(req, true)
-	case wire.OpQueryPrefetchLookupHits:
-		resp, err = st.queryStatus(req, false)
-	case wire.OpWaitPrefetchStatus:
-		resp, err = st.waitStatus(ctx, req)
-	case wire.OpFreeLookupLocks:
-		resp, err = st.freeLookupLocks(req)
-	case wire.OpEndSession:
-		resp, err = st.endSession(req)
-	case wire.OpClear:
-		res := st.s.eng.Clear()
-		st.log.Info("CLEAR", "objects", res.Objects, "bytes", res.Bytes)
-		resp = wire.Nil
-	}
-	if err != nil {
-		st.log.Warn("request failed", "op", req.op.EnumName(), "peer", req.peer.idString(), "err", err)
-		if resp == nil {
-			resp = wire.NegativeReply(req.op)
-		}
-	}
-	return resp
-}
-
 // lookupKey decodes a scheduler key (and the legacy tp_size frame) and
 // returns the number of read locks per object.
 func lookupKey(req *request) (*wire.Key, int, error) {

@@ -22,7 +22,7 @@ func TestLockExpiry(t *testing.T) {
 	sched := h.dial(mqclient.Options{})
 	data := chunkData{}
 	tokens := prompt(3, 3*testChunk)
-	d := func(c int) []byte { return data.get(3, 0, c) }
+	d := data.of(3, 0)
 	w.store(tokens, 0, 3*testChunk, "s", d)
 	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 3*testChunk, "r1"), 3)
 	// The lookup's read locks expire after the TTL: the retrieve that
@@ -65,7 +65,7 @@ func TestEvictionWhileReadersHoldLocks(t *testing.T) {
 	data := chunkData{}
 	const n = 8
 	locked := prompt(100, n*testChunk)
-	dl := func(c int) []byte { return data.get(100, 0, c) }
+	dl := data.of(100, 0)
 	w.store(locked, 0, n*testChunk, "a", dl)
 	lookupUntil(t, sched, key("m", 1, -1, locked, 0, n*testChunk, "reader"), n)
 
@@ -90,7 +90,7 @@ func TestEvictionWhileReadersHoldLocks(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 				continue
 			}
-			w.fill(plan, 0, func(c int) []byte { return data.get(p, 0, c) })
+			w.fill(plan, 0, data.of(p, 0))
 			if ok, err := w.c.CommitStore(k, w.inst, nil); err != nil || !ok {
 				t.Fatalf("commit: %v %v", ok, err)
 			}
@@ -315,7 +315,7 @@ func TestAbandonedTransfersAreDropped(t *testing.T) {
 	sched := h.dial(mqclient.Options{})
 	data := chunkData{}
 	tokens := prompt(31, 2*testChunk)
-	d := func(c int) []byte { return data.get(31, 0, c) }
+	d := data.of(31, 0)
 	w.store(tokens, 0, 2*testChunk, "s", d)
 	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 2*testChunk, "r"), 2)
 	rk := key("m", 1, 0, tokens, 0, 2*testChunk, "r")

@@ -41,7 +41,7 @@ func TestWireProfilesAuto(t *testing.T) {
 		}
 		w := &worker{h: h, c: c, inst: inst, world: 1, pool: pool, model: "m"}
 		tokens := prompt(40+i, 2*testChunk)
-		d := func(ch int) []byte { return data.get(40+i, 0, ch) }
+		d := data.of(40+i, 0)
 		if n := w.store(tokens, 0, 2*testChunk, "s", d); n != 2 {
 			t.Fatalf("client %d: PREPARE_STORE asked for %d chunks, want 2", i, n)
 		}
@@ -137,7 +137,7 @@ func TestPrefetchQueries(t *testing.T) {
 	sched := h.dial(mqclient.Options{})
 	data := chunkData{}
 	tokens := prompt(9, 4*testChunk)
-	w.store(tokens, 0, 4*testChunk, "s", func(c int) []byte { return data.get(9, 0, c) })
+	w.store(tokens, 0, 4*testChunk, "s", data.of(9, 0))
 	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 4*testChunk, "warm"), 4)
 
 	// Unknown request ids answer 0.
@@ -204,7 +204,7 @@ func TestConcurrentClients(t *testing.T) {
 	w := h.worker(1, "m", 1, 0)
 	data := chunkData{}
 	tokens := prompt(77, 4*testChunk)
-	w.store(tokens, 0, 4*testChunk, "s", func(c int) []byte { return data.get(77, 0, c) })
+	w.store(tokens, 0, 4*testChunk, "s", data.of(77, 0))
 	// Wait until visible so every client's lookup expects 4.
 	sched := h.dial(mqclient.Options{})
 	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 4*testChunk, "probe"), 4)
@@ -223,7 +223,7 @@ func TestConcurrentClients(t *testing.T) {
 	for i := range 5 {
 		rid := fmt.Sprint("busy", i)
 		lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 4*testChunk, rid), 4)
-		if !w.retrieve(tokens, 0, 4*testChunk, rid, func(c int) []byte { return data.get(77, 0, c) }) {
+		if !w.retrieve(tokens, 0, 4*testChunk, rid, data.of(77, 0)) {
 			t.Fatal("retrieve under load failed")
 		}
 	}

@@ -26,7 +26,7 @@ func TestStoreLookupRetrieveTP1(t *testing.T) {
 	if n := lookupOnce(t, sched, lk); n != 0 {
 		t.Fatalf("lookup before store hit %d", n)
 	}
-	if n := w.store(tokens, 0, end, "req-1", func(c int) []byte { return data.get(1, 0, c) }); n != 5 {
+	if n := w.store(tokens, 0, end, "req-1", data.of(1, 0)); n != 5 {
 		t.Fatalf("PREPARE_STORE asked for %d chunks, want 5", n)
 	}
 	// Storing again: everything is cached, no slots, no commit needed.
@@ -37,7 +37,7 @@ func TestStoreLookupRetrieveTP1(t *testing.T) {
 	}
 
 	lookupUntil(t, sched, key(w.model, 1, -1, tokens, 0, end, "req-2"), 5)
-	if !w.retrieve(tokens, 0, end, "req-2", func(c int) []byte { return data.get(1, 0, c) }) {
+	if !w.retrieve(tokens, 0, end, "req-2", data.of(1, 0)) {
 		t.Fatal("PREPARE_RETRIEVE failed after a full hit")
 	}
 	if err := sched.EndSession("req-2"); err != nil {
@@ -48,14 +48,14 @@ func TestStoreLookupRetrieveTP1(t *testing.T) {
 	// sub-range [1, 3) works too.
 	other := append(append([]wire.Int{}, tokens[:3*testChunk]...), prompt(2, 2*testChunk)...)
 	lookupUntil(t, sched, key(w.model, 1, -1, other, 0, 5*testChunk, "req-3"), 3)
-	if !w.retrieve(other, testChunk, 3*testChunk, "req-3", func(c int) []byte { return data.get(1, 0, c) }) {
+	if !w.retrieve(other, testChunk, 3*testChunk, "req-3", data.of(1, 0)) {
 		t.Fatal("sub-range retrieve failed")
 	}
 	if err := sched.FreeLookupLocks(key(w.model, 1, -1, other, 0, testChunk, "req-3"), 1); err != nil {
 		t.Fatal(err)
 	}
 	// Without a lookup the chunks are not read-locked: retrieve is refused.
-	if w.retrieve(tokens, 0, end, "req-nolookup", func(c int) []byte { return data.get(1, 0, c) }) {
+	if w.retrieve(tokens, 0, end, "req-nolookup", data.of(1, 0)) {
 		t.Fatal("PREPARE_RETRIEVE succeeded without a LOOKUP lock")
 	}
 	// Different salt and different world size never share objects.
@@ -77,8 +77,8 @@ func TestStoreLookupRetrieveTP2(t *testing.T) {
 	data := chunkData{}
 	tokens := prompt(7, 4*testChunk)
 	end := 4 * testChunk
-	d0 := func(c int) []byte { return data.get(7, 0, c) }
-	d1 := func(c int) []byte { return data.get(7, 1, c) }
+	d0 := data.of(7, 0)
+	d1 := data.of(7, 1)
 
 	if n := w0.store(tokens, 0, end, "s", d0); n != 4 {
 		t.Fatalf("rank 0 stored %d", n)
@@ -183,7 +183,7 @@ func TestInterleavedTransfersOfOneWorker(t *testing.T) {
 		keys, plans = append(keys, k), append(plans, plan)
 	}
 	for i, seed := range seeds {
-		w.fill(plans[i], 0, func(c int) []byte { return data.get(seed, 0, c) })
+		w.fill(plans[i], 0, data.of(seed, 0))
 	}
 	for i, k := range keys {
 		if ok, err := w.c.CommitStore(k, w.inst, nil); err != nil || !ok {

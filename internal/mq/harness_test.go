@@ -203,6 +203,11 @@ func (d chunkData) get(seed, rank, chunk int) []byte {
 	return b
 }
 
+// of is the content function of one prompt and rank, by chunk index.
+func (d chunkData) of(seed, rank int) func(chunk int) []byte {
+	return func(chunk int) []byte { return d.get(seed, rank, chunk) }
+}
+
 // store runs PREPARE_STORE, fills the slots and COMMIT_STOREs; it returns
 // how many chunks the server asked for.
 func (w *worker) store(tokens []wire.Int, start, end int, reqID string, data func(chunk int) []byte) int {

@@ -27,7 +27,7 @@ func TestLookupLoadsL2HitsIntoL1(t *testing.T) {
 	sched := h.dial(mqclient.Options{})
 	data := chunkData{}
 	tokens := prompt(11, 3*testChunk)
-	d := func(c int) []byte { return data.get(11, 0, c) }
+	d := data.of(11, 0)
 	w.store(tokens, 0, 3*testChunk, "s", d)
 
 	waitFiles(t, dir, 3)
@@ -81,7 +81,7 @@ func TestLookupWithRegisterModelBeforeAnyWorker(t *testing.T) {
 	}
 	data := chunkData{}
 	tokens := prompt(12, 3*testChunk)
-	d := func(c int) []byte { return data.get(12, 0, c) }
+	d := data.of(12, 0)
 
 	// The first server's worker fills L2.
 	first := start(t, opts{l2: []l2.Adapter{newFS()}})

@@ -365,7 +365,7 @@ func (s *Server) handle(msg [][]byte) {
 		reply(s.st.rejectLMCacheDriven(req))
 	case wire.OpRegisterEngineDriven, wire.OpUnregisterEngineDriven, wire.OpPrepareStore,
 		wire.OpCommitStore, wire.OpPrepareRetrieve, wire.OpCommitRetrieve:
-		if !s.enqueue(p, func() { s.replyAsync(id, uid, opFrame, s.st.transfer(req)) }) {
+		if !s.enqueue(p, func() { s.replyAsync(id, uid, opFrame, s.st.serve(s.handlerCtx, req)) }) {
 			s.refuseOverload(p, op, "transfer requests queued by this peer")
 			reply(wire.NegativeReply(op))
 		}
@@ -389,7 +389,7 @@ func (s *Server) handle(msg [][]byte) {
 				return
 			}
 			defer func() { <-s.sem }()
-			s.replyAsync(id, uid, opFrame, s.st.control(s.handlerCtx, req))
+			s.replyAsync(id, uid, opFrame, s.st.serve(s.handlerCtx, req))
 		}()
 	default:
 		s.log.Warn("operation not supported by this server", "peer", p.idString(), "op", op.EnumName())

@@ -188,12 +188,29 @@ func (st *state) rejectLMCacheDriven(req *request) []byte {
 	return wire.NegativeReply(req.op)
 }
 
-// ---- transfer handlers (per-peer FIFO goroutine) ----
-
-func (st *state) transfer(req *request) []byte {
+// serve runs the handler of a transfer request (on its peer's FIFO
+// goroutine) or a control request (on its own goroutine) and turns a
+// failure into the request's negative reply.
+func (st *state) serve(ctx context.Context, req *request) []byte {
 	var resp []byte
 	var err error
 	switch req.op {
+	case wire.OpLookup:
+		resp, err = st.lookup(req)
+	case wire.OpQueryPrefetchStatus:
+		resp, err = st.queryStatus(req, true)
+	case wire.OpQueryPrefetchLookupHits:
+		resp, err = st.queryStatus(req, false)
+	case wire.OpWaitPrefetchStatus:
+		resp, err = st.waitStatus(ctx, req)
+	case wire.OpFreeLookupLocks:
+		resp, err = st.freeLookupLocks(req)
+	case wire.OpEndSession:
+		resp, err = st.endSession(req)
+	case wire.OpClear:
+		res := st.s.eng.Clear()
+		st.log.Info("CLEAR", "objects", res.Objects, "bytes", res.Bytes)
+		resp = wire.Nil
 	case wire.OpRegisterEngineDriven:
 		resp, err = st.register(req)
 	case wire.OpUnregisterEngineDriven:
@@ -206,6 +223,8 @@ func (st *state) transfer(req *request) []byte {
 		resp, err = st.prepareRetrieve(req)
 	case wire.OpCommitRetrieve:
 		resp, err = st.commitRetrieve(req)
+	default:
+		err = fmt.Errorf("no handler for %s", req.op.EnumName()) // a dispatch bug
 	}
 	if err != nil {
 		switch {
@@ -222,6 +241,8 @@ func (st *state) transfer(req *request) []byte {
 	}
 	return resp
 }
+
+// ---- transfer handlers (per-peer FIFO goroutine) ----
 
 func (st *state) register(req *request) ([]byte, error) {
 	var p wire.RegisterPayload
