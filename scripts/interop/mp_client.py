@@ -96,10 +96,12 @@ def lookup(sched, model, tokens, end, request_id, want, tries=2000):
     for _ in range(tries):
         expect(sched.call("lookup", server_key(model, 1, None, tokens, 0, end, request_id), 1) is None,
                "LOOKUP reply is not None")
-        while True:
+        for _ in range(100000):
             n = sched.call("query_prefetch_status", request_id)
             if n is not None:
                 break
+        else:
+            raise AssertionError("QUERY_PREFETCH_STATUS never ready for %s" % request_id)
         if n == want:
             return n
     raise AssertionError("lookup hit %s chunks, want %d" % (n, want))
@@ -198,8 +200,9 @@ def main():
     expect(sched.call("end_session", "py-hit") is None, "END_SESSION")
     # Unsupported GPU path: a negative reply of the declared type.
     expect(worker.call("store", wkey, instance_id, [[1]], b"") == [b"", False], "STORE refusal")
-    # An unknown op still gets a reply frame.
-    sched.call(999)
+    # An unknown op still gets a reply frame (lmcache-go's error reply).
+    err = sched.call(999)
+    expect(isinstance(err, dict) and err.get("error_type") == "UnknownOperation", "unknown op reply %r" % (err,))
     expect(worker.call("ping", instance_id) is True, "worker PING")
     expect(worker.call("unregister_kv_cache_engine_driven_context", instance_id) is None, "UNREGISTER")
 
