@@ -109,7 +109,7 @@ func TestEvictionWhileReadersHoldLocks(t *testing.T) {
 
 func TestReapingSilentWorker(t *testing.T) {
 	h := start(t, opts{mq: func(c *mq.Config) {
-		c.WorkerReapTimeout = 200 * time.Millisecond
+		c.WorkerReapTimeout = time.Second // long enough that PING -> PREPARE_STORE below never spans it
 		c.WorkerRegistrationGrace = time.Hour
 	}})
 	w := h.worker(300, "m", 1, 0)
