@@ -215,3 +215,26 @@ func TestInterleavedTransfersOfOneWorker(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressiveStore: a worker stores a request's chunks as they complete
+// (start = stored so far), each request carrying the grown token list
+// under the same request id, so the server extends the session's hashes
+// instead of hashing from scratch. A lookup under a fresh request id,
+// hashed from scratch, must find the same keys.
+func TestProgressiveStore(t *testing.T) {
+	h := start(t, opts{})
+	w := h.worker(1, "m", 1, 0)
+	sched := h.dial(mqclient.Options{})
+	data := chunkData{}
+	tokens := prompt(51, 5*testChunk)
+	for _, end := range []int{2, 3, 5} {
+		start := map[int]int{2: 0, 3: 2, 5: 3}[end]
+		if n := w.store(tokens[:end*testChunk], start*testChunk, end*testChunk, "grow", data.of(51, 0)); n != end-start {
+			t.Fatalf("store [%d, %d) asked for %d chunks", start, end, n)
+		}
+	}
+	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 5*testChunk, "fresh"), 5)
+	if !w.retrieve(tokens, 0, 5*testChunk, "fresh", data.of(51, 0)) {
+		t.Fatal("retrieve of the progressively stored prompt failed")
+	}
+}
