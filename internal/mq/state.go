@@ -526,16 +526,17 @@ func (st *state) chunkHashes(k *wire.Key, last int) ([]string, error) {
 		for reuse < len(sess.hashes) && reuse < last && sameTokens(sess.tokens[reuse*c:(reuse+1)*c], ids[reuse*c:(reuse+1)*c]) {
 			reuse++
 		}
-		// Full-capacity slices: appending below copies, never writes into
-		// the session's arrays.
 		hashes, tokens = sess.hashes[:reuse:reuse], sess.tokens[:reuse*c:reuse*c]
 	}
 	st.mu.Unlock()
 
 	if reuse := len(hashes); reuse < last {
+		// Sized once; the copies leave the session's arrays untouched.
+		tokens = append(make([]uint32, 0, last*c), tokens...)
 		for _, t := range ids[reuse*c:] {
 			tokens = append(tokens, uint32(t))
 		}
+		hashes = append(make([]string, 0, last), hashes...)
 		h := st.s.hasher
 		if reuse > 0 {
 			var err error
