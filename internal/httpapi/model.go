@@ -7,14 +7,8 @@ import (
 	"strings"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/wire"
 )
-
-// dtypeBytes maps torch dtype names (with or without "torch.") to sizes.
-var dtypeBytes = map[string]int64{
-	"float16": 2, "half": 2, "bfloat16": 2, "fp16": 2, "bf16": 2,
-	"float32": 4, "float": 4, "fp32": 4,
-	"float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "uint8": 1, "int8": 1,
-}
 
 // RegisterModel is the JSON of --register-model: a static layout for a
 // model whose KV cache is primed through the bytes-level API rather than
@@ -61,7 +55,7 @@ func ParseRegisterModel(s string, chunkSize int) (engine.Layout, error) {
 		return engine.Layout{}, fmt.Errorf("--register-model: object_bytes must be positive (got %d)", size)
 	}
 	dt := strings.TrimPrefix(strings.ToLower(strings.TrimSpace(m.Dtype)), "torch.")
-	elem, dtOK := dtypeBytes[dt]
+	elem, dtOK := wire.DtypeSize(dt)
 	if size == 0 {
 		if m.NumLayers < 1 || m.HiddenSize < 1 {
 			return engine.Layout{}, fmt.Errorf("--register-model: num_layers and hidden_size must be >= 1 (or give object_bytes)")

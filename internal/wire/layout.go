@@ -1,11 +1,13 @@
 package wire
 
 // dtypeSizes are the element sizes of the torch dtype names vLLM sends in
-// dtype_str and reads back from a slot's dtype.
+// dtype_str and reads back from a slot's dtype, plus the short spellings
+// operators use in --register-model.
 var dtypeSizes = map[string]int64{
 	"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
 	"uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
 	"int16": 2, "int32": 4, "int64": 8,
+	"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1,
 }
 
 // DtypeSize is the element size in bytes of a torch dtype name.
