@@ -9,7 +9,7 @@ import (
 
 // BenchmarkShmFirstWrite measures how much slower the first write into
 // fresh shared memory is than later writes on this machine (the effect
-// docs/bench/datapath.md discusses): 1 GiB of shmem written in 32 MiB
+// BENCHMARKS.md, data path, discusses): 1 GiB of shmem written in 32 MiB
 // copies, first pass versus the third. It reports both rates and their
 // ratio.
 func BenchmarkShmFirstWrite(b *testing.B) {

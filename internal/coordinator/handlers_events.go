@@ -13,7 +13,7 @@ import (
 
 // Wire types for the POST /quota/events fast path, decoded with
 // goccy/go-json (measured fastest of the candidates, see
-// docs/bench/coordinator.md). Strings and numbers are value types (a
+// BENCHMARKS.md, coordinator). Strings and numbers are value types (a
 // gojson.Number is the raw digits) so decoding allocates nothing per event;
 // the price is that a missing field looks like an empty one. Real reporters
 // never send empty values, so any empty, non-integer or otherwise invalid

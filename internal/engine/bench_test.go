@@ -15,7 +15,7 @@ import (
 //
 //	go test -run '^$' -bench 'L1StoreRead|Lookup128|Bookkeeping' -benchtime 2s -count 3 ./internal/engine/
 //
-// docs/bench/engine.md records the figures.
+// BENCHMARKS.md (storage engine) records the figures.
 
 // BenchmarkL1StoreRead: store one object (PREPARE_STORE, copy in,
 // COMMIT_STORE), then read it (LOOKUP, PREPARE_RETRIEVE, copy out,

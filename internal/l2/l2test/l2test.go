@@ -327,7 +327,7 @@ func testList(t *testing.T, a l2.Adapter) {
 		t.Fatal(err)
 	}
 	// Every adapter here lists (upstream's fs and dax cannot; see
-	// docs/compat/l2.md), so l2.ErrListUnsupported is a failure too.
+	// docs/compatibility.md, L2 adapters), so l2.ErrListUnsupported is a failure too.
 	got := map[objkey.Key]int64{}
 	token, pages := "", 0
 	for {

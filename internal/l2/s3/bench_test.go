@@ -25,7 +25,7 @@ import (
 // which goes first, so machine noise and drift hit both equally; the
 // benchmark reports the median adapter_MB/s and bare_MB/s and their ratio
 // (goal >= 0.9).
-// See docs/bench/l2.md.
+// See BENCHMARKS.md (S3 adapter).
 func BenchmarkS3(b *testing.B) {
 	srv := s3test.Versity(b)
 	ctx := context.Background()
