@@ -170,7 +170,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 	mqcfg := mq.Defaults()
 	mqcfg.Host, mqcfg.Port = cfg.Host, cfg.Port
 	mqcfg.TransferMode, mqcfg.WireProfile = cfg.SupportedTransferMode, cfg.WireProfile
-	mqcfg.ChunkSize, mqcfg.HashAlgorithm = cfg.ChunkSize, cfg.HashAlgorithm
+	mqcfg.ChunkSize, mqcfg.HashAlgorithm, mqcfg.HashRoot = cfg.ChunkSize, cfg.HashAlgorithm, root
 	mqcfg.WorkerReapTimeout = seconds(cfg.WorkerReapTimeoutSeconds)
 	mqcfg.WorkerRegistrationGrace = seconds(cfg.WorkerRegistrationGrace)
 	mqcfg.SessionTTL = seconds(cfg.SessionTTLSeconds)

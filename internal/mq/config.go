@@ -41,6 +41,10 @@ type Config struct {
 	ChunkSize int
 	// HashAlgorithm is --hash-algorithm (default blake3).
 	HashAlgorithm string
+	// HashRoot overrides the root (none) hash (--hash-root-hex); nil keeps
+	// upstream's fallback root. The HTTP API must use the same root, or the
+	// two front ends would derive different keys for one prompt.
+	HashRoot []byte
 	// WorkerReapTimeout is --worker-reap-timeout-seconds (upstream default
 	// 120 s, in Defaults): a registered worker that pinged once and then
 	// stays silent this long is dropped with its pending transfers. Zero

@@ -91,7 +91,11 @@ func New(cfg Config, eng Engine, logger *slog.Logger) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	hasher, err := tokenhash.New(cfg.HashAlgorithm, cfg.ChunkSize)
+	var hopts []tokenhash.Option
+	if cfg.HashRoot != nil {
+		hopts = append(hopts, tokenhash.WithRoot(cfg.HashRoot))
+	}
+	hasher, err := tokenhash.New(cfg.HashAlgorithm, cfg.ChunkSize, hopts...)
 	if err != nil {
 		return nil, fmt.Errorf("mq: --hash-algorithm: %w", err)
 	}
