@@ -167,6 +167,15 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		}
 	}
 
+	// One metrics registry and one loop registry serve the HTTP API, the data
+	// path and the coordinator client, so /metrics and /periodic-threads show
+	// all of them.
+	instanceID := cfg.InstanceID
+	if instanceID == "" {
+		instanceID = coordclient.NewInstanceID()
+	}
+	loops := periodic.NewRegistry()
+	metrics := mpmetrics.New(instanceID, nil)
 	mqcfg := mq.Defaults()
 	mqcfg.Host, mqcfg.Port = cfg.Host, cfg.Port
 	mqcfg.TransferMode, mqcfg.WireProfile = cfg.SupportedTransferMode, cfg.WireProfile
@@ -174,18 +183,11 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 	mqcfg.WorkerReapTimeout = seconds(cfg.WorkerReapTimeoutSeconds)
 	mqcfg.WorkerRegistrationGrace = seconds(cfg.WorkerRegistrationGrace)
 	mqcfg.SessionTTL = seconds(cfg.SessionTTLSeconds)
+	mqcfg.Metrics = metrics
 	if s.mq, err = mq.New(mqcfg, s.eng, levels.Logger("lmcache.mq")); err != nil {
 		return nil, &usageError{err}
 	}
 
-	// One metrics registry and one loop registry serve the HTTP API and the
-	// coordinator client, so /metrics and /periodic-threads show both.
-	instanceID := cfg.InstanceID
-	if instanceID == "" {
-		instanceID = coordclient.NewInstanceID()
-	}
-	loops := periodic.NewRegistry()
-	metrics := mpmetrics.New(instanceID, nil)
 	s.coord, err = coordclient.New(coordclient.Config{
 		URL:                cfg.CoordinatorURL,
 		AdvertiseIP:        cfg.CoordinatorAdvertiseIP,
@@ -220,6 +222,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		InstanceID:           instanceID,
 		Metrics:              metrics,
 		Periodic:             loops,
+		StatusExtra:          s.mq.Status,
 		LogLevels:            levels,
 		EnvShowSecrets:       cfg.EnvShowSecret,
 		Logger:               levels.Logger("lmcache.http"),

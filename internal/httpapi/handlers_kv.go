@@ -145,13 +145,7 @@ func (s *Server) kvProbe(r *http.Request, e Engine, chunks [][]objkey.Key) (engi
 }
 
 func (s *Server) recordLookup(req kvRequest, chunks int, res engine.PrefetchResult) {
-	cs := s.hasher.ChunkSize()
-	m := s.metrics
-	m.Lookups.WithLabelValues(req.model, req.salt).Inc()
-	m.LookupRequestedTokens.WithLabelValues(req.model, req.salt).Add(float64(chunks * cs))
-	m.LookupHitTokens.WithLabelValues(req.model, req.salt).Add(float64(res.PrefixChunks * cs))
-	m.LookupHitL1Keys.WithLabelValues(req.model, req.salt).Add(float64(res.L1Keys))
-	m.LookupHitL2Keys.WithLabelValues(req.model, req.salt).Add(float64(res.L2Keys))
+	s.metrics.RecordLookup(req.model, req.salt, s.hasher.ChunkSize(), chunks, res)
 }
 
 func setHitHeaders(h http.Header, res engine.PrefetchResult, prefix, total, chunkSize int) {

@@ -314,3 +314,14 @@ func sortedKeys(m map[string]int64) []string {
 	sort.Strings(out)
 	return out
 }
+
+// RecordLookup counts one finished lookup, from the vLLM data path or the
+// HTTP KV API alike: requestedChunks whole chunks were asked for and res is
+// the engine's answer.
+func (m *Metrics) RecordLookup(model, salt string, chunkSize, requestedChunks int, res engine.PrefetchResult) {
+	m.Lookups.WithLabelValues(model, salt).Inc()
+	m.LookupRequestedTokens.WithLabelValues(model, salt).Add(float64(requestedChunks * chunkSize))
+	m.LookupHitTokens.WithLabelValues(model, salt).Add(float64(res.PrefixChunks * chunkSize))
+	m.LookupHitL1Keys.WithLabelValues(model, salt).Add(float64(res.L1Keys))
+	m.LookupHitL2Keys.WithLabelValues(model, salt).Add(float64(res.L2Keys))
+}

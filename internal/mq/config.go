@@ -2,6 +2,7 @@ package mq
 
 import (
 	"fmt"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
@@ -41,6 +42,9 @@ type Config struct {
 	ChunkSize int
 	// HashAlgorithm is --hash-algorithm (default blake3).
 	HashAlgorithm string
+	// Metrics, if set, counts every finished LOOKUP under upstream's lookup
+	// metric names (shared with the HTTP API's registry).
+	Metrics *mpmetrics.Metrics
 	// HashRoot overrides the root (none) hash (--hash-root-hex); nil keeps
 	// upstream's fallback root. The HTTP API must use the same root, or the
 	// two front ends would derive different keys for one prompt.

@@ -95,7 +95,28 @@ func (st *state) startPrefetch(key *wire.Key, readers int) (bool, error) {
 	if err := st.s.eng.Prefetch(engine.PrefetchRequest{ID: key.RequestID, Chunks: chunks, Readers: readers}); err != nil {
 		return false, fmt.Errorf("prefetch: %w", err)
 	}
+	if st.s.cfg.Metrics != nil {
+		st.mu.Lock()
+		st.lookups[key.RequestID] = lookupMeta{model: key.ModelName, salt: key.CacheSalt, chunks: last - first, started: time.Now()}
+		st.mu.Unlock()
+	}
 	return true, nil
+}
+
+// consumed is called once per finished job whose answer went to the
+// client: it counts the lookup in the metrics.
+func (st *state) consumed(id string, res engine.PrefetchResult) {
+	st.logJobError(id, res)
+	if st.s.cfg.Metrics == nil {
+		return
+	}
+	st.mu.Lock()
+	m, ok := st.lookups[id]
+	delete(st.lookups, id)
+	st.mu.Unlock()
+	if ok {
+		st.s.cfg.Metrics.RecordLookup(m.model, m.salt, st.s.hasher.ChunkSize(), m.chunks, res)
+	}
 }
 
 func decodeRequestID(b []byte) (string, error) {
@@ -139,7 +160,7 @@ func (st *state) queryStatus(req *request, consume bool) ([]byte, error) {
 		return wire.Nil, nil
 	}
 	if consume {
-		st.logJobError(id, res)
+		st.consumed(id, res)
 	}
 	return wire.EncodeInt(int64(res.PrefixChunks)), nil
 }
@@ -184,7 +205,7 @@ func (st *state) waitStatus(ctx context.Context, req *request) ([]byte, error) {
 	case err != nil:
 		return wire.EncodeInt(0), err
 	}
-	st.logJobError(id, res)
+	st.consumed(id, res)
 	return wire.EncodeInt(int64(res.PrefixChunks)), nil
 }
 

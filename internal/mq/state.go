@@ -8,6 +8,7 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -41,6 +42,16 @@ type state struct {
 	// if an older, unconsumed job of the same id is still in the engine.
 	noJob    map[string]time.Time
 	lastWarn map[string]time.Time // warnEvery's keys; swept after an hour
+	// lookups remembers what each running LOOKUP job asked for, so its
+	// answer can be counted in the metrics when it is consumed. Entries of
+	// jobs nobody polls are swept after the session TTL.
+	lookups map[string]lookupMeta
+}
+
+type lookupMeta struct {
+	model, salt string
+	chunks      int
+	started     time.Time
 }
 
 type layoutKey struct {
@@ -115,7 +126,8 @@ type session struct {
 func newState(s *Server) *state {
 	return &state{s: s, log: s.log, regs: map[int64]*registration{}, layouts: map[layoutKey]*layoutRef{},
 		writes: map[pendingKey]*pendingWrite{}, reads: map[pendingKey]*pendingRead{},
-		sessions: map[string]*session{}, noJob: map[string]time.Time{}, lastWarn: map[string]time.Time{}}
+		sessions: map[string]*session{}, noJob: map[string]time.Time{}, lastWarn: map[string]time.Time{},
+		lookups: map[string]lookupMeta{}}
 }
 
 // warnOnce logs msg once per key (a peer and a kind of refusal) and hour,
@@ -791,6 +803,11 @@ func (st *state) sweep(now time.Time) {
 			delete(st.noJob, id)
 		}
 	}
+	for id, m := range st.lookups {
+		if now.Sub(m.started) > cfg.SessionTTL {
+			delete(st.lookups, id)
+		}
+	}
 	for _, r := range st.regs {
 		limit := cfg.WorkerRegistrationGrace
 		if r.pinged {
@@ -812,5 +829,25 @@ func (st *state) sweep(now time.Time) {
 	// reservation or read lock, until the worker unregisters.
 	if n := st.dropTransfers(func(_ pendingKey, created time.Time) bool { return now.Sub(created) > cfg.SessionTTL }); n > 0 {
 		st.log.Warn("dropped transfers whose COMMIT never came", "count", n, "older_than", cfg.SessionTTL)
+	}
+}
+
+// Status is the data path's part of GET /status: upstream's
+// active_sessions and registered_gpu_ids (here: the instance ids of the
+// registered engine-driven workers), plus transfers and lookups in flight.
+func (s *Server) Status() map[string]any {
+	st := s.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ids := make([]int64, 0, len(st.regs))
+	for id := range st.regs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return map[string]any{
+		"active_sessions":    len(st.sessions),
+		"registered_gpu_ids": ids,
+		"pending_transfers":  len(st.writes) + len(st.reads),
+		"pending_lookups":    len(st.lookups),
 	}
 }

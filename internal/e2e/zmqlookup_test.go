@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,10 +12,11 @@ import (
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
-// TestHashRootSharedByHTTPAndZMQ primes KV through the HTTP bytes API of a
+// TestZMQLookupOfHTTPPrimedKV primes KV through the HTTP bytes API of a
 // server started with --hash-root-hex and looks the prompt up over ZMQ: both
-// front ends must derive the same keys from the same root.
-func TestHashRootSharedByHTTPAndZMQ(t *testing.T) {
+// front ends must derive the same keys from the same root, and the ZMQ
+// lookup must show in /metrics and /status like an HTTP one.
+func TestZMQLookupOfHTTPPrimedKV(t *testing.T) {
 	httpPort, zmqPort := freePort(t), freePort(t)
 	base := "http://127.0.0.1:" + itoa(httpPort)
 	start(t, "server-root", nil, "server", "--http-port", itoa(httpPort), "--port", itoa(zmqPort),
@@ -46,5 +48,28 @@ func TestHashRootSharedByHTTPAndZMQ(t *testing.T) {
 	}
 	if err := c.FreeLookupLocks(key, 1); err != nil {
 		t.Fatal(err)
+	}
+
+	// The data path's lookup shows in /metrics (upstream names) and its
+	// session in /status.
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`lmcache_mp_lookup_hit_tokens_total{cache_salt="",model_name="m"} 128`,
+		`lmcache_mp_lookups_requests_total{cache_salt="",model_name="m"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	var status struct {
+		ActiveSessions int `json:"active_sessions"`
+	}
+	if code, _ := call(t, "GET", base+"/status", nil, nil, &status); code != http.StatusOK || status.ActiveSessions != 1 {
+		t.Errorf("/status = %d, active_sessions %d; want the LOOKUP's session", code, status.ActiveSessions)
 	}
 }
