@@ -2,9 +2,13 @@ package coordinator_test
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
 
 // TestPrefetchRelay is research 10.6 "Prefetch" plus the 502 paths.
@@ -154,5 +158,33 @@ func TestPinsFanOutAndValidation(t *testing.T) {
 	}
 	if _, raw := c.do("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": 1, "token_ids": big[:1_000_000]}); string(raw) != `{"requested":250000,"affected":250000,"status":"pinned"}` {
 		t.Fatalf("at the cap = %s", raw)
+	}
+}
+
+// TestPinsUseConfiguredHashRoot: with --hash-root-hex, pins resolve to the
+// keys MP servers started with the same root write, and no longer protect
+// keys hashed from the default root.
+func TestPinsUseConfiguredHashRoot(t *testing.T) {
+	root := strings.Repeat("ab", 32)
+	rb, _ := hex.DecodeString(root)
+	h, err := tokenhash.New(tokenhash.Blake3, 4, tokenhash.WithRoot(rb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes, err := h.ChunkHashes([]int64{1, 2, 3, 4, 5, 6, 7, 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0, r1 := hex.EncodeToString(hashes[0]), hex.EncodeToString(hashes[1])
+	const d0 = "6309ed506b8721905753f5c73c070bb21c3aafbd9b474b1e231f41368b71123c" // default root
+	c := startCoord(t, func(cfg *config.Config) { cfg.HashRootHex = root })
+	mp := newMP(t)
+	mp.register(c, "mp-1")
+	c.events(rev("store", r0, "alice", 1000), rev("store", r1, "alice", 1000), rev("store", d0, "alice", 1000))
+	c.must("PUT", "/quota/config", map[string]any{"default_limit_gb": 0}, 200)
+	c.must("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": 1, "token_ids": []int{1, 2, 3, 4, 5, 6, 7, 8}, "cache_salt": "alice"}, 200)
+	c.cycle()
+	if got := strings.Join(hexes(mp.deleteBatches()[0]), ","); got != "alice/"+d0 {
+		t.Fatalf("victims %s, want only the default-root key", got)
 	}
 }

@@ -7,6 +7,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,7 +65,15 @@ func WithMPClient(c *mpclient.Client) Option { return func(s *Server) { s.mp = c
 // New validates cfg, loads the state file if configured and builds the
 // server. Nothing runs until Run.
 func New(cfg config.Config, opts ...Option) (*Server, error) {
-	h, err := tokenhash.New(cfg.HashAlgorithm, cfg.ChunkSize)
+	var hopts []tokenhash.Option
+	if cfg.HashRootHex != "" {
+		root, err := hex.DecodeString(cfg.HashRootHex)
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: --hash-root-hex: %w", err)
+		}
+		hopts = append(hopts, tokenhash.WithRoot(root))
+	}
+	h, err := tokenhash.New(cfg.HashAlgorithm, cfg.ChunkSize, hopts...)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}

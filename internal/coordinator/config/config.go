@@ -4,6 +4,7 @@
 package config
 
 import (
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -41,6 +42,7 @@ type Config struct {
 	TriggerWatermark      float64
 	ChunkSize             int
 	HashAlgorithm         string
+	HashRootHex           string // ours: the MP servers' --hash-root-hex
 	BlendProbeStride      int
 	TimeoutKeepAlive      int
 	EnableStartupResync   bool
@@ -147,6 +149,13 @@ func fieldsTable() []field {
 				}
 				if _, err := tokenhash.New(c.HashAlgorithm, 1); err != nil {
 					return "must be blake3 or sha256_cbor (got " + strconv.Quote(c.HashAlgorithm) + ")"
+				}
+				return ""
+			}},
+		{flag: "hash-root-hex", env: "HASH_ROOT_HEX", kind: "string", usage: "root (none) hash in hex for pin key resolution; must equal the MP servers' --hash-root-hex (empty: upstream's fallback root)", s: func(c *Config) *string { return &c.HashRootHex },
+			check: func(c Config) string {
+				if _, err := hex.DecodeString(c.HashRootHex); err != nil {
+					return "must be an even number of hex digits (got " + strconv.Quote(c.HashRootHex) + ")"
 				}
 				return ""
 			}},

@@ -140,7 +140,7 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	flags, envs := names()
-	if len(flags) != 15 || len(envs) != 19 {
+	if len(flags) != 16 || len(envs) != 20 {
 		t.Fatalf("%d flags, %d env vars", len(flags), len(envs))
 	}
 	text := out.String()
@@ -176,4 +176,17 @@ func names() (flags, envs []string) {
 		envs = append(envs, EnvPrefix+fd.env)
 	}
 	return flags, envs
+}
+
+func TestHashRootHex(t *testing.T) {
+	c, err := Load([]string{"--hash-root-hex", "ABCD"}, env(nil), &bytes.Buffer{})
+	if err != nil || c.HashRootHex != "ABCD" {
+		t.Fatalf("flag: %+v %v", c.HashRootHex, err)
+	}
+	c, err = Load(nil, env(map[string]string{EnvPrefix + "HASH_ROOT_HEX": "00ff"}), &bytes.Buffer{})
+	if err != nil || c.HashRootHex != "00ff" {
+		t.Fatalf("env: %+v %v", c.HashRootHex, err)
+	}
+	_, err = Load([]string{"--hash-root-hex", "abc"}, env(nil), &bytes.Buffer{})
+	checkErr(t, err, "--hash-root-hex", "even number of hex digits")
 }
