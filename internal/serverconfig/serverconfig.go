@@ -42,6 +42,7 @@ type Config struct {
 	WorkerReapTimeoutSeconds float64
 	WorkerRegistrationGrace  float64
 	SessionTTLSeconds        float64
+	MaxQueuedRequests        int
 	SeparateObjectGroups     bool
 
 	// http group.
@@ -183,6 +184,7 @@ func (c *Config) register() *registry {
 		return nil
 	}
 	r.float(&c.SessionTTLSeconds, "session-ttl-seconds", "session_ttl_seconds", mp, "", 600, "drop lookup sessions idle this long").validate = positiveFinite(&c.SessionTTLSeconds)
+	r.intv(&c.MaxQueuedRequests, "max-queued-requests", "max_queued_requests", mp, "", 4096, "ZMQ requests that may wait for a handler; past it a request is refused at once").validate = atLeast(&c.MaxQueuedRequests, 1)
 	r.boolPair(&c.SeparateObjectGroups, "separate-object-groups", "separate_object_groups", mp, "", false, "store hybrid-model object groups separately")
 
 	// http
