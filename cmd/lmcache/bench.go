@@ -30,7 +30,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&o.ShmDir, "shm-dir", o.ShmDir, "directory of POSIX shared memory (the server's pool is opened there)")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "concurrent simulated vLLM instances (scheduler + TP=1 worker each)")
 	fs.IntVar(&o.Requests, "requests", o.Requests, "measured requests per worker")
-	fs.IntVar(&o.Warmup, "warmup", o.Warmup, "unmeasured requests per worker first; -1 writes 1.5 times the server's pool first, so measured stores hit written pages")
+	fs.IntVar(&o.Warmup, "warmup", o.Warmup, "unmeasured requests per worker first")
 	fs.StringVar(&o.Model, "model", o.Model, "model name in the keys")
 	fs.IntVar(&o.Layers, "num-layers", o.Layers, "layers of the simulated model")
 	fs.IntVar(&o.Hidden, "hidden-dim-size", o.Hidden, "per-token hidden size per layer (KV heads x head size)")

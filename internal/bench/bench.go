@@ -35,11 +35,7 @@ type Options struct {
 	// Workers is the number of concurrent simulated vLLM instances (each a
 	// scheduler socket and a TP=1 worker socket).
 	Workers int
-	// Requests per worker, after Warmup unmeasured ones. A negative Warmup
-	// sizes the warm-up from the server's pool: enough requests that all
-	// workers together write 1.5 pools' worth first, so the measured stores
-	// land on pages written before (the first write through a mapping is
-	// far slower on some VMs; see BENCHMARKS.md, data path, round C).
+	// Requests per worker, after Warmup unmeasured ones.
 	Requests int
 	Warmup   int
 	// Model layout: Layers x Hidden of Dtype per token, MLA drops the K/V axis.
@@ -68,7 +64,7 @@ type Options struct {
 // Defaults: a 32-layer x 1024-hidden fp16 model (32 MiB chunks at 256
 // tokens per chunk).
 func Defaults() Options {
-	return Options{Endpoint: "tcp://127.0.0.1:5555", ShmDir: "/dev/shm", Workers: 2, Requests: 4, Warmup: -1,
+	return Options{Endpoint: "tcp://127.0.0.1:5555", ShmDir: "/dev/shm", Workers: 2, Requests: 4, Warmup: 1,
 		Model: "bench/llama-like", Layers: 32, Hidden: 1024, Dtype: "float16", PromptTokens: 8192,
 		LookupTokens: 32768, LookupSamples: 200, PingClients: 64, PingDuration: 3 * time.Second,
 		Progress: time.Second, Timeout: 60 * time.Second, BaselineBytes: 256 << 20}
@@ -76,10 +72,8 @@ func Defaults() Options {
 
 // Result is what Run measured.
 type Result struct {
-	ChunkSize  int
-	ChunkBytes int64
-	// Warmup is the unmeasured requests per worker that ran first.
-	Warmup         int
+	ChunkSize      int
+	ChunkBytes     int64
 	StoredBytes    int64
 	RetrievedBytes int64
 	VerifiedBytes  int64
@@ -137,12 +131,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Result, error) {
 		return nil, fmt.Errorf("bench: prompt of %d tokens is shorter than one chunk (%d)", o.PromptTokens, chunk)
 	}
 	objBytes := wire.ObjectBytes(wire.ObjectShape(int64(o.Layers), int64(chunk), int64(o.Hidden), o.MLA), item)
-	if o.Warmup < 0 {
-		if o.Warmup, err = poolWarmup(probe, o, chunk, objBytes); err != nil {
-			return nil, err
-		}
-	}
-	res := &Result{ChunkSize: chunk, ChunkBytes: objBytes, Warmup: o.Warmup}
+	res := &Result{ChunkSize: chunk, ChunkBytes: objBytes}
 	// Random source: every chunk is a window into it at a chunk-specific
 	// offset, so chunks differ without generating GiBs of randomness.
 	src := make([]byte, 2*objBytes)
@@ -496,22 +485,6 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 	return nil
 }
 
-// poolWarmup is the warm-up per worker that writes 1.5 times the server's
-// pool before measuring. It learns the pool size from a registration of a
-// probe instance, which it withdraws again.
-func poolWarmup(c *mqclient.Client, o Options, chunk int, objBytes int64) (int, error) {
-	inst := int64(os.Getpid())<<16 | 0xfffe
-	reg, err := c.Register(registration(o, inst))
-	if err != nil {
-		return 0, fmt.Errorf("bench: register (to size the warm-up): %w", err)
-	}
-	if err := c.Unregister(inst); err != nil {
-		return 0, fmt.Errorf("bench: unregister: %w", err)
-	}
-	perRound := int64(o.Workers) * int64(o.PromptTokens/chunk) * objBytes
-	return int(max(1, (3*int64(reg.PoolSize)/2+perRound-1)/perRound)), nil
-}
-
 func registration(o Options, inst int64) *wire.RegisterPayload {
 	return &wire.RegisterPayload{InstanceID: wire.Int(inst), ModelName: o.Model, WorldSize: 1, BlockSize: 16,
 		NumLayers: wire.Int(o.Layers), HiddenDimSize: wire.Int(o.Hidden), DtypeStr: o.Dtype, UseMLA: o.MLA,
@@ -631,8 +604,8 @@ func pingPhase(ctx context.Context, o Options) (float64, error) {
 
 // Report writes a human-readable summary.
 func Report(w io.Writer, o Options, r *Result) {
-	fmt.Fprintf(w, "layout: %d layers x %d hidden x %s, chunk %d tokens = %.1f MiB per chunk object; %d workers x %d requests of %d tokens after %d warm-up requests each\n",
-		o.Layers, o.Hidden, o.Dtype, r.ChunkSize, float64(r.ChunkBytes)/(1<<20), o.Workers, o.Requests, o.PromptTokens, r.Warmup)
+	fmt.Fprintf(w, "layout: %d layers x %d hidden x %s, chunk %d tokens = %.1f MiB per chunk object; %d workers x %d requests of %d tokens\n",
+		o.Layers, o.Hidden, o.Dtype, r.ChunkSize, float64(r.ChunkBytes)/(1<<20), o.Workers, o.Requests, o.PromptTokens)
 	fmt.Fprintf(w, "memcpy into shm:   %7.2f GB/s   memcpy out of shm: %7.2f GB/s  (baseline: same bytes, same workers, next to each request)\n", r.MemcpyToShmGBps, r.MemcpyFromShmGBps)
 	fmt.Fprintf(w, "store:             %7.2f GB/s  (%.2f of memcpy; PREPARE+COMMIT %.1f%% of the time; %.2f GiB; %d refusals while eviction caught up)\n",
 		r.StoreGBps, ratio(r.StoreGBps, r.MemcpyToShmGBps), 100*r.StoreRPCShare, float64(r.StoredBytes)/(1<<30), r.StoreRefusals)

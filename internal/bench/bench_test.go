@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"sync"
@@ -79,30 +78,4 @@ func TestBenchSmall(t *testing.T) {
 		}
 	}
 	_ = progress // progress lines are best-effort; the run may finish first
-}
-
-// TestWarmupSizedFromPool: the default warm-up writes 1.5 pools' worth
-// before measuring, learned from the server's registration reply.
-func TestWarmupSizedFromPool(t *testing.T) {
-	endpoint, dir := serve(t, 4<<20, 16)
-	o := bench.Defaults()
-	o.Endpoint, o.ShmDir = endpoint, dir
-	o.Workers, o.Requests = 2, 1
-	o.Layers, o.Hidden, o.PromptTokens = 2, 64, 160 // 10 chunks of 8 KiB per request
-	o.LookupSamples, o.PingClients, o.Progress = 0, 0, 0
-	o.BaselineBytes = 1 << 20
-	if o.Warmup >= 0 {
-		t.Fatalf("default warm-up %d is not pool-sized", o.Warmup)
-	}
-	res, err := bench.Run(context.Background(), o, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// 1.5 x 4 MiB over 2 workers x 10 x 8 KiB per round: ceil(6 MiB / 160 KiB) = 39.
-	if res.Warmup != 39 {
-		t.Fatalf("warm-up %d requests per worker, want 39", res.Warmup)
-	}
-	if want := int64(2*1*10) * 8192; res.StoredBytes != want {
-		t.Fatalf("stored %d measured bytes, want %d", res.StoredBytes, want)
-	}
 }
