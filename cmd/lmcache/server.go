@@ -211,7 +211,6 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 
 	s.api, err = httpapi.New(httpapi.Options{
 		Engine:               s.eng,
-		Adapters:             s.adapters,
 		Config:               cfg.Groups(),
 		AuthToken:            cfg.HTTPAuthToken,
 		RunScriptEnabled:     cfg.RunScriptAPIEnabled,

@@ -69,17 +69,6 @@ type Engine interface {
 
 var _ Engine = (*engine.Engine)(nil)
 
-// DAXReconfigurer is the runtime-reconfiguration surface of the device-DAX
-// adapter (internal/l2/dax). The engine's generic Reconfigurer pass-through
-// does not cover it, so the HTTP layer dispatches add/remove/resize itself
-// when Options.Adapters holds such an adapter.
-type DAXReconfigurer interface {
-	Add(path string, sizeBytes int64) (map[string]any, error)
-	Remove(path, mode string, force bool) (map[string]any, error)
-	Resize(path string, sizeBytes int64, mode string, force bool) (map[string]any, error)
-	ReconfigureStatus() map[string]any
-}
-
 // KVBlockReader exposes registered KV caches for POST /cache/checksums. The
 // data path implements it when it can read a worker's KV blocks; without
 // one the endpoint answers 501 as upstream does for engines without
@@ -102,10 +91,6 @@ type Options struct {
 	// Engine may be nil at start; routes that need it answer 503 until
 	// SetEngine is called and the engine reports Ready.
 	Engine Engine
-	// Adapters are the L2 adapters in engine index order (what the server
-	// passed to engine.New). Optional: used to reach adapter-specific
-	// reconfiguration (DAXReconfigurer) the engine does not pass through.
-	Adapters []l2.Adapter
 	// Config is GET /config: groups "mp", "storage_manager",
 	// "observability" (and any others) of already-resolved settings
 	// (defaults < env < flags). nil answers 503 "configs not initialized".

@@ -101,7 +101,7 @@ func (s *Server) handleConfigAdapters(w http.ResponseWriter, _ *http.Request) er
 	for i, a := range e.Adapters() {
 		out = append(out, map[string]any{
 			"index": a.Index, "type_name": a.TypeName, "tier": "l2",
-			"primary": i == 0, "reconfigurable": s.reconfigurable(a), "shared": a.Shared,
+			"primary": i == 0, "reconfigurable": a.Reconfigurable, "shared": a.Shared,
 		})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"adapters": out})

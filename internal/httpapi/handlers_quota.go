@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/quota"
 )
 
@@ -98,10 +97,8 @@ func (s *Server) handleReconfigureStatus(w http.ResponseWriter, r *http.Request)
 	}
 	adapters := []map[string]any{}
 	for _, a := range s.backendAdapters(e, backend) {
-		var st map[string]any
-		if d := s.daxAt(a.Index); d != nil {
-			st = d.ReconfigureStatus()
-		} else if st, err = e.ReconfigureStatus(a.Index); err != nil {
+		st, err := e.ReconfigureStatus(a.Index)
+		if err != nil {
 			return err
 		}
 		entry := map[string]any{}
@@ -122,47 +119,11 @@ func (s *Server) handleReconfigureStatus(w http.ResponseWriter, r *http.Request)
 func (s *Server) backendAdapters(e Engine, backend string) []struct{ Index int } {
 	var out []struct{ Index int }
 	for _, a := range e.Adapters() {
-		if s.reconfigurable(a) && strings.ToLower(a.TypeName) == backend {
+		if a.Reconfigurable && strings.ToLower(a.TypeName) == backend {
 			out = append(out, struct{ Index int }{a.Index})
 		}
 	}
 	return out
-}
-
-// daxAt returns adapter i as a DAXReconfigurer, or nil.
-func (s *Server) daxAt(i int) DAXReconfigurer {
-	if i < 0 || i >= len(s.opts.Adapters) {
-		return nil
-	}
-	d, _ := s.opts.Adapters[i].(DAXReconfigurer)
-	return d
-}
-
-// reconfigurable: the engine passes reconfiguration through, or the HTTP
-// layer can reach the adapter's DAX operations itself.
-func (s *Server) reconfigurable(a engine.AdapterInfo) bool {
-	return a.Reconfigurable || s.daxAt(a.Index) != nil
-}
-
-// applyReconfigure runs one operation on adapter index.
-func (s *Server) applyReconfigure(r *http.Request, e Engine, index int, op string, args map[string]any) (map[string]any, error) {
-	d := s.daxAt(index)
-	if d == nil {
-		return e.Reconfigure(r.Context(), index, op, args)
-	}
-	path, _ := args["device_path"].(string)
-	size, _ := args["size_bytes"].(int64)
-	mode, _ := args["mode"].(string)
-	force, _ := args["force"].(bool)
-	switch op {
-	case "add":
-		return d.Add(path, size)
-	case "remove":
-		return d.Remove(path, mode, force)
-	case "resize":
-		return d.Resize(path, size, mode, force)
-	}
-	return nil, errf(ErrBadRequest, "unsupported dax reconfigure operation: %s", op)
 }
 
 // reconfigureReq is a validated reconfiguration call.
@@ -370,7 +331,7 @@ func (s *Server) handleReconfigure(w http.ResponseWriter, r *http.Request) error
 	if req.AdapterIndex < 0 || req.AdapterIndex >= len(ads) {
 		return errf(ErrNotFound, "%s adapter not found", backend)
 	}
-	res, err := s.applyReconfigure(r, e, ads[req.AdapterIndex].Index, op, req.Args)
+	res, err := e.Reconfigure(r.Context(), ads[req.AdapterIndex].Index, op, req.Args)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", backend, op, err)
 	}

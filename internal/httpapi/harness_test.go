@@ -209,7 +209,7 @@ func start(t *testing.T, o envOpts) *env {
 		},
 		Version: "0.3.1", Commit: "ca79ea33",
 		ChunkSize: testChunk, RegisteredModels: []engine.Layout{layout},
-		Periodic: e.loops, Logger: logger, InstanceID: "test-instance", Adapters: adapters,
+		Periodic: e.loops, Logger: logger, InstanceID: "test-instance",
 	}
 	if o.mutate != nil {
 		o.mutate(&opts)

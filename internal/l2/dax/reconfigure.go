@@ -1,6 +1,7 @@
 package dax
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -501,4 +502,24 @@ func (a *Adapter) freeSlotsLocked(d *device, max int) []int {
 		}
 	}
 	return free
+}
+
+// Reconfigure makes the adapter an engine.Reconfigurer, so /reconfigure
+// reaches it through the engine like any runtime-manageable backend. op is
+// add, remove or resize; args are the validated HTTP body fields
+// device_path (string), size_bytes (int64), mode (string) and force (bool).
+func (a *Adapter) Reconfigure(_ context.Context, op string, args map[string]any) (map[string]any, error) {
+	path, _ := args["device_path"].(string)
+	size, _ := args["size_bytes"].(int64)
+	mode, _ := args["mode"].(string)
+	force, _ := args["force"].(bool)
+	switch op {
+	case "add":
+		return a.Add(path, size)
+	case "remove":
+		return a.Remove(path, mode, force)
+	case "resize":
+		return a.Resize(path, size, mode, force)
+	}
+	return nil, fmt.Errorf("%w: unsupported dax reconfigure operation: %s", ErrBadRequest, op)
 }
