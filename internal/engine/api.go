@@ -32,8 +32,6 @@ var (
 	ErrOutOfMemory = errors.New("l1: out of memory")
 	// ErrNotFound: a key, prefetch job or adapter index does not exist.
 	ErrNotFound = errors.New("not found")
-	// ErrLocked: the object is read-locked, being written or uploading.
-	ErrLocked = errors.New("object is locked")
 	// ErrNotReadable: the key is resident but not read-locked by anyone, so
 	// its slot must not be handed out (PREPARE_RETRIEVE without LOOKUP).
 	ErrNotReadable = errors.New("object is not read-locked")

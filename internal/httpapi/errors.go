@@ -49,7 +49,7 @@ func statusOf(err error) int {
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrUnsupported), errors.Is(err, l2.ErrListUnsupported):
 		return http.StatusNotImplemented
-	case errors.Is(err, ErrConflict), errors.Is(err, dax.ErrConflict), errors.Is(err, engine.ErrNoLayout), errors.Is(err, engine.ErrLocked), errors.Is(err, engine.ErrWrongState):
+	case errors.Is(err, ErrConflict), errors.Is(err, dax.ErrConflict), errors.Is(err, engine.ErrNoLayout), errors.Is(err, engine.ErrWrongState):
 		return http.StatusConflict
 	case errors.Is(err, ErrNotFound), errors.Is(err, engine.ErrNotFound), errors.Is(err, dax.ErrNotFound):
 		return http.StatusNotFound
