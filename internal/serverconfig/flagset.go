@@ -75,6 +75,22 @@ func (r *registry) float(p *float64, name, key, group, env string, def float64, 
 	return r.add(&entry{name: name, key: key, group: group, env: env, usage: usage, value: (*floatValue)(p), report: func() any { return *p }})
 }
 
+// Redacted is what GET /config shows for a secret flag that is set.
+const Redacted = "***REDACTED***"
+
+// secret registers a string flag whose value never leaves the process:
+// --help prints "" as its default (never the environment's value) and
+// GET /config reports Redacted when it is set, "" when it is not.
+func (r *registry) secret(p *string, name, key, group, env, usage string) *entry {
+	*p = ""
+	return r.add(&entry{name: name, key: key, group: group, env: env, usage: usage, value: (*stringValue)(p), def: `""`, report: func() any {
+		if *p == "" {
+			return ""
+		}
+		return Redacted
+	}})
+}
+
 // boolPair registers --name and --no-name, as Python's BooleanOptionalAction.
 func (r *registry) boolPair(p *bool, name, key, group, env string, def bool, usage string) *entry {
 	*p = def

@@ -92,6 +92,10 @@ type Config struct {
 	CoordinatorHeartbeatInterval  float64
 	CoordinatorEventReporting     bool
 	CoordinatorEventFlushInterval float64
+	// CoordinatorAuthToken is the bearer token sent to the coordinator. It is
+	// a secret: --help prints its default as "", and GET /config shows it as
+	// Redacted whenever it is set.
+	CoordinatorAuthToken string
 
 	reg *registry
 }
@@ -252,6 +256,7 @@ func (c *Config) register() *registry {
 	r.float(&c.CoordinatorHeartbeatInterval, "coordinator-heartbeat-interval", "coordinator_heartbeat_interval", co, "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL", 5, "seconds between heartbeats").validate = positiveFinite(&c.CoordinatorHeartbeatInterval)
 	r.boolFlag(&c.CoordinatorEventReporting, "coordinator-event-reporting", "coordinator_event_reporting", co, "LMCACHE_COORDINATOR_EVENT_REPORTING", "report L2 store, lookup and delete events to the coordinator")
 	r.float(&c.CoordinatorEventFlushInterval, "coordinator-event-flush-interval", "coordinator_event_flush_interval", co, "LMCACHE_COORDINATOR_EVENT_FLUSH_INTERVAL", 1, "seconds between event flushes").validate = positiveFinite(&c.CoordinatorEventFlushInterval)
+	r.secret(&c.CoordinatorAuthToken, "coordinator-auth-token", "coordinator_auth_token", co, "LMCACHE_COORDINATOR_AUTH_TOKEN", "bearer token sent to the coordinator; empty: none")
 	r.alias("coordinator-l2-event-reporting", "coordinator-event-reporting", "LMCACHE_COORDINATOR_L2_EVENT_REPORTING")
 	r.alias("coordinator-l2-event-flush-interval", "coordinator-event-flush-interval", "LMCACHE_COORDINATOR_L2_EVENT_FLUSH_INTERVAL")
 	return r

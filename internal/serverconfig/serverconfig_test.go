@@ -136,3 +136,43 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 		}
 	}
 }
+
+func TestCoordinatorAuthTokenIsSecret(t *testing.T) {
+	const tok = "tok-very-secret-123"
+	for name, tc := range map[string]struct {
+		args []string
+		env  map[string]string
+	}{
+		"flag": {[]string{"--coordinator-auth-token", tok}, nil},
+		"env":  {nil, map[string]string{"LMCACHE_COORDINATOR_AUTH_TOKEN": tok}},
+	} {
+		c, err := ParseEnv(tc.args, env(tc.env), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if c.CoordinatorAuthToken != tok {
+			t.Errorf("%s: CoordinatorAuthToken = %q, want %q", name, c.CoordinatorAuthToken, tok)
+		}
+		if got := c.Groups()[GroupCoordinator]["coordinator_auth_token"]; got != Redacted {
+			t.Errorf("%s: /config shows %v, want %q", name, got, Redacted)
+		}
+		// --help with the secret in the environment prints the default, not the value.
+		var buf bytes.Buffer
+		if _, err := ParseEnv(append(tc.args, "--help"), env(tc.env), &buf); !errors.Is(err, ErrHelp) {
+			t.Fatalf("%s: help err = %v", name, err)
+		}
+		if strings.Contains(buf.String(), tok) {
+			t.Errorf("%s: --help prints the token", name)
+		}
+		if !strings.Contains(buf.String(), `--coordinator-auth-token`+"\n"+`      bearer token sent to the coordinator; empty: none (default ""; env LMCACHE_COORDINATOR_AUTH_TOKEN)`) {
+			t.Errorf("%s: --help lacks the token flag line:\n%s", name, buf.String())
+		}
+	}
+	c, err := ParseEnv(nil, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.CoordinatorAuthToken != "" || c.Groups()[GroupCoordinator]["coordinator_auth_token"] != "" {
+		t.Errorf("default token %q shown as %v", c.CoordinatorAuthToken, c.Groups()[GroupCoordinator]["coordinator_auth_token"])
+	}
+}
