@@ -29,7 +29,12 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)
 		return 2
 	}
-	log := newLogger("text", cfg.LogLevel, stderr)
+	format, err := coordinatorLogFormat(os.LookupEnv)
+	if err != nil {
+		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)
+		return 2
+	}
+	log := newLogger(format, cfg.LogLevel, stderr)
 	srv, err := coordinator.New(cfg, coordinator.WithLogger(log))
 	if err != nil {
 		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)
