@@ -35,7 +35,7 @@ func TestOpenAPICoversEveryRoute(t *testing.T) {
 		t.Fatalf("openapi version %q", doc.OpenAPI)
 	}
 	routes := c.srv.Routes()
-	if len(routes) != 20 {
+	if len(routes) != 23 {
 		t.Fatalf("route table has %d routes", len(routes))
 	}
 	n, public := 0, 0
@@ -51,7 +51,7 @@ func TestOpenAPICoversEveryRoute(t *testing.T) {
 				t.Errorf("%s %s missing from openapi.json", rt.Method, rt.Path)
 			}
 		}
-		path := strings.NewReplacer("{instance_id}", "x", "{request_id}", "y", "{cache_salt}", "z").Replace(rt.Path)
+		path := strings.NewReplacer("{instance_id}", "x", "{request_id}", "y", "{cache_salt}", "z", "{thread_name}", "coordinator-eviction").Replace(rt.Path)
 		code, raw := c.do(rt.Method, path, nil)
 		if (code == 404 && string(raw) == `{"detail":"Not Found"}`) || code == 405 {
 			t.Errorf("%s %s not served: %d %s", rt.Method, rt.Path, code, raw)
@@ -60,7 +60,7 @@ func TestOpenAPICoversEveryRoute(t *testing.T) {
 	for _, ops := range doc.Paths {
 		n += len(ops)
 	}
-	if n != public || public != 18 {
+	if n != public || public != 21 {
 		t.Fatalf("openapi has %d operations, table %d public routes", n, public)
 	}
 	for _, p := range []string{"/docs", "/redoc"} {
@@ -206,15 +206,64 @@ func TestStateFileRoundTrip(t *testing.T) {
 	}
 }
 
-func TestStateFileCorruptIsAnError(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "state.json")
+// TestStateFileCorruptMovedAside: an unparsable --state-file does not stop
+// the coordinator: the file is renamed to <file>.corrupt-<timestamp> with
+// its bytes intact, an ERROR line names both paths, the coordinator starts
+// with empty quotas, and /healthz and the state_file_corrupt gauge say so.
+// The next change writes a fresh, valid file at the original path.
+func TestStateFileCorruptMovedAside(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.json")
 	if err := os.WriteFile(path, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := startCoord(t, func(cfg *config.Config) { cfg.StateFile = path })
+	aside, err := filepath.Glob(path + ".corrupt-*")
+	if err != nil || len(aside) != 1 {
+		t.Fatalf("moved-aside files %v (%v)", aside, err)
+	}
+	if b, err := os.ReadFile(aside[0]); err != nil || string(b) != "{not json" {
+		t.Fatalf("moved-aside content %q (%v)", b, err)
+	}
+	if !c.logs.has("level=ERROR") || !c.logs.has("state file is corrupt") || !c.logs.has(aside[0]) {
+		t.Fatalf("no ERROR line naming %s:\n%s", aside[0], c.logs.buf.String())
+	}
+	if _, raw := c.do("GET", "/healthz", nil); string(raw) != `{"state_file_corrupt":true,"status":"healthy"}` {
+		t.Fatalf("healthz = %s", raw)
+	}
+	if _, raw := c.do("GET", "/metrics", nil); !strings.Contains(string(raw), "lmcache_coordinator_state_file_corrupt 1\n") {
+		t.Fatal("state_file_corrupt gauge is not 1")
+	}
+	if g := c.must("GET", "/quota", nil, 200); len(g["by_cache_salt"].([]any)) != 0 {
+		t.Fatalf("not empty: %v", g)
+	}
+	c.must("PUT", "/quota/a", map[string]any{"limit_gb": 1}, 200)
+	b, err := os.ReadFile(path)
+	if err != nil || !strings.Contains(string(b), `"a": 1073741824`) {
+		t.Fatalf("fresh state file %s (%v)", b, err)
+	}
+	// A coordinator with a healthy state file reports false.
+	c2 := startCoord(t, func(cfg *config.Config) { cfg.StateFile = path })
+	if _, raw := c2.do("GET", "/healthz", nil); string(raw) != `{"state_file_corrupt":false,"status":"healthy"}` {
+		t.Fatalf("healthz after a good load = %s", raw)
+	}
+}
+
+// TestStateFileUnreadableFailsStartup: a file that exists but cannot be
+// read is not "corrupt" (nothing is moved aside); startup fails.
+func TestStateFileUnreadableFailsStartup(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.json")
+	if err := os.Mkdir(path, 0o700); err != nil { // a directory: read fails with EISDIR
 		t.Fatal(err)
 	}
 	cfg := testConfig()
 	cfg.StateFile = path
 	if _, err := newServer(cfg); err == nil || !strings.Contains(err.Error(), "state.json") {
-		t.Fatalf("corrupt state file: %v", err)
+		t.Fatalf("unreadable state file: %v", err)
+	}
+	if m, _ := filepath.Glob(path + ".corrupt-*"); len(m) != 0 {
+		t.Fatalf("unreadable file moved aside: %v", m)
 	}
 }
 

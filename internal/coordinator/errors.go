@@ -27,6 +27,12 @@ var (
 	ErrMethod = errors.New("method not allowed")
 	// ErrNoRoute is an unknown path (404 {"detail":"Not Found"}).
 	ErrNoRoute = errors.New("no route")
+	// ErrUnauthorized is a protected route called without the right bearer
+	// token (401 {"detail": msg}, with WWW-Authenticate).
+	ErrUnauthorized = errors.New("unauthorized")
+	// ErrUnknownThread is an unknown periodic loop name (404
+	// {"error": msg}, the MP server's /periodic-threads shape).
+	ErrUnknownThread = errors.New("unknown periodic thread")
 )
 
 // detailItem is one Pydantic v2 style validation error.
@@ -83,8 +89,11 @@ func writeError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &ve):
 		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{"detail": ve.items})
-	case errors.Is(err, ErrUnknownHeartbeat):
+	case errors.Is(err, ErrUnknownHeartbeat), errors.Is(err, ErrUnknownThread):
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": errorMessage(err)})
+	case errors.Is(err, ErrUnauthorized):
+		w.Header().Set("WWW-Authenticate", `Bearer realm="lmcache-coordinator"`)
+		writeJSON(w, http.StatusUnauthorized, map[string]string{"detail": errorMessage(err)})
 	case errors.Is(err, ErrNotFound):
 		writeJSON(w, http.StatusNotFound, map[string]string{"detail": errorMessage(err)})
 	case errors.Is(err, ErrNoRoute):

@@ -2,24 +2,19 @@ package coordinator
 
 import (
 	"context"
-	"time"
+	"errors"
+	"fmt"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
 	"github.com/lmcache-go/lmcache/internal/coordinator/mpclient"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
-func (s *Server) evictionLoop(ctx context.Context) {
-	t := time.NewTicker(config.Seconds(s.cfg.EvictionCheckInterval))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		s.RunEvictionCycle(ctx)
-	}
+// evictionCycle is the eviction loop's periodic cycle.
+func (s *Server) evictionCycle(ctx context.Context) (periodic.Summary, error) {
+	r := s.RunEvictionCycle(ctx)
+	return periodic.Summary{Message: fmt.Sprintf("victims=%d in_flight=%d requests=%d target=%s", r.Victims, r.InFlight, r.Requests, r.Target)}, nil
 }
 
 // CycleResult summarises one eviction cycle.
@@ -81,6 +76,9 @@ func (s *Server) RunEvictionCycle(ctx context.Context) CycleResult {
 			defer s.dispatchWG.Done()
 			if err := s.mp.DeleteObjects(ctx, base, batch); err != nil {
 				s.metrics.dispatchFailures.Inc()
+				if errors.Is(err, mpclient.ErrNotOK) {
+					s.metrics.dispatchNotOK.Inc()
+				}
 				s.log.Warn("eviction dispatch failed; victims will be re-planned", "instance_id", inst.InstanceID, "keys", len(batch), "err", err)
 				s.ledger.Unmark(vs)
 				return

@@ -71,7 +71,14 @@ func (s *Server) handleListInstances(w http.ResponseWriter, r *http.Request) err
 	return nil
 }
 
+// handleHealthz keeps upstream's {"status": "healthy"}; with --state-file
+// it adds state_file_corrupt, true when the file was unreadable at startup
+// and moved aside (the coordinator runs, but on empty quotas and pins).
 func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "healthy"})
+	out := map[string]any{"status": "healthy"}
+	if s.cfg.StateFile != "" {
+		out["state_file_corrupt"] = s.stateCorrupt
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }

@@ -20,6 +20,8 @@ type metrics struct {
 	evictionCycles                          prometheus.Counter
 	keysDispatched                          prometheus.Counter
 	dispatchFailures                        prometheus.Counter
+	dispatchNotOK                           prometheus.Counter
+	seqTrackerResets                        prometheus.Counter
 	resyncPages                             prometheus.Counter
 	resyncKeys                              prometheus.Counter
 	seqGaps                                 prometheus.Counter
@@ -42,7 +44,16 @@ func newMetrics(s *Server) *metrics {
 	m.resyncKeys = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_keys_total", Help: "Keys recorded by the startup resync."})
 	m.seqGaps = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_gaps_total", Help: "Event batches whose seq skipped ahead of the instance's previous batch (lost batches)."})
 	m.seqRegressions = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_regressions_total", Help: "Event batches whose seq did not advance (reporter restart or replay); still applied."})
-	reg.MustRegister(m.seqGaps, m.seqRegressions)
+	m.dispatchNotOK = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_dispatch_not_ok_total", Help: "DELETE /cache/objects requests answered 2xx with \"ok\": false; also counted in eviction_dispatch_failures_total and re-planned."})
+	m.seqTrackerResets = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_tracker_resets_total", Help: "Times the per-instance seq tracker was cleared because it held too many instance ids (gaps right after a reset go uncounted)."})
+	reg.MustRegister(m.seqGaps, m.seqRegressions, m.dispatchNotOK, m.seqTrackerResets)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "state_file_corrupt", Help: "1 when the --state-file could not be parsed at startup and was moved aside (the coordinator started with empty quotas and pins)."},
+		func() float64 {
+			if s.stateCorrupt {
+				return 1
+			}
+			return 0
+		}))
 	reg.MustRegister(events, m.eventBatches, m.evictionCycles, m.keysDispatched, m.dispatchFailures, m.resyncPages, m.resyncKeys)
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "registered_instances", Help: "MP servers currently registered."},

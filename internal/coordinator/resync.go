@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -13,35 +14,39 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordinator/mpclient"
 	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
-// startupResync waits for the first registered server (polling every
-// RESYNC_POLL_INTERVAL for at most RESYNC_MAX_WAIT) and seeds the trackers
-// from its L2 listing. It is best-effort: failures are logged and whatever
-// was recorded is kept.
-func (s *Server) startupResync(ctx context.Context) {
+// resyncLoop is the one-shot startup resync as a periodic loop: each cycle
+// checks for a registered server (every RESYNC_POLL_INTERVAL, for at most
+// RESYNC_MAX_WAIT) and, once there is one, seeds the trackers from its L2
+// listing and ends the loop. It is best-effort: failures are logged and
+// whatever was recorded is kept. The loop runs under its own child of ctx,
+// cancelled by its last cycle, so Loop.Run returns when the resync is done.
+func (s *Server) resyncLoop(ctx context.Context) func() {
+	rctx, done := context.WithCancel(ctx)
 	deadline := time.Now().Add(config.Seconds(s.cfg.ResyncMaxWait))
-	for first := true; ; first = false {
+	first := true
+	cycle := func(context.Context) (periodic.Summary, error) {
 		if inst, ok := s.reg.Random(); ok {
-			n := s.ResyncFrom(ctx, inst)
+			n := s.ResyncFrom(rctx, inst)
 			s.log.Info("startup resync finished", "instance_id", inst.InstanceID, "keys", n)
-			return
+			done()
+			return periodic.Summary{Message: fmt.Sprintf("finished: %d keys from %s", n, inst.InstanceID)}, nil
 		}
 		if !time.Now().Before(deadline) {
 			s.log.Info("startup resync giving up: no MP server registered", "waited_s", s.cfg.ResyncMaxWait)
-			return
+			done()
+			return periodic.Summary{Message: "gave up: no MP server registered"}, nil
 		}
 		if first {
+			first = false
 			s.log.Info("startup resync waiting for the first MP server to register", "max_wait_s", s.cfg.ResyncMaxWait)
 		}
-		t := time.NewTimer(config.Seconds(s.cfg.ResyncPollInterval))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
+		return periodic.Summary{Message: "waiting for the first MP server"}, nil
 	}
+	l := s.loops.Register(LoopResync, periodic.Medium, config.Seconds(s.cfg.ResyncPollInterval), 0, cycle)
+	return func() { defer done(); l.Run(rctx) }
 }
 
 // resyncEntry is one GET /cache/objects entry; pointers tell missing fields

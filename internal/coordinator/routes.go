@@ -1,9 +1,12 @@
 package coordinator
 
 import (
+	"crypto/subtle"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
 // route is one API endpoint. The mux and the OpenAPI document are both
@@ -19,12 +22,16 @@ type route struct {
 	// Hidden routes (the interactive docs pages) are served but, as in
 	// FastAPI, left out of the OpenAPI document.
 	Hidden bool
+	// Auth routes require the bearer token when --auth-token is set. Set by
+	// routeTable from the method: every route that changes state (all but
+	// GET) is protected; reads, probes and metrics stay open.
+	Auth   bool
 	handle func(http.ResponseWriter, *http.Request) error
 }
 
 func (s *Server) routeTable() []route {
 	v := "Validation error"
-	return []route{
+	rts := []route{
 		{Method: "POST", Path: "/instances", Tag: "instances", Summary: "Register (or re-register) an MP server", Body: "RegisterRequest",
 			Responses: map[int]string{200: "Registered", 422: v}, handle: s.handleRegister},
 		{Method: "PUT", Path: "/instances/{instance_id}/heartbeat", Tag: "instances", Summary: "Record a liveness heartbeat",
@@ -61,16 +68,30 @@ func (s *Server) routeTable() []route {
 			Responses: map[int]string{200: "Prometheus text format"}, handle: s.handleMetrics},
 		{Method: "GET", Path: "/openapi.json", Tag: "observability", Summary: "This OpenAPI document",
 			Responses: map[int]string{200: "OpenAPI 3 document"}, handle: s.handleOpenAPI},
+		{Method: "GET", Path: "/periodic-threads", Tag: "observability", Summary: "Background loops with summary counts", Query: []string{"level", "running_only", "active_only"},
+			Responses: map[int]string{200: "Loops listed", 400: "Unknown level"}, handle: s.handlePeriodicList},
+		{Method: "GET", Path: "/periodic-threads/{thread_name}", Tag: "observability", Summary: "One background loop's status",
+			Responses: map[int]string{200: "Loop status", 404: "Unknown loop"}, handle: s.handlePeriodicGet},
+		{Method: "GET", Path: "/periodic-threads-health", Tag: "observability", Summary: "Whether every critical/high loop ticks",
+			Responses: map[int]string{200: "Health (check healthy)"}, handle: s.handlePeriodicHealth},
 		{Method: "GET", Path: "/docs", Summary: "Swagger UI", Hidden: true, handle: docsPage(swaggerHTML)},
 		{Method: "GET", Path: "/redoc", Summary: "ReDoc", Hidden: true, handle: docsPage(redocHTML)},
 	}
+	for i := range rts {
+		rts[i].Auth = rts[i].Method != http.MethodGet
+		if rts[i].Auth {
+			rts[i].Responses[401] = "Bearer token missing or wrong (only with --auth-token)"
+		}
+	}
+	return rts
 }
 
 // RouteInfo names one served endpoint; Hidden ones are not in the OpenAPI
-// document.
+// document; Auth ones require the bearer token when --auth-token is set.
 type RouteInfo struct {
 	Method, Path string
 	Hidden       bool
+	Auth         bool
 }
 
 // Routes lists every endpoint, from the same table the mux and the OpenAPI
@@ -78,16 +99,30 @@ type RouteInfo struct {
 func (s *Server) Routes() []RouteInfo {
 	out := make([]RouteInfo, len(s.routes))
 	for i, rt := range s.routes {
-		out[i] = RouteInfo{rt.Method, rt.Path, rt.Hidden}
+		out[i] = RouteInfo{rt.Method, rt.Path, rt.Hidden, rt.Auth}
 	}
 	return out
+}
+
+// authorized reports whether r carries the configured bearer token. The
+// comparison is constant-time so the token cannot be guessed byte by byte.
+func (s *Server) authorized(r *http.Request) bool {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.cfg.AuthToken)) == 1
 }
 
 func (s *Server) buildHandler() http.Handler {
 	mux := http.NewServeMux()
 	for _, rt := range s.routes {
 		h := rt.handle
+		auth := rt.Auth && s.cfg.AuthToken != ""
 		mux.HandleFunc(rt.Method+" "+rt.Path, func(w http.ResponseWriter, r *http.Request) {
+			if auth && !s.authorized(r) {
+				// Checked before the body is read: nothing of an
+				// unauthenticated request is parsed or applied.
+				writeError(w, withMsg(ErrUnauthorized, "missing or invalid bearer token"))
+				return
+			}
 			if err := h(w, r); err != nil {
 				writeError(w, err)
 			}
@@ -142,7 +177,14 @@ func (s *Server) openAPI() map[string]any {
 			}
 		}
 		for _, q := range rt.Query {
-			params = append(params, map[string]any{"name": q, "in": "query", "required": false, "schema": map[string]any{"type": "string", "enum": []string{"l1", "l2", "all"}, "default": "l2"}})
+			schema := map[string]any{"type": "string", "enum": []string{"l1", "l2", "all"}, "default": "l2"}
+			switch q {
+			case "level":
+				schema = map[string]any{"type": "string", "enum": periodic.Levels}
+			case "running_only", "active_only":
+				schema = map[string]any{"type": "boolean", "default": false}
+			}
+			params = append(params, map[string]any{"name": q, "in": "query", "required": false, "schema": schema})
 		}
 		if len(params) > 0 {
 			op["parameters"] = params
@@ -156,13 +198,16 @@ func (s *Server) openAPI() map[string]any {
 			resp[strconv.Itoa(code)] = map[string]any{"description": desc}
 		}
 		op["responses"] = resp
+		if rt.Auth && s.cfg.AuthToken != "" {
+			op["security"] = []map[string]any{{"bearer": []string{}}}
+		}
 		item[strings.ToLower(rt.Method)] = op
 	}
 	return map[string]any{
 		"openapi": "3.1.0",
 		"info":    map[string]any{"title": "LMCache MP Coordinator", "version": "1.0.0"},
 		"paths":   paths,
-		"components": map[string]any{"schemas": map[string]any{
+		"components": map[string]any{"securitySchemes": map[string]any{"bearer": map[string]any{"type": "http", "scheme": "bearer"}}, "schemas": map[string]any{
 			"EncodedObjectKey": obj([]string{"chunk_hash_hex", "model_name", "kv_rank"}, map[string]any{
 				"chunk_hash_hex": typ("string"), "model_name": typ("string"), "kv_rank": typ("integer"),
 				"object_group_id": typ("integer"), "cache_salt": typ("string")}),
@@ -200,6 +245,58 @@ func obj(required []string, props map[string]any) map[string]any {
 
 func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, s.openAPI())
+	return nil
+}
+
+// truthy is the query flag test /periodic-threads uses on the MP server.
+func truthy(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "1", "true", "yes", "on", "t", "y":
+		return true
+	}
+	return false
+}
+
+func (s *Server) handlePeriodicList(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	var level periodic.Level
+	if q.Has("level") {
+		l, err := periodic.ParseLevel(q.Get("level"))
+		if err != nil {
+			return badRequest("Invalid level: %s. Valid values: critical, high, medium, low", q.Get("level"))
+		}
+		level = l
+	}
+	running, active := truthy(q.Get("running_only")), truthy(q.Get("active_only"))
+	all := s.loops.All()
+	threads := []periodic.Status{}
+	for _, t := range all {
+		if level != "" && t.Level != level || running && !t.IsRunning || active && !t.IsActive {
+			continue
+		}
+		threads = append(threads, t)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"summary": periodic.Summarize(all), "threads": threads})
+	return nil
+}
+
+func (s *Server) handlePeriodicGet(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("thread_name")
+	st, ok := s.loops.Get(name)
+	if !ok {
+		return withMsg(ErrUnknownThread, "Thread not found: %s", name)
+	}
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}
+
+func (s *Server) handlePeriodicHealth(w http.ResponseWriter, _ *http.Request) error {
+	bad := periodic.Unhealthy(s.loops.All())
+	list := make([]map[string]any, 0, len(bad))
+	for _, t := range bad {
+		list = append(list, map[string]any{"name": t.Name, "level": t.Level, "last_run_ago": t.LastRunAgo, "interval": t.Interval})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"healthy": len(bad) == 0, "unhealthy_count": len(bad), "unhealthy_threads": list})
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -24,7 +25,20 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
 	"github.com/lmcache-go/lmcache/internal/coordinator/statefile"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
+)
+
+// DefaultDrainTimeout bounds how long Run waits, after its context is
+// cancelled, for in-flight requests to finish before closing connections.
+const DefaultDrainTimeout = 5 * time.Second
+
+// Names of the coordinator's loops in its periodic registry
+// (GET /periodic-threads).
+const (
+	LoopHealthSweep = "coordinator-health-sweep"
+	LoopEviction    = "coordinator-eviction"
+	LoopResync      = "coordinator-startup-resync"
 )
 
 // Server is one coordinator instance.
@@ -40,6 +54,12 @@ type Server struct {
 	state   *statefile.Writer
 	handler http.Handler
 	routes  []route
+	loops   *periodic.Registry
+
+	drainTimeout time.Duration
+	// stateCorrupt records that the state file could not be parsed at
+	// startup and was moved aside (reported by /healthz and a gauge).
+	stateCorrupt bool
 
 	// dispatchWG tracks in-flight eviction DELETEs; Run waits for them.
 	dispatchWG sync.WaitGroup
@@ -60,7 +80,12 @@ type Option func(*Server)
 func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
 
 // WithMPClient replaces the MP-server client (tests inject short timeouts).
+// The configured --mp-auth-token is applied to it.
 func WithMPClient(c *mpclient.Client) Option { return func(s *Server) { s.mp = c } }
+
+// WithDrainTimeout sets how long Run lets in-flight requests finish after
+// its context is cancelled (default DefaultDrainTimeout).
+func WithDrainTimeout(d time.Duration) Option { return func(s *Server) { s.drainTimeout = d } }
 
 // New validates cfg, loads the state file if configured and builds the
 // server. Nothing runs until Run.
@@ -85,15 +110,33 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 		ledger: ledger.New(),
 		hasher: h,
 		mp:     mpclient.New(30 * time.Second),
+		loops:  periodic.NewRegistry(),
 
-		lastSeq: map[string]*int64{},
+		drainTimeout: DefaultDrainTimeout,
+		lastSeq:      map[string]*int64{},
 	}
 	for _, o := range opts {
 		o(s)
 	}
+	if cfg.MPAuthToken != "" {
+		s.mp.Token = cfg.MPAuthToken
+	}
 	s.log = s.log.With("component", "coordinator")
 	if cfg.StateFile != "" {
-		if err := s.loadState(); err != nil {
+		err := s.loadState()
+		if errors.Is(err, statefile.ErrCorrupt) {
+			// Upstream keeps no state and starts cold; refusing to start
+			// would turn one torn write into an outage. The bad file is
+			// kept for inspection, and /healthz and a gauge say so.
+			aside := fmt.Sprintf("%s.corrupt-%s", cfg.StateFile, time.Now().UTC().Format("20060102T150405.000000000Z"))
+			if rerr := os.Rename(cfg.StateFile, aside); rerr != nil {
+				return nil, fmt.Errorf("coordinator: %w; moving it aside failed: %w", err, rerr)
+			}
+			s.log.Error("state file is corrupt; moved aside, starting with empty quotas and pins", "path", cfg.StateFile, "moved_to", aside, "err", err)
+			s.stateCorrupt = true
+			s.quotas = quota.New()
+			s.ledger = ledger.New()
+		} else if err != nil {
 			return nil, fmt.Errorf("coordinator: %w", err)
 		}
 		s.state = statefile.NewWriter(cfg.StateFile)
@@ -120,24 +163,21 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		Handler:           s.handler,
 		IdleTimeout:       time.Duration(s.cfg.TimeoutKeepAlive) * time.Second,
 		ReadHeaderTimeout: 30 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		// Requests must not see ctx's cancellation: on SIGTERM the ones
+		// in flight drain (up to drainTimeout) instead of failing.
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
 	s.log.Info("MP coordinator listening on http://" + ln.Addr().String())
+	if s.cfg.AuthToken == "" && !loopback(ln.Addr()) {
+		s.log.Warn("no --auth-token set and the listener is not on loopback: anyone who can reach it can change quotas and pins, deregister servers and post usage events", "addr", ln.Addr().String())
+	}
 
 	var wg sync.WaitGroup
 	loopCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if s.cfg.HealthCheckInterval > 0 {
+	for _, run := range s.startLoops(loopCtx) {
 		wg.Add(1)
-		go func() { defer wg.Done(); s.healthLoop(loopCtx) }()
-	}
-	if s.cfg.EvictionCheckInterval > 0 {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.evictionLoop(loopCtx) }()
-	}
-	if s.cfg.EnableStartupResync {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.startupResync(loopCtx) }()
+		go func() { defer wg.Done(); run() }()
 	}
 
 	serveErr := make(chan error, 1)
@@ -148,12 +188,15 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	case <-ctx.Done():
 	case err = <-serveErr:
 	}
-	cancel()
-	shutCtx, shutCancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// Stop accepting and let in-flight requests finish first; the loops
+	// (and the dispatches they own) stop after.
+	shutCtx, shutCancel := context.WithTimeout(context.Background(), s.drainTimeout)
 	defer shutCancel()
 	if shutErr := srv.Shutdown(shutCtx); shutErr != nil {
+		s.log.Warn("drain deadline passed; closing remaining connections", "drain_timeout", s.drainTimeout)
 		_ = srv.Close()
 	}
+	cancel()
 	if err == nil {
 		err = <-serveErr
 	}
@@ -167,21 +210,45 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-func (s *Server) healthLoop(ctx context.Context) {
-	t := time.NewTicker(config.Seconds(s.cfg.HealthCheckInterval))
-	defer t.Stop()
-	timeout := config.Seconds(s.cfg.InstanceTimeout)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		for _, id := range s.reg.SweepStale(timeout) {
-			s.log.Warn("instance missed heartbeats; deregistered", "instance_id", id, "timeout_s", s.cfg.InstanceTimeout)
-		}
-	}
+// loopback reports whether addr only accepts local connections.
+func loopback(addr net.Addr) bool {
+	ta, ok := addr.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }
+
+// startLoops registers the enabled background loops in the periodic
+// registry (so /periodic-threads shows them and /periodic-threads-health
+// reports a stuck one) and returns their bodies for Run to start, each on
+// a goroutine Run owns. The sweep and eviction loops wait one interval
+// before their first cycle, as a ticker does.
+func (s *Server) startLoops(ctx context.Context) []func() {
+	var out []func()
+	if s.cfg.HealthCheckInterval > 0 {
+		d := config.Seconds(s.cfg.HealthCheckInterval)
+		l := s.loops.Register(LoopHealthSweep, periodic.High, d, d, s.healthCycle)
+		out = append(out, func() { l.Run(ctx) })
+	}
+	if s.cfg.EvictionCheckInterval > 0 {
+		d := config.Seconds(s.cfg.EvictionCheckInterval)
+		l := s.loops.Register(LoopEviction, periodic.High, d, d, s.evictionCycle)
+		out = append(out, func() { l.Run(ctx) })
+	}
+	if s.cfg.EnableStartupResync {
+		out = append(out, s.resyncLoop(ctx))
+	}
+	return out
+}
+
+func (s *Server) healthCycle(context.Context) (periodic.Summary, error) {
+	dropped := s.reg.SweepStale(config.Seconds(s.cfg.InstanceTimeout))
+	for _, id := range dropped {
+		s.log.Warn("instance missed heartbeats; deregistered", "instance_id", id, "timeout_s", s.cfg.InstanceTimeout)
+	}
+	return periodic.Summary{Message: fmt.Sprintf("dropped=%d registered=%d", len(dropped), s.reg.Len())}, nil
+}
+
+// maxSeqTracked bounds the per-instance seq map.
+var maxSeqTracked = 100_000
 
 // noteSeq records a batch's seq for its instance and reports gaps (lost
 // batches: the reporter drops failed ones) and regressions (a restarted
@@ -195,8 +262,13 @@ func (s *Server) noteSeq(instance string, seq int64) {
 		// instance, which may alias a pooled request buffer.
 		last, *p = *p, seq
 	} else {
-		if len(s.lastSeq) >= 100_000 {
-			clear(s.lastSeq) // bound memory against arbitrary instance ids
+		if len(s.lastSeq) >= maxSeqTracked {
+			// Bound memory against arbitrary instance ids. Forgetting every
+			// instance's last seq means the next gap or regression of each
+			// goes uncounted, so the reset itself is counted.
+			clear(s.lastSeq)
+			s.metrics.seqTrackerResets.Inc()
+			s.log.Warn("usage-event seq tracker reset: too many distinct instance ids", "limit", maxSeqTracked)
 		}
 		v := seq
 		s.lastSeq[strings.Clone(instance)] = &v
@@ -243,7 +315,7 @@ func (s *Server) loadState() error {
 	for i, p := range st.Pins {
 		k, err := p.Key.Decode()
 		if err != nil {
-			return fmt.Errorf("state file %s: pin %d: %w", s.cfg.StateFile, i, err)
+			return fmt.Errorf("%w %s: pin %d: %w", statefile.ErrCorrupt, s.cfg.StateFile, i, err)
 		}
 		pins = append(pins, ledger.PinCount{Key: k, Count: p.Count})
 	}

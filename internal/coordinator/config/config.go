@@ -62,6 +62,13 @@ type Config struct {
 	InflightTTL float64
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+	// AuthToken, when set, is the bearer token every mutating route and
+	// event ingest require. Never logged or echoed.
+	AuthToken string
+	// MPAuthToken, when set, is sent as a bearer token on every call to the
+	// MP servers (eviction DELETEs, resync listing, prefetch relay), whose
+	// --http-auth-token protects those routes. Never logged or echoed.
+	MPAuthToken string
 }
 
 // Default returns the documented defaults.
@@ -107,7 +114,7 @@ type field struct {
 	flag  string
 	env   string
 	usage string
-	kind  string // "float", "int", "string", "bool"
+	kind  string // "float", "int", "string", "secret" (a string never printed), "bool"
 	f     func(*Config) *float64
 	i     func(*Config) *int
 	s     func(*Config) *string
@@ -175,6 +182,8 @@ func fieldsTable() []field {
 			check: func(c Config) string { return rangeInt(c.MetricsTopSalts, 0, 10000) }},
 		{flag: "inflight-ttl", env: "INFLIGHT_TTL", kind: "float", usage: "seconds dispatched eviction victims are not re-sent while their delete events are awaited", f: func(c *Config) *float64 { return &c.InflightTTL },
 			check: func(c Config) string { return ge0(c.InflightTTL) }},
+		{flag: "auth-token", env: "AUTH_TOKEN", kind: "secret", usage: "bearer token required on every mutating route and POST /quota/events (empty: no authentication, as upstream)", s: func(c *Config) *string { return &c.AuthToken }},
+		{flag: "mp-auth-token", env: "MP_AUTH_TOKEN", kind: "secret", usage: "bearer token sent to the MP servers (their --http-auth-token) on eviction, resync and prefetch calls", s: func(c *Config) *string { return &c.MPAuthToken }},
 		{flag: "log-level", env: "LOG_LEVEL", kind: "string", usage: "log level: debug, info, warn or error", s: func(c *Config) *string { return &c.LogLevel },
 			check: func(c Config) string {
 				switch strings.ToLower(c.LogLevel) {
@@ -303,7 +312,11 @@ func printHelp(out io.Writer, fs *flag.FlagSet, table []field, flagIdx map[strin
 	fmt.Fprintf(out, "Usage: lmcache coordinator [flags]\n\nRuns the LMCache MP fleet coordinator. Flags override LMCACHE_MP_COORDINATOR_* env vars.\n\nFlags:\n")
 	fs.VisitAll(func(f *flag.Flag) {
 		fd := table[flagIdx[f.Name]]
-		fmt.Fprintf(out, "  --%s %s\n      %s (default %s)\n", f.Name, fd.kind, f.Usage, valueString(def, fd))
+		kind := fd.kind
+		if kind == "secret" {
+			kind = "string"
+		}
+		fmt.Fprintf(out, "  --%s %s\n      %s (default %s)\n", f.Name, kind, f.Usage, valueString(def, fd))
 	})
 	fmt.Fprintf(out, "\nEnvironment only:\n")
 	for _, fd := range table {
@@ -334,7 +347,7 @@ func setValue(cfg *Config, fd field, raw string) error {
 			return fmt.Errorf("not an integer")
 		}
 		*fd.i(cfg) = v
-	case "string":
+	case "string", "secret":
 		*fd.s(cfg) = raw
 	case "bool":
 		*fd.b(cfg) = parseEnvBool(raw)
@@ -350,6 +363,12 @@ func valueString(cfg Config, fd field) string {
 		return strconv.Itoa(*fd.i(&cfg))
 	case "string":
 		return strconv.Quote(*fd.s(&cfg))
+	case "secret":
+		// A secret is never printed, not even in --help or an error line.
+		if *fd.s(&cfg) == "" {
+			return `""`
+		}
+		return "(set)"
 	case "bool":
 		if *fd.b(&cfg) {
 			return "True"

@@ -140,7 +140,7 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	flags, envs := names()
-	if len(flags) != 16 || len(envs) != 20 {
+	if len(flags) != 18 || len(envs) != 22 {
 		t.Fatalf("%d flags, %d env vars", len(flags), len(envs))
 	}
 	text := out.String()
@@ -189,4 +189,35 @@ func TestHashRootHex(t *testing.T) {
 	}
 	_, err = Load([]string{"--hash-root-hex", "abc"}, env(nil), &bytes.Buffer{})
 	checkErr(t, err, "--hash-root-hex", "even number of hex digits")
+}
+
+// TestAuthTokens: --auth-token / --mp-auth-token over their env vars, and
+// neither value ever appears in --help.
+func TestAuthTokens(t *testing.T) {
+	e := map[string]string{EnvPrefix + "AUTH_TOKEN": "env-coord-secret", EnvPrefix + "MP_AUTH_TOKEN": "env-mp-secret"}
+	c, err := Load(nil, env(e), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AuthToken != "env-coord-secret" || c.MPAuthToken != "env-mp-secret" {
+		t.Fatalf("env tokens: %q %q", c.AuthToken, c.MPAuthToken)
+	}
+	c, err = Load([]string{"--auth-token", "flag-coord-secret", "--mp-auth-token", "flag-mp-secret"}, env(e), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AuthToken != "flag-coord-secret" || c.MPAuthToken != "flag-mp-secret" {
+		t.Fatalf("flag tokens: %q %q", c.AuthToken, c.MPAuthToken)
+	}
+	var help bytes.Buffer
+	if _, err := Load([]string{"--help"}, env(e), &help); !errors.Is(err, ErrHelp) {
+		t.Fatalf("help: %v", err)
+	}
+	out := help.String()
+	if !strings.Contains(out, "--auth-token string") || !strings.Contains(out, "--mp-auth-token string") {
+		t.Fatalf("help lacks the token flags:\n%s", out)
+	}
+	if strings.Contains(out, "secret\n") || strings.Contains(out, "env-coord-secret") || strings.Contains(out, "env-mp-secret") {
+		t.Fatalf("help leaks a token:\n%s", out)
+	}
 }

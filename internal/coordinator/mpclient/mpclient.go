@@ -29,9 +29,18 @@ const maxReply = 64 << 20
 // ErrStatus wraps a non-2xx reply.
 var ErrStatus = errors.New("unexpected status")
 
-// Client talks to MP servers. It is safe for concurrent use.
+// ErrNotOK is a 2xx DELETE /cache/objects reply whose body says
+// "ok": false (the server reached the adapter but the delete failed; the
+// MP API reports that in the body, not the status).
+var ErrNotOK = errors.New("server answered ok=false")
+
+// Client talks to MP servers. It is safe for concurrent use; set Token
+// before the first request.
 type Client struct {
 	HTTP *http.Client
+	// Token, when set, is sent as "Authorization: Bearer <Token>" (the MP
+	// servers' --http-auth-token). It never appears in an error.
+	Token string
 }
 
 // New returns a client whose requests time out after timeout (upstream: 30 s).
@@ -77,6 +86,9 @@ func (c *Client) do(ctx context.Context, method, u string, body any) (int, []byt
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return 0, nil, err
@@ -104,6 +116,14 @@ func (c *Client) DeleteObjects(ctx context.Context, base string, keys []objkey.E
 	}
 	if code/100 != 2 {
 		return &StatusError{Code: code, Body: string(b)}
+	}
+	// Only an explicit false fails: older servers answer without "ok".
+	var reply struct {
+		OK    *bool           `json:"ok"`
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(b, &reply) == nil && reply.OK != nil && !*reply.OK {
+		return fmt.Errorf("%w: %s", ErrNotOK, reply.Error)
 	}
 	return nil
 }

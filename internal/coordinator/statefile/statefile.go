@@ -18,6 +18,11 @@ import (
 // Version is the file format version.
 const Version = 1
 
+// ErrCorrupt wraps every failure to make sense of a file that was read:
+// malformed JSON, an unknown version, or (from callers) an invalid entry.
+// A file that cannot be read at all is not corrupt.
+var ErrCorrupt = errors.New("corrupt state file")
+
 // Pin is one pinned key and its reference count.
 type Pin struct {
 	Key   objkey.Encoded `json:"key"`
@@ -43,10 +48,10 @@ func Load(path string) (State, error) {
 	}
 	var s State
 	if err := json.Unmarshal(b, &s); err != nil {
-		return State{}, fmt.Errorf("state file %s: %w", path, err)
+		return State{}, fmt.Errorf("%w %s: %w", ErrCorrupt, path, err)
 	}
 	if s.Version != Version {
-		return State{}, fmt.Errorf("state file %s: unsupported version %d", path, s.Version)
+		return State{}, fmt.Errorf("%w %s: unsupported version %d", ErrCorrupt, path, s.Version)
 	}
 	if s.Quotas == nil {
 		s.Quotas = map[string]int64{}
