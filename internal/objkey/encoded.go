@@ -19,8 +19,13 @@ func (k Key) Encode() Encoded {
 }
 
 // Decode parses the hex hash with Python bytes.fromhex rules and validates
-// the resulting key.
+// the resulting key. Unlike upstream it refuses a negative kv_rank: every
+// rank a server computes (ComputeKVRank) is >= 0, so a negative one in a
+// request names no object and is a client bug, not a miss.
 func (e Encoded) Decode() (Key, error) {
+	if e.KVRank < 0 {
+		return Key{}, fmt.Errorf("%w: kv_rank must be >= 0 (got %d)", ErrInvalid, e.KVRank)
+	}
 	h, err := FromHex(e.ChunkHashHex)
 	if err != nil {
 		return Key{}, err

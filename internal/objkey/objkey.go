@@ -39,8 +39,10 @@ func New(chunkHash []byte, modelName string, kvRank, objectGroupID int64, cacheS
 // its error message lists them.
 const badSaltChars = "@/\\\x00"
 
-// Validate applies upstream's ObjectKey invariants. kv_rank is deliberately
-// unchecked, as upstream.
+// Validate applies upstream's ObjectKey invariants. kv_rank is unchecked
+// here, as upstream, so that storage names another server wrote keep
+// parsing; keys that arrive in requests (Encoded.Decode) refuse negative
+// ranks.
 func (k Key) Validate() error {
 	if strings.Contains(k.ModelName, "@") {
 		return fmt.Errorf("%w: model_name must not contain '@' (got '%s')", ErrInvalid, k.ModelName)

@@ -106,7 +106,23 @@ func TestValidateMessages(t *testing.T) {
 		}
 	}
 	if err := (Key{ModelName: "m", CacheSalt: strings.Repeat("é", 128), KVRank: -5}).Validate(); err != nil {
-		t.Errorf("128-rune salt and negative kv_rank must be valid: %v", err)
+		t.Errorf("128-rune salt and a negative kv_rank (storage names) must be valid: %v", err)
+	}
+}
+
+// TestNegativeKVRankRefused: kv_rank -1 in the JSON key form is refused with
+// a clear error naming the field, and builds no key.
+func TestNegativeKVRankRefused(t *testing.T) {
+	var e Encoded
+	if err := json.Unmarshal([]byte(`{"chunk_hash_hex":"aa01","model_name":"m","kv_rank":-1}`), &e); err != nil {
+		t.Fatal(err)
+	}
+	k, err := e.Decode()
+	if !errors.Is(err, ErrInvalid) || err.Error() != "invalid object key: kv_rank must be >= 0 (got -1)" {
+		t.Fatalf("Decode kv_rank -1: key %+v, err %v", k, err)
+	}
+	if _, err := New([]byte{1}, "m", 0, 0, ""); err != nil {
+		t.Fatalf("kv_rank 0 refused: %v", err)
 	}
 }
 

@@ -20,7 +20,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/l2"
@@ -29,11 +31,15 @@ import (
 )
 
 // tmpPrefix marks our temp files; they never end in ".data", so neither we
-// nor upstream mistake them for objects.
+// nor upstream mistake them for objects. A temp file is named
+// tmpPrefix + <host>.<pid>. + <random hex>, so a starting adapter can tell
+// the leftovers of a dead process on this host from the writes in progress
+// of a live server sharing the directory.
 const tmpPrefix = ".lmcache-tmp-"
 
-// staleTmpAge is how old a temp file must be before recovery deletes it;
-// younger ones may belong to another live server sharing the directory.
+// staleTmpAge is how old a temp file of another host (or of the older,
+// ownerless name form) must be before start-up deletes it; younger ones may
+// belong to a live server on another host sharing the directory.
 const staleTmpAge = time.Hour
 
 // Adapter is the fs adapter.
@@ -65,6 +71,9 @@ func New(cfg Config) (*Adapter, error) {
 			return nil, fmt.Errorf("fs: create relative_tmp_dir: %w", err)
 		}
 	}
+	// Interrupted writes of earlier runs go first, with or without
+	// recover_on_start: they hold disk space and nobody will rename them.
+	a.removeStaleTemps()
 	if cfg.RecoverOnStart {
 		if err := a.recover(); err != nil {
 			return nil, err
@@ -94,23 +103,68 @@ func (a *Adapter) recover() error {
 		a.recoveredSizes = append(a.recoveredSizes, info.Size())
 	}
 	a.book.Stored(a.recoveredKeys, a.recoveredSizes)
-	a.removeStaleTemps()
 	return nil
 }
 
+// tmpOwner is this process's part of its temp file names.
+var tmpOwner = tmpHost() + "." + strconv.Itoa(os.Getpid()) + "."
+
+// tmpHost is the host name reduced to characters safe in a file name
+// (without dots, which separate the owner fields).
+func tmpHost() string {
+	h, _ := os.Hostname()
+	h = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return -1
+	}, h)
+	if h == "" {
+		h = "host"
+	}
+	return h
+}
+
+// removeStaleTemps deletes temp files nobody will rename: those written on
+// this host by a process that is no longer alive (an interrupted write of
+// an earlier run), and any older than staleTmpAge. A temp file of a live
+// process on this host, or a young one of another host, is left alone.
 func (a *Adapter) removeStaleTemps() {
 	ents, err := os.ReadDir(a.tmpDir)
 	if err != nil {
 		return
 	}
+	host := tmpHost()
 	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), tmpPrefix) {
+		name, ok := strings.CutPrefix(e.Name(), tmpPrefix)
+		if !ok || !e.Type().IsRegular() {
 			continue
 		}
-		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > staleTmpAge {
+		stale := false
+		if h, rest, ok := strings.Cut(name, "."); ok && h == host {
+			pidStr, _, _ := strings.Cut(rest, ".")
+			if pid, err := strconv.Atoi(pidStr); err == nil && !processAlive(pid) {
+				stale = true
+			}
+		}
+		if !stale {
+			info, err := e.Info()
+			stale = err == nil && time.Since(info.ModTime()) > staleTmpAge
+		}
+		if stale {
 			_ = os.Remove(filepath.Join(a.tmpDir, e.Name()))
 		}
 	}
+}
+
+// processAlive reports whether pid names a live process on this host
+// (EPERM: alive, owned by someone else).
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }
 
 // Recovered returns the objects found by the start-up scan, for seeding an
@@ -154,7 +208,7 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 func (a *Adapter) writeAtomic(dst string, data []byte) error {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
-	tmp := filepath.Join(a.tmpDir, tmpPrefix+hex.EncodeToString(rnd[:]))
+	tmp := filepath.Join(a.tmpDir, tmpPrefix+tmpOwner+hex.EncodeToString(rnd[:]))
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return fmt.Errorf("fs: store: %w", err)

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/hex"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -250,4 +252,77 @@ func TestParseConfig(t *testing.T) {
 		t.Fatal(a.TypeName())
 	}
 	_ = a.Close()
+}
+
+// TestStartRemovesInterruptedTemps: temp files that an interrupted write of
+// an earlier process on this host left behind are deleted when the adapter
+// starts (recover_on_start or not), as are temps older than an hour; temps
+// of a live process on this host and young temps of other hosts (a shared
+// directory) are kept. Object files are never touched.
+func TestStartRemovesInterruptedTemps(t *testing.T) {
+	for _, recoverOnStart := range []bool{false, true} {
+		dir := t.TempDir()
+		// A process that ran and exited: its pid is dead.
+		cmd := exec.Command("true")
+		if err := cmd.Run(); err != nil {
+			t.Fatal(err)
+		}
+		dead := cmd.Process.Pid
+		host := fs.TmpHost()
+		files := map[string]bool{ // name -> survives start
+			fs.TmpPrefix + host + "." + strconv.Itoa(dead) + ".00aa":        false,
+			fs.TmpPrefix + host + "." + strconv.Itoa(os.Getpid()) + ".00bb": true,
+			fs.TmpPrefix + "otherhost.1.00cc":                               true,
+			fs.TmpPrefix + "0011223344556677":                               true,  // the older ownerless form, young
+			fs.TmpPrefix + "8899aabbccddeeff":                               false, // ownerless, two hours old
+			fs.TmpPrefix + "otherhost.2.00dd":                               false, // other host, two hours old
+			goldenKey(t, "s").FSName():                                      true,
+		}
+		old := time.Now().Add(-2 * time.Hour)
+		for name, keep := range files {
+			p := filepath.Join(dir, name)
+			if err := os.WriteFile(p, []byte("partial"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if !keep && !strings.Contains(name, "."+strconv.Itoa(dead)+".") {
+				if err := os.Chtimes(p, old, old); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		a, err := fs.New(fs.Config{BasePath: dir, RecoverOnStart: recoverOnStart, PersistEnabled: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, keep := range files {
+			_, err := os.Stat(filepath.Join(dir, name))
+			if got := err == nil; got != keep {
+				t.Errorf("recover_on_start=%v: %s exists=%v after start, want %v", recoverOnStart, name, got, keep)
+			}
+		}
+		// A write of this process leaves no temp and names none without its owner.
+		k := goldenKey(t, "new")
+		if err := a.Store(context.Background(), []objkey.Key{k}, [][]byte{[]byte("payload")}); err != nil {
+			t.Fatal(err)
+		}
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var temps []string
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), fs.TmpPrefix) {
+				temps = append(temps, e.Name())
+			}
+		}
+		slices.Sort(temps)
+		want := []string{fs.TmpPrefix + "0011223344556677", fs.TmpPrefix + host + "." + strconv.Itoa(os.Getpid()) + ".00bb", fs.TmpPrefix + "otherhost.1.00cc"}
+		slices.Sort(want)
+		if !slices.Equal(temps, want) {
+			t.Errorf("temps after a store: %q, want %q", temps, want)
+		}
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

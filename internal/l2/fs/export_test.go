@@ -1,0 +1,6 @@
+package fs
+
+// Test access to the temp file naming.
+var TmpHost = tmpHost
+
+const TmpPrefix = tmpPrefix
