@@ -4,10 +4,9 @@
 // with a bucket and is stopped by t.Cleanup.
 //
 // The versitygw binary is found through $VERSITYGW (a path), then
-// $GOBIN or $(go env GOPATH)/bin, then $PATH. Without it the test is skipped
-// with a message naming the install script — unless $CI or
-// $LMCACHE_REQUIRE_VERSITYGW is set, in which case the test fails, so CI
-// cannot silently skip the real-server proof.
+// $GOBIN or $(go env GOPATH)/bin, then $PATH. Without it the test fails with
+// a message naming the install script: the real-server proof is never
+// skipped, on CI or on a laptop (scripts/test.sh installs versitygw first).
 package s3test
 
 import (
@@ -24,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,15 +51,31 @@ type Server struct {
 	Dir string
 	// Client is a path-style client for arranging and inspecting objects.
 	Client *s3.Client
+
+	proc *os.Process // the versitygw process (nil for gofakes3)
+}
+
+// Freeze stops the versitygw process with SIGSTOP: its sockets stay open
+// and accept connections, but nothing is answered, which is what a stalled
+// (not dead) S3 looks like. Thaw resumes it; a frozen server is still
+// killed by the test's cleanup.
+func (s *Server) Freeze() error { return s.signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen versitygw with SIGCONT.
+func (s *Server) Thaw() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) error {
+	if s.proc == nil {
+		return fmt.Errorf("s3test: %s server has no process to signal", s.Kind)
+	}
+	if err := s.proc.Signal(sig); err != nil {
+		return fmt.Errorf("s3test: signal versitygw: %w", err)
+	}
+	return nil
 }
 
 // URL is the endpoint with its scheme.
 func (s *Server) URL() string { return "http://" + s.Endpoint }
-
-// required reports whether a missing versitygw must fail the test.
-func required() bool {
-	return os.Getenv("CI") != "" || os.Getenv("LMCACHE_REQUIRE_VERSITYGW") != ""
-}
 
 // FindVersity locates the versitygw binary.
 func FindVersity() (string, error) {
@@ -85,16 +101,12 @@ func FindVersity() (string, error) {
 	return exec.LookPath("versitygw")
 }
 
-// Versity starts versitygw for the test (or skips, see the package doc).
+// Versity starts versitygw for the test; a missing binary fails the test.
 func Versity(t testing.TB) *Server {
 	t.Helper()
 	bin, err := FindVersity()
 	if err != nil {
-		msg := fmt.Sprintf("versitygw not found (%v); install it with scripts/install-versitygw.sh", err)
-		if required() {
-			t.Fatal(msg + " ($CI or $LMCACHE_REQUIRE_VERSITYGW is set, so this is an error)")
-		}
-		t.Skip(msg)
+		t.Fatalf("versitygw not found (%v); install it with scripts/install-versitygw.sh (scripts/test.sh does)", err)
 	}
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
@@ -139,6 +151,7 @@ func Versity(t testing.TB) *Server {
 			log, _ := os.ReadFile(logf.Name())
 			t.Fatalf("versitygw did not start: %v\n%s", err, log)
 		}
+		s.proc = cmd.Process
 		t.Cleanup(func() {
 			s.Client.Options().HTTPClient.(*http.Client).CloseIdleConnections()
 			stop()

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -54,5 +55,34 @@ func TestFindVersityHonoursEnv(t *testing.T) {
 	t.Setenv("VERSITYGW", "/nonexistent/versitygw")
 	if _, err := s3test.FindVersity(); err == nil {
 		t.Fatal("a missing $VERSITYGW path was accepted")
+	}
+}
+
+// TestVersityFreezeThaw: a frozen versitygw answers nothing (a request with
+// a deadline fails), and after Thaw the same server answers again with its
+// data intact.
+func TestVersityFreezeThaw(t *testing.T) {
+	srv := s3test.Versity(t)
+	roundTrip(t, srv)
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	_, err := srv.Client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(srv.Bucket), Key: aws.String("a/b@c")})
+	cancel()
+	if err == nil {
+		t.Fatal("a frozen versitygw answered HEAD")
+	}
+	if err := srv.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := srv.Client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(srv.Bucket), Key: aws.String("a/b@c")})
+	if err != nil || aws.ToInt64(out.ContentLength) != 5 {
+		t.Fatalf("HEAD after thaw: %v", err)
+	}
+	if err := s3test.Fake(t).Freeze(); err == nil {
+		t.Fatal("Freeze of an in-process server succeeded")
 	}
 }
