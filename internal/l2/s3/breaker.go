@@ -31,6 +31,12 @@ var errBroken = fmt.Errorf("%w: S3 connection disabled (circuit-broken)", l2.Err
 // adapter for good after 3 connection failures; this one re-admits a single
 // probe request after the cool-down (half-open) and closes again when the
 // probe succeeds. All fields are guarded by mu; no I/O happens under it.
+//
+// Slow calls count as failures: a stalled (not dead) S3 accepts connections
+// and answers nothing, so without this every request would wait its whole
+// timeout (30 s) before the breaker could learn anything. A call still
+// running when its slow limit passes is counted at that moment (slow), not
+// when it finally returns, so the breaker opens while the calls still hang.
 type breaker struct {
 	threshold int
 	cooldown  time.Duration
@@ -38,10 +44,13 @@ type breaker struct {
 
 	mu       sync.Mutex
 	state    breakerState
-	failures int // consecutive connection-class failures
+	failures int // consecutive connection-class failures and slow calls
 	openedAt time.Time
-	probing  bool // a half-open probe is in flight
+	probing  bool   // a half-open probe is in flight
+	probeID  uint64 // the probe in flight, so a late, superseded one cannot clear probing
+	nextID   uint64
 	trips    int64
+	slows    int64 // calls counted as slow, ever
 }
 
 func newBreaker(threshold int, cooldown time.Duration, now func() time.Time) *breaker {
@@ -52,56 +61,83 @@ func newBreaker(threshold int, cooldown time.Duration, now func() time.Time) *br
 }
 
 // allow admits a request or returns errBroken. A request admitted in the
-// half-open state is the probe; it must be followed by record.
-func (b *breaker) allow() (probe bool, err error) {
+// half-open state is the probe (probe != 0); it must be followed by record.
+func (b *breaker) allow() (probe uint64, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch b.state {
 	case closed:
-		return false, nil
+		return 0, nil
 	case open:
 		if b.now().Sub(b.openedAt) < b.cooldown {
-			return false, errBroken
+			return 0, errBroken
 		}
 		b.state = halfOpen
-		b.probing = true
-		return true, nil
+		return b.startProbe(), nil
 	default: // half-open: one probe at a time
 		if b.probing {
-			return false, errBroken
+			return 0, errBroken
 		}
-		b.probing = true
-		return true, nil
+		return b.startProbe(), nil
 	}
+}
+
+func (b *breaker) startProbe() uint64 {
+	b.nextID++
+	b.probing, b.probeID = true, b.nextID
+	return b.probeID
+}
+
+// endProbe clears the probe flag if probe is still the one in flight.
+func (b *breaker) endProbe(probe uint64) {
+	if probe != 0 && b.probeID == probe {
+		b.probing = false
+	}
+}
+
+// fail counts one failure (or slow call) and opens the breaker at the
+// threshold, or at once when it was half-open.
+func (b *breaker) fail() {
+	b.failures++
+	if b.state == halfOpen || b.failures >= b.threshold {
+		if b.state != open {
+			b.trips++
+		}
+		b.state = open
+		b.openedAt = b.now()
+	}
+}
+
+// slow records that an admitted call has run past its slow limit and is
+// still running. Its outcome, when it comes, is then ignored (record with
+// wasSlow): the slow call already counted as a failure. A slow probe ends
+// its probing, so the next cool-down admits a fresh probe even while this
+// one hangs.
+func (b *breaker) slow(probe uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.slows++
+	b.endProbe(probe)
+	b.fail()
 }
 
 // record feeds the outcome of an admitted request back. ctx is the
 // caller's context: a request the caller cancelled says nothing about S3.
-func (b *breaker) record(ctx context.Context, probe bool, err error) {
+// wasSlow: slow already counted this call.
+func (b *breaker) record(ctx context.Context, probe uint64, err error, wasSlow bool) {
 	neutral := err != nil && ctx.Err() != nil
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if probe {
-		b.probing = false
-	}
+	b.endProbe(probe)
 	switch {
+	case wasSlow:
 	case neutral:
-		if probe && b.state == halfOpen {
-			// Let the next request probe instead.
-			return
-		}
+		// A cancelled probe lets the next request probe instead.
 	case !isConnectionFailure(err):
 		b.failures = 0
 		b.state = closed
 	default:
-		b.failures++
-		if b.state == halfOpen || b.failures >= b.threshold {
-			if b.state != open {
-				b.trips++
-			}
-			b.state = open
-			b.openedAt = b.now()
-		}
+		b.fail()
 	}
 }
 
@@ -119,10 +155,10 @@ func (b *breaker) blocked() bool {
 	return false
 }
 
-func (b *breaker) snapshot() (state breakerState, failures int, trips int64) {
+func (b *breaker) snapshot() (state breakerState, failures int, trips, slows int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.state, b.failures, b.trips
+	return b.state, b.failures, b.trips, b.slows
 }
 
 // isConnectionFailure classifies an S3 call outcome. Anything that got an

@@ -213,3 +213,79 @@ func TestCallerCancelDoesNotTrip(t *testing.T) {
 		t.Fatalf("status after cancelled calls = %v", st)
 	}
 }
+
+// TestBreakerOpensOnSlowCalls: against an S3 that accepts requests and
+// answers nothing, the breaker opens once three calls have run past the
+// slow-call limit, long before their one-minute op timeout; later calls
+// fail fast without reaching S3. After the cool-down a probe that hangs too
+// is counted slow and reopens the breaker; once S3 answers again a probe
+// closes it.
+func TestBreakerOpensOnSlowCalls(t *testing.T) {
+	o := newOutage()
+	srv := s3test.FakeWith(t, func(h http.Handler) http.Handler { o.next = h; return o })
+	t.Cleanup(func() { close(o.release) })
+	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	c := configFor(srv, srv.Bucket)
+	c.MaxAttempts, c.BreakerThreshold, c.BreakerCooldown = 1, 3, 10*time.Second
+	c.OpTimeout, c.SlowCall = time.Minute, 20*time.Millisecond
+	c.Now = clk.Now
+	a := newAdapter(t, c)
+	t.Cleanup(func() { _ = a.Close() })
+	keys := l2test.Keys(t, 1, "")
+
+	o.mode.Store("hang")
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { _, _ = a.LookupAndLock(ctx, keys) })
+	}
+	waitStatus(t, a, func(st map[string]any) bool { return st["breaker_state"] == "open" })
+	if st := a.Status(); st["slow_calls"] != int64(3) || st["breaker_trips"] != int64(1) {
+		t.Fatalf("after three hanging calls: %v", st)
+	}
+	before := o.requests.Load()
+	if _, err := a.LookupAndLock(context.Background(), keys); !errors.Is(err, l2.ErrUnavailable) {
+		t.Fatalf("lookup with the breaker open = %v, want ErrUnavailable", err)
+	}
+	if got := o.requests.Load(); got != before {
+		t.Fatalf("%d requests reached the stalled S3 after the breaker opened", got-before)
+	}
+	cancel()
+	wg.Wait()
+	if st := a.Status(); st["breaker_state"] != "open" {
+		t.Fatalf("cancelled slow calls closed the breaker: %v", st)
+	}
+
+	// Cool-down over, S3 still stalled: the probe hangs, counts slow, and
+	// the breaker is open again while the probe still waits.
+	clk.Advance(10 * time.Second)
+	pctx, pcancel := context.WithCancel(context.Background())
+	wg.Go(func() { _, _ = a.LookupAndLock(pctx, keys) })
+	waitStatus(t, a, func(st map[string]any) bool { return st["slow_calls"] == int64(4) })
+	if st := a.Status(); st["breaker_state"] != "open" || st["breaker_trips"] != int64(2) {
+		t.Fatalf("after a hanging probe: %v", st)
+	}
+	pcancel()
+	wg.Wait()
+
+	o.mode.Store("")
+	clk.Advance(10 * time.Second)
+	if _, err := a.LookupAndLock(context.Background(), keys); err != nil {
+		t.Fatalf("probe after recovery: %v", err)
+	}
+	if st := a.Status(); st["breaker_state"] != "closed" || st["is_healthy"] != true {
+		t.Fatalf("after a good probe: %v", st)
+	}
+}
+
+// waitStatus polls the adapter status until ok holds (30 s deadline).
+func waitStatus(t *testing.T, a *s3.Adapter, ok func(map[string]any) bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ok(a.Status()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("status not reached in 30 s: %v", a.Status())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -36,6 +36,10 @@ type Config struct {
 	BreakerCooldown  time.Duration // s3_breaker_cooldown_s: open time before a probe (10 s)
 	OpTimeout        time.Duration // s3_op_timeout_s: HEAD/DELETE/LIST timeout, as upstream's 30 s wait
 	DialTimeout      time.Duration // s3_connect_timeout_s: TCP/TLS connect timeout (5 s)
+	// SlowCall is s3_slow_call_s (2 s): a request still running this long
+	// (plus 100 ms per MiB of body) counts toward opening the breaker as a
+	// failure would, so a stalled S3 opens it without waiting OpTimeout.
+	SlowCall time.Duration
 
 	// Now replaces time.Now for the breaker (tests).
 	Now func() time.Time
@@ -61,6 +65,7 @@ func Defaults() Config {
 		BreakerCooldown:  10 * time.Second,
 		OpTimeout:        30 * time.Second,
 		DialTimeout:      5 * time.Second,
+		SlowCall:         2 * time.Second,
 	}
 }
 
@@ -111,6 +116,7 @@ func ParseConfig(f *l2.Fields) (Config, error) {
 	seconds("s3_breaker_cooldown_s", &c.BreakerCooldown)
 	seconds("s3_op_timeout_s", &c.OpTimeout)
 	seconds("s3_connect_timeout_s", &c.DialTimeout)
+	seconds("s3_slow_call_s", &c.SlowCall)
 	if err != nil {
 		return c, err
 	}

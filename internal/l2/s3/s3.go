@@ -79,6 +79,9 @@ func New(ctx context.Context, cfg Config) (*Adapter, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = d.DialTimeout
 	}
+	if cfg.SlowCall <= 0 {
+		cfg.SlowCall = d.SlowCall
+	}
 	if cfg.AddressingStyle == "" {
 		cfg.AddressingStyle = d.AddressingStyle
 	}
@@ -186,8 +189,10 @@ func (a *Adapter) enter() error { return a.gate.Enter("s3") }
 
 func (a *Adapter) leave() { a.gate.Leave() }
 
-// call runs one S3 request through the semaphore and the breaker.
-func (a *Adapter) call(ctx context.Context, fn func(ctx context.Context) error) error {
+// call runs one S3 request through the semaphore and the breaker. A
+// request still running after slowAfter counts as a slow call at that
+// moment (a timer owned by this call, stopped before it returns).
+func (a *Adapter) call(ctx context.Context, slowAfter time.Duration, fn func(ctx context.Context) error) error {
 	select {
 	case a.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -198,9 +203,19 @@ func (a *Adapter) call(ctx context.Context, fn func(ctx context.Context) error) 
 	if err != nil {
 		return err
 	}
+	t := time.AfterFunc(slowAfter, func() { a.brk.slow(probe) })
 	err = fn(ctx)
-	a.brk.record(ctx, probe, err)
+	// Stop reports false when the timer has fired (or is firing): the call
+	// was counted as slow, so record leaves its outcome alone.
+	a.brk.record(ctx, probe, err, !t.Stop())
 	return err
+}
+
+// slowLimit is when a request moving n body bytes counts as slow: the
+// s3_slow_call_s threshold plus 100 ms per MiB (a 10 MiB/s floor), so a
+// large transfer on a healthy link is not mistaken for a stall.
+func (a *Adapter) slowLimit(n int) time.Duration {
+	return a.cfg.SlowCall + time.Duration(n>>20)*100*time.Millisecond
 }
 
 // transferTimeout bounds one PUT or GET of n bytes: the op timeout plus
@@ -242,7 +257,7 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 	}
 	errs := make([]error, len(keys))
 	forEach(len(keys), func(i int) {
-		errs[i] = a.call(ctx, func(ctx context.Context) error {
+		errs[i] = a.call(ctx, a.slowLimit(len(objs[i])), func(ctx context.Context) error {
 			ctx, cancel := context.WithTimeout(ctx, a.transferTimeout(len(objs[i])))
 			defer cancel()
 			_, err := a.client.PutObject(ctx, &s3.PutObjectInput{
@@ -301,7 +316,7 @@ func (a *Adapter) LookupAndLock(ctx context.Context, keys []objkey.Key) ([]bool,
 			hits[i] = true
 			return
 		}
-		errs[i] = a.call(ctx, func(ctx context.Context) error {
+		errs[i] = a.call(ctx, a.slowLimit(0), func(ctx context.Context) error {
 			ctx, cancel := context.WithTimeout(ctx, a.cfg.OpTimeout)
 			defer cancel()
 			out, err := a.client.HeadObject(ctx, &s3.HeadObjectInput{
@@ -364,7 +379,7 @@ func (a *Adapter) Load(ctx context.Context, keys []objkey.Key, dst [][]byte) ([]
 	}
 	errs := make([]error, len(keys))
 	forEach(len(keys), func(i int) {
-		errs[i] = a.call(ctx, func(ctx context.Context) error {
+		errs[i] = a.call(ctx, a.slowLimit(len(dst[i])), func(ctx context.Context) error {
 			ctx, cancel := context.WithTimeout(ctx, a.transferTimeout(len(dst[i])))
 			defer cancel()
 			return a.getInto(ctx, keys[i], dst[i])
@@ -431,7 +446,7 @@ func (a *Adapter) Delete(ctx context.Context, keys []objkey.Key) ([]objkey.Key, 
 		for i, k := range batch {
 			ids[i] = types.ObjectIdentifier{Key: aws.String(k.S3Name())}
 		}
-		err := a.call(ctx, func(ctx context.Context) error {
+		err := a.call(ctx, a.slowLimit(0), func(ctx context.Context) error {
 			ctx, cancel := context.WithTimeout(ctx, a.cfg.OpTimeout)
 			defer cancel()
 			out, err := a.client.DeleteObjects(ctx, &s3.DeleteObjectsInput{
@@ -483,7 +498,7 @@ func (a *Adapter) List(ctx context.Context, modelName string, pageSize int, page
 		in.ContinuationToken = aws.String(pageToken)
 	}
 	var page l2.Page
-	err := a.call(ctx, func(ctx context.Context) error {
+	err := a.call(ctx, a.slowLimit(0), func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, a.cfg.OpTimeout)
 		defer cancel()
 		out, err := a.client.ListObjectsV2(ctx, in)
@@ -518,7 +533,7 @@ func (a *Adapter) Usage() l2.Usage { return a.book.Usage() }
 // Status implements l2.Adapter with upstream's keys plus breaker details.
 func (a *Adapter) Status() map[string]any {
 	isClosed := a.gate.Closed()
-	state, failures, trips := a.brk.snapshot()
+	state, failures, trips, slows := a.brk.snapshot()
 	u := a.book.Usage()
 	endpoint := a.tgt.baseURL
 	if endpoint == "" {
@@ -535,6 +550,7 @@ func (a *Adapter) Status() map[string]any {
 		"connection_disabled": state != closed,
 		"breaker_state":       state.String(),
 		"breaker_trips":       trips,
+		"slow_calls":          slows,
 		"current_size_bytes":  u.TotalBytesUsed,
 		"max_capacity_bytes":  a.cfg.MaxCapacityBytes,
 	}
