@@ -52,6 +52,18 @@ type Metrics struct {
 	CoordBatchesFailed *Counter
 	CoordRegistrations *Counter
 
+	// ZMQ data path: work it dropped (Go additions, docs/compatibility.md
+	// "Data path"). Refused is labelled {reason}: control_queue_full,
+	// transfer_queue_full, wrong_wire_profile; DroppedReplies {reason}:
+	// peer_gone, peer_not_reading, send_failed, handoff_failed; Malformed
+	// {kind}: frames, op_frame, unknown_op, payload_count.
+	ZMQRefused             *prometheus.CounterVec
+	ZMQDroppedReplies      *prometheus.CounterVec
+	ZMQMalformed           *prometheus.CounterVec
+	ZMQReapedWorkers       *Counter
+	ZMQAbandonedTransfers  *Counter
+	ZMQProfileRefusedPeers *Counter
+
 	vecs     []interface{ Reset() }
 	resets   []*Counter
 	engine   *engineCollector
@@ -89,6 +101,12 @@ func New(instanceID string, src Source) *Metrics {
 	m.CoordBatchesSent = c(Namespace+"_coordinator_batches_sent_total", "Event batches the coordinator accepted.")
 	m.CoordBatchesFailed = c(Namespace+"_coordinator_batches_failed_total", "Event batches that failed to reach the coordinator.")
 	m.CoordRegistrations = c(Namespace+"_coordinator_registrations_total", "Successful (re-)registrations with the coordinator.")
+	m.ZMQRefused = cv(Namespace+"_zmq_refused_requests_total", "ZMQ requests refused without being executed (answered with their negative reply, or not at all for a refused peer).", "reason")
+	m.ZMQDroppedReplies = cv(Namespace+"_zmq_dropped_replies_total", "ZMQ replies that never reached their client.", "reason")
+	m.ZMQMalformed = cv(Namespace+"_zmq_malformed_messages_total", "ZMQ messages that could not be parsed as a request.", "kind")
+	m.ZMQReapedWorkers = c(Namespace+"_zmq_reaped_workers_total", "Worker registrations dropped by the reaper after going silent.")
+	m.ZMQAbandonedTransfers = c(Namespace+"_zmq_abandoned_transfers_total", "PREPARE_STORE/PREPARE_RETRIEVE whose COMMIT never came, dropped (staged writes aborted, read locks released).")
+	m.ZMQProfileRefusedPeers = c(Namespace+"_zmq_wire_profile_refused_peers_total", "Client connections refused because their first request fingerprints a wire profile other than the forced --wire-profile.")
 
 	m.engine = &engineCollector{src: src}
 	m.reg.MustRegister(m.engine)
