@@ -265,3 +265,36 @@ func TestEvictionLoopDispatchesToRandomServers(t *testing.T) {
 		return len(mp1.deleteBatches()) > 0 && len(mp2.deleteBatches()) > 0
 	})
 }
+
+// TestEvictionNotOKIsAFailure: a 200 DELETE reply with "ok": false is a
+// failed dispatch, not a dispatched one: counted in
+// eviction_dispatch_failures_total and eviction_dispatch_not_ok_total,
+// nothing added to eviction_keys_dispatched_total, and the same victims go
+// out again next cycle (their in-flight marks are released).
+func TestEvictionNotOKIsAFailure(t *testing.T) {
+	c := startCoord(t, nil)
+	c.events(rev("store", "01", "s", 10), rev("store", "02", "s", 10))
+	c.must("PUT", "/quota/s", map[string]any{"limit_gb": 0}, 200)
+	mp := newMP(t)
+	mp.deleteReply = `{"requested":2,"adapter":"fs","ok":false,"error":"adapter failed","deleted":0,"skipped":0}`
+	mp.register(c, "mp-1")
+	c.cycle()
+	c.cycle()
+	b := mp.deleteBatches()
+	if len(b) != 2 || strings.Join(hexes(b[1]), ",") != "s/01,s/02" {
+		t.Fatalf("victims not re-sent after ok=false: %v", b)
+	}
+	_, raw := c.do("GET", "/metrics", nil)
+	for _, want := range []string{
+		"lmcache_coordinator_eviction_dispatch_failures_total 2\n",
+		"lmcache_coordinator_eviction_dispatch_not_ok_total 2\n",
+		"lmcache_coordinator_eviction_keys_dispatched_total 0\n",
+	} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if !c.logs.has("server answered ok=false") {
+		t.Fatalf("no log line for ok=false:\n%s", c.logs.String())
+	}
+}

@@ -33,6 +33,12 @@ type coord struct {
 	base   string
 	client *http.Client
 	logs   *logBuffer
+	// token is the Authorization header do sends ("Bearer <AuthToken>"
+	// when the config has one).
+	token string
+	// stop cancels Run; wait returns Run's result (once stopped).
+	stop func()
+	wait func() error
 }
 
 // logBuffer collects a coordinator's log lines so a test can wait for one.
@@ -45,6 +51,12 @@ func (b *logBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func (b *logBuffer) has(s string) bool {
@@ -76,6 +88,18 @@ func startCoord(t testing.TB, mutate func(*config.Config)) *coord {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c := runOn(t, srv)
+	c.logs = logs
+	if cfg.AuthToken != "" {
+		c.token = "Bearer " + cfg.AuthToken
+	}
+	return c
+}
+
+// runOn runs srv on a fresh loopback listener until the test ends (or
+// stop is called).
+func runOn(t testing.TB, srv *coordinator.Server) *coord {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -83,10 +107,12 @@ func startCoord(t testing.TB, mutate func(*config.Config)) *coord {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, ln) }()
-	c := &coord{t: t, srv: srv, base: "http://" + ln.Addr().String(), client: &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}, logs: logs}
+	c := &coord{t: t, srv: srv, base: "http://" + ln.Addr().String(), client: &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second},
+		logs: &logBuffer{}, stop: cancel}
+	c.wait = sync.OnceValue(func() error { return <-done })
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
+		if err := c.wait(); err != nil {
 			t.Errorf("Run: %v", err)
 		}
 		c.client.CloseIdleConnections()
@@ -97,6 +123,14 @@ func startCoord(t testing.TB, mutate func(*config.Config)) *coord {
 // do sends a request; body may be nil, a string (sent raw) or a value
 // (JSON-encoded). It returns the status and raw response body.
 func (c *coord) do(method, path string, body any) (int, []byte) {
+	c.t.Helper()
+	code, _, raw := c.doAuth(method, path, body, c.token)
+	return code, raw
+}
+
+// doAuth is do with an explicit Authorization header ("" for none); it also
+// returns the response headers.
+func (c *coord) doAuth(method, path string, body any, auth string) (int, http.Header, []byte) {
 	c.t.Helper()
 	var rd io.Reader
 	switch b := body.(type) {
@@ -119,6 +153,9 @@ func (c *coord) do(method, path string, body any) (int, []byte) {
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
 	resp, err := c.client.Do(req)
 	if err != nil {
 		c.t.Fatal(err)
@@ -128,7 +165,7 @@ func (c *coord) do(method, path string, body any) (int, []byte) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	return resp.StatusCode, out
+	return resp.StatusCode, resp.Header, out
 }
 
 // must sends a request, checks the status and decodes the JSON reply.
@@ -186,6 +223,10 @@ type mpServer struct {
 	submitBody  string
 	statusCode  int
 	statusBody  string
+	// auths is the Authorization header of every request, in arrival order.
+	auths []string
+	// deleteReply, when set, replaces the DELETE /cache/objects body.
+	deleteReply string
 }
 
 type mpPage struct {
@@ -206,9 +247,13 @@ func newMP(t testing.TB) *mpServer {
 		m.mu.Lock()
 		m.deletes = append(m.deletes, body.Keys)
 		m.rawDeletes = append(m.rawDeletes, string(raw))
-		code := m.deleteCode
+		code, reply := m.deleteCode, m.deleteReply
 		m.mu.Unlock()
 		w.WriteHeader(code)
+		if reply != "" {
+			fmt.Fprint(w, reply)
+			return
+		}
 		fmt.Fprintf(w, `{"deleted":%d,"skipped":0,"ok":true}`, len(body.Keys))
 	})
 	mux.HandleFunc("GET /cache/objects", func(w http.ResponseWriter, r *http.Request) {
@@ -242,9 +287,21 @@ func newMP(t testing.TB) *mpServer {
 		w.WriteHeader(code)
 		fmt.Fprint(w, out)
 	})
-	m.Server = httptest.NewServer(mux)
+	m.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.mu.Lock()
+		m.auths = append(m.auths, r.Header.Get("Authorization"))
+		m.mu.Unlock()
+		mux.ServeHTTP(w, r)
+	}))
 	t.Cleanup(m.Close)
 	return m
+}
+
+// authHeaders returns the Authorization header of every request so far.
+func (m *mpServer) authHeaders() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.auths...)
 }
 
 func (m *mpServer) hostPort() (string, int) {

@@ -1,0 +1,17 @@
+package coordinator
+
+// HoldEvictionCycles blocks every eviction cycle (the loop's and
+// RunEvictionCycle's) until release is called, wedging the eviction loop
+// for tests of /periodic-threads-health.
+func (s *Server) HoldEvictionCycles() (release func()) {
+	s.cycleMu.Lock()
+	return s.cycleMu.Unlock
+}
+
+// SetMaxSeqTracked lowers the seq tracker's bound for a test and returns a
+// function restoring it.
+func SetMaxSeqTracked(n int) (restore func()) {
+	old := maxSeqTracked
+	maxSeqTracked = n
+	return func() { maxSeqTracked = old }
+}

@@ -1,0 +1,204 @@
+package coordinator_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator"
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+)
+
+type threadStatus struct {
+	Name      string  `json:"name"`
+	Level     string  `json:"level"`
+	Interval  float64 `json:"interval"`
+	IsRunning bool    `json:"is_running"`
+	IsActive  bool    `json:"is_active"`
+	TotalRuns int64   `json:"total_runs"`
+}
+
+func (c *coord) threads() map[string]threadStatus {
+	c.t.Helper()
+	code, raw := c.do("GET", "/periodic-threads", nil)
+	if code != 200 {
+		c.t.Fatalf("periodic-threads %d %s", code, raw)
+	}
+	var body struct {
+		Threads []threadStatus `json:"threads"`
+	}
+	if err := json.Unmarshal(raw, &body); err != nil {
+		c.t.Fatal(err)
+	}
+	out := map[string]threadStatus{}
+	for _, th := range body.Threads {
+		out[th.Name] = th
+	}
+	return out
+}
+
+// TestCoordinatorLoopsRegistered: the health sweep, eviction loop and
+// startup resync are periodic loops with their level and interval; they
+// run, and the one-shot resync stops running once it has finished.
+func TestCoordinatorLoopsRegistered(t *testing.T) {
+	c := startCoord(t, func(cfg *config.Config) {
+		cfg.HealthCheckInterval = 0.02
+		cfg.EvictionCheckInterval = 0.03
+		cfg.EnableStartupResync = true
+		cfg.ResyncMaxWait = 0
+		cfg.ResyncPollInterval = 0.01
+	})
+	waitFor(t, "every loop to run", func() bool {
+		th := c.threads()
+		return th[coordinator.LoopHealthSweep].TotalRuns > 0 && th[coordinator.LoopEviction].TotalRuns > 0 &&
+			th[coordinator.LoopResync].TotalRuns > 0 && !th[coordinator.LoopResync].IsRunning
+	})
+	th := c.threads()
+	if len(th) != 3 {
+		t.Fatalf("threads %v", th)
+	}
+	for name, want := range map[string]threadStatus{
+		coordinator.LoopHealthSweep: {Level: "high", Interval: 0.02, IsRunning: true},
+		coordinator.LoopEviction:    {Level: "high", Interval: 0.03, IsRunning: true},
+		coordinator.LoopResync:      {Level: "medium", Interval: 0.01, IsRunning: false},
+	} {
+		got := th[name]
+		if got.Level != want.Level || got.Interval != want.Interval || got.IsRunning != want.IsRunning {
+			t.Errorf("%s = %+v, want level %s interval %v running %v", name, got, want.Level, want.Interval, want.IsRunning)
+		}
+	}
+	if code, raw := c.do("GET", "/periodic-threads/"+coordinator.LoopEviction, nil); code != 200 || !strings.Contains(string(raw), `"name":"coordinator-eviction"`) {
+		t.Fatalf("one thread: %d %s", code, raw)
+	}
+	if code, raw := c.do("GET", "/periodic-threads/nope", nil); code != 404 || string(raw) != `{"error":"Thread not found: nope"}` {
+		t.Fatalf("unknown thread: %d %s", code, raw)
+	}
+	if code, raw := c.do("GET", "/periodic-threads?level=bogus", nil); code != 400 || !strings.Contains(string(raw), "Invalid level: bogus") {
+		t.Fatalf("bad level: %d %s", code, raw)
+	}
+	code, raw := c.do("GET", "/periodic-threads?level=medium", nil)
+	var body struct {
+		Threads []threadStatus `json:"threads"`
+	}
+	if code != 200 || json.Unmarshal(raw, &body) != nil || len(body.Threads) != 1 || body.Threads[0].Name != coordinator.LoopResync {
+		t.Fatalf("level filter: %d %s", code, raw)
+	}
+}
+
+// TestWedgedLoopShowsInPeriodicHealth: an eviction cycle that never
+// returns makes /periodic-threads-health report the eviction loop (and only
+// it) unhealthy; once released, health recovers.
+func TestWedgedLoopShowsInPeriodicHealth(t *testing.T) {
+	c := startCoord(t, func(cfg *config.Config) {
+		cfg.HealthCheckInterval = 0.02
+		cfg.EvictionCheckInterval = 0.02
+	})
+	type health struct {
+		Healthy   bool `json:"healthy"`
+		Unhealthy []struct {
+			Name string `json:"name"`
+		} `json:"unhealthy_threads"`
+	}
+	get := func() health {
+		var h health
+		code, raw := c.do("GET", "/periodic-threads-health", nil)
+		if code != 200 || json.Unmarshal(raw, &h) != nil {
+			t.Fatalf("health %d %s", code, raw)
+		}
+		return h
+	}
+	waitFor(t, "healthy loops", func() bool {
+		return get().Healthy && c.threads()[coordinator.LoopEviction].TotalRuns > 0
+	})
+	release := c.srv.HoldEvictionCycles()
+	var once sync.Once
+	rel := func() { once.Do(release) }
+	t.Cleanup(rel) // runs before the coordinator's stop (cleanups are LIFO)
+	waitFor(t, "the wedged eviction loop to be reported", func() bool {
+		h := get()
+		return !h.Healthy && len(h.Unhealthy) == 1 && h.Unhealthy[0].Name == coordinator.LoopEviction
+	})
+	if th := c.threads()[coordinator.LoopHealthSweep]; !th.IsActive {
+		t.Fatalf("the health sweep should still be active: %+v", th)
+	}
+	rel()
+	waitFor(t, "health to recover", func() bool { return get().Healthy })
+}
+
+// TestInFlightRequestDrainsOnStop: a request in flight when the
+// coordinator is told to stop completes with its 200 (its context is not
+// cancelled), while new connections are refused.
+func TestInFlightRequestDrainsOnStop(t *testing.T) {
+	mp := newMP(t)
+	entered := make(chan struct{})
+	unblock := make(chan struct{})
+	inner := mp.Config.Handler
+	mp.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "POST" {
+			close(entered)
+			select {
+			case <-unblock:
+			case <-time.After(30 * time.Second):
+			}
+		}
+		inner.ServeHTTP(w, r)
+	})
+	srv, err := newServer(testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := runOn(t, srv)
+	mp.register(c, "mp-1")
+	type result struct {
+		code int
+		body string
+	}
+	res := make(chan result, 1)
+	go func() {
+		resp, err := c.client.Post(c.base+"/cache/prefetches", "application/json", strings.NewReader(`{"instance_id":"mp-1","model_name":"m","world_size":1,"token_ids":[1,2,3,4]}`))
+		if err != nil {
+			res <- result{0, err.Error()}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		res <- result{resp.StatusCode, string(b)}
+	}()
+	<-entered
+	c.stop()
+	// Shutdown closes the listener first: once a fresh dial fails the drain
+	// has begun, and the request is still in flight.
+	waitFor(t, "the listener to close", func() bool {
+		cl := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := cl.Get(c.base + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err != nil
+	})
+	close(unblock)
+	r := <-res
+	if r.code != 200 || r.body != `{"instance_id":"mp-1","request_id":"abc","chunks":2,"status":"submitted"}` {
+		t.Fatalf("in-flight request: %d %s", r.code, r.body)
+	}
+	if err := c.wait(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestSeqTrackerResetCounted: when the seq tracker hits its bound it is
+// cleared, and the reset is counted.
+func TestSeqTrackerResetCounted(t *testing.T) {
+	defer coordinator.SetMaxSeqTracked(2)()
+	c := startCoord(t, nil)
+	for _, id := range []string{"a", "b", "c"} {
+		c.must("POST", "/quota/events", map[string]any{"instance_id": id, "seq": 1, "events": []any{}}, 200)
+	}
+	if _, raw := c.do("GET", "/metrics", nil); !strings.Contains(string(raw), "lmcache_coordinator_event_seq_tracker_resets_total 1\n") {
+		t.Fatal("reset not counted")
+	}
+}
