@@ -1,0 +1,297 @@
+// Package kvlayout recognises an inference engine's paged KV-cache format
+// from the tensors it registers (ranks, shapes, strides, layout hints,
+// engine type) and plans the byte copies between its paged blocks and the
+// L1 chunk objects the engine-driven data path already stores: KV_2LTD
+// [2, layers, chunk, heads·head_size] for attention with separate K and V,
+// [layers, chunk, latent] for MLA (internal/wire.ObjectShape), hidden in
+// (head, dim) order. An object stored through either path therefore reads
+// back byte-exact through the other.
+//
+// The formats are the vLLM ones LMCache's detector knows (read at
+// lmcache/v1/gpu_connector/kv_format/detectors/vllm.py@08172b42 and the
+// spec names under kv_format/specs): per-layer NHD [2,NB,BS,NH,HS] and
+// HND [2,NB,NH,BS,HS], FlashInfer's block-major [NB,2,BS,NH,HS] /
+// [NB,2,NH,BS,HS], blocks-first fused K/V [NB,BS,NH,2·HS] /
+// [NB,NH,BS,2·HS], MLA's rank-3 latent cache [NB,BS,latent], and the
+// cross-layer single tensor [NB,NL,2,BS,NH,HS] / [NB,NL,2,NH,BS,HS] of
+// newer vLLM. Byte dtypes (fp8, uint8) are ordinary element sizes here.
+// Hybrid models (several KV groups, layers of different shapes) are
+// refused with ErrHybrid.
+package kvlayout
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Errors returned by Detect and Plan.
+var (
+	// ErrUnsupported: the tensors match no known paged format.
+	ErrUnsupported = errors.New("unsupported kv cache format")
+	// ErrHybrid: several KV cache groups (hybrid attention) are not
+	// supported on the lmcache-driven path.
+	ErrHybrid = errors.New("hybrid kv cache groups are not supported")
+	// ErrBadRequest: block ids, chunk size or token range do not fit the
+	// registered layout.
+	ErrBadRequest = errors.New("copy request does not fit the kv layout")
+)
+
+// Format is a paged KV-cache memory format.
+type Format int
+
+// The formats; names follow the axis order of one layer's tensor
+// (NB blocks, BS tokens per block, NH heads, HS head size).
+const (
+	FormatNHD           Format = iota + 1 // per layer [2, NB, BS, NH, HS]
+	FormatHND                             // per layer [2, NB, NH, BS, HS]
+	FormatFlashInferNHD                   // per layer [NB, 2, BS, NH, HS]
+	FormatFlashInferHND                   // per layer [NB, 2, NH, BS, HS]
+	FormatFusedNHD                        // per layer [NB, BS, NH, 2·HS]
+	FormatFusedHND                        // per layer [NB, NH, BS, 2·HS]
+	FormatMLA                             // per layer [NB, BS, latent]
+	FormatCrossLayerNHD                   // one tensor [NB, NL, 2, BS, NH, HS]
+	FormatCrossLayerHND                   // one tensor [NB, NL, 2, NH, BS, HS]
+)
+
+var formatNames = map[Format]string{
+	FormatNHD: "NHD", FormatHND: "HND", FormatFlashInferNHD: "flashinfer_NHD",
+	FormatFlashInferHND: "flashinfer_HND", FormatFusedNHD: "fused_NHD", FormatFusedHND: "fused_HND",
+	FormatMLA: "MLA", FormatCrossLayerNHD: "cross_layer_NHD", FormatCrossLayerHND: "cross_layer_HND",
+}
+
+// String is the format's short name (as /status and logs show it).
+func (f Format) String() string {
+	if n, ok := formatNames[f]; ok {
+		return n
+	}
+	return fmt.Sprintf("format(%d)", int(f))
+}
+
+// Tensor is one registered KV tensor as the wrapper described it: a
+// strided view (in elements) into a memory segment.
+type Tensor struct {
+	Dtype    string
+	ItemSize int64
+	Shape    []int64
+	Stride   []int64
+	// Segment identifies the memory the view lives in (the executor's
+	// index); several layers may share one segment.
+	Segment int
+	// BaseByte is the byte offset of the view's element 0 in the segment
+	// (storage_offset × item size).
+	BaseByte int64
+}
+
+// Hints are the layout hints a client sends (LayoutHints): all optional.
+type Hints struct {
+	// KVLayout is "NHD", "HND" or vLLM's "LBNHC"/"LBHNC"; "" if absent.
+	KVLayout string
+	// TokensPerBlock and NumKVHeads are 0 when unknown. When present
+	// they settle NHD against HND from the shape itself.
+	TokensPerBlock, NumKVHeads int64
+}
+
+// Input is what Detect looks at.
+type Input struct {
+	Tensors []Tensor
+	// Engine is the engine type as sent ("" or a vLLM value; SGLang and
+	// TensorRT-LLM names are refused).
+	Engine string
+	// CPU says the tensors are CPU memory (shared-memory wrappers).
+	// vLLM's CPU attention backend allocates HND and says NHD, so on CPU
+	// an unhinted or NHD-hinted vLLM cache is read as HND, as upstream's
+	// detector does, unless TokensPerBlock/NumKVHeads say otherwise.
+	CPU    bool
+	Hints  Hints
+	Groups int // number of engine KV groups (len(engine_group_infos))
+}
+
+// Layout is a detected paged KV layout. Its element address is
+// base(layer) + kv·sKV + block·sB + token·sT + head·sH + dim·sD.
+type Layout struct {
+	Format    Format
+	Dtype     string
+	ItemSize  int64
+	NumLayers int64
+	NumBlocks int64
+	BlockSize int64
+	// NumHeads is the KV heads of this rank (1 for MLA).
+	NumHeads int64
+	// HeadSize is the head dimension (the latent width for MLA).
+	HeadSize int64
+
+	layers              []layerAddr
+	sKV, sB, sT, sH, sD int64 // element strides
+	blockTemplate       []Run // one full block, relative offsets
+}
+
+type layerAddr struct {
+	seg  int
+	base int64 // bytes
+}
+
+// MLA reports whether the layout has a single latent (no K/V split).
+func (l *Layout) MLA() bool { return l.Format == FormatMLA }
+
+// Hidden is the per-token width of one object row: NH·HS, or the
+// latent width for MLA.
+func (l *Layout) Hidden() int64 { return l.NumHeads * l.HeadSize }
+
+// ObjectShape is the L1 object shape for chunkSize tokens, identical to
+// internal/wire.ObjectShape for the engine-driven path.
+func (l *Layout) ObjectShape(chunkSize int64) []int64 {
+	if l.MLA() {
+		return []int64{l.NumLayers, chunkSize, l.Hidden()}
+	}
+	return []int64{2, l.NumLayers, chunkSize, l.Hidden()}
+}
+
+// ObjectBytes is the size of one chunk object.
+func (l *Layout) ObjectBytes(chunkSize int64) int64 {
+	n := l.ItemSize
+	for _, d := range l.ObjectShape(chunkSize) {
+		n *= d
+	}
+	return n
+}
+
+// Detect recognises the format of in.Tensors.
+func Detect(in Input) (*Layout, error) {
+	if in.Groups > 1 {
+		return nil, fmt.Errorf("%w: %d groups registered", ErrHybrid, in.Groups)
+	}
+	if len(in.Tensors) == 0 {
+		return nil, fmt.Errorf("%w: no kv tensors", ErrUnsupported)
+	}
+	// EngineType's wire value was not pinned (an enum value); only the
+	// engines whose layouts are known to differ are refused by name.
+	if e := strings.ToLower(in.Engine); strings.Contains(e, "sglang") || strings.Contains(e, "trt") {
+		return nil, fmt.Errorf("%w: engine type %q (only vLLM layouts are known)", ErrUnsupported, in.Engine)
+	}
+	t0 := in.Tensors[0]
+	for i, t := range in.Tensors[1:] {
+		if !slices.Equal(t.Shape, t0.Shape) || !slices.Equal(t.Stride, t0.Stride) || t.Dtype != t0.Dtype || t.ItemSize != t0.ItemSize {
+			return nil, fmt.Errorf("%w: layer %d is %s%v, layer 0 is %s%v (layers of different shapes mean several groups)",
+				ErrHybrid, i+1, t.Dtype, t.Shape, t0.Dtype, t0.Shape)
+		}
+	}
+	if t0.ItemSize <= 0 || len(t0.Shape) != len(t0.Stride) {
+		return nil, fmt.Errorf("%w: item size %d, shape %v, stride %v", ErrUnsupported, t0.ItemSize, t0.Shape, t0.Stride)
+	}
+	s, st := t0.Shape, t0.Stride
+	l := &Layout{Dtype: t0.Dtype, ItemSize: t0.ItemSize, NumLayers: int64(len(in.Tensors))}
+	hnd, err := resolveHND(in, s)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case len(in.Tensors) == 1 && len(s) == 6 && s[2] == 2:
+		l.NumLayers = s[1]
+		if hnd {
+			l.Format = FormatCrossLayerHND
+			l.set(s[0], s[4], s[3], s[5], st[2], st[0], st[4], st[3], st[5])
+		} else {
+			l.Format = FormatCrossLayerNHD
+			l.set(s[0], s[3], s[4], s[5], st[2], st[0], st[3], st[4], st[5])
+		}
+		for i := range l.NumLayers {
+			l.layers = append(l.layers, layerAddr{seg: t0.Segment, base: t0.BaseByte + i*st[1]*t0.ItemSize})
+		}
+	case len(s) == 5 && s[0] == 2:
+		// K/V axis first. Upstream tests this before shape[1] == 2, so a
+		// FlashInfer cache with exactly two blocks is read this way; the
+		// quirk is kept so both servers agree on such a cache.
+		if hnd {
+			l.Format = FormatHND
+			l.set(s[1], s[3], s[2], s[4], st[0], st[1], st[3], st[2], st[4])
+		} else {
+			l.Format = FormatNHD
+			l.set(s[1], s[2], s[3], s[4], st[0], st[1], st[2], st[3], st[4])
+		}
+	case len(s) == 5 && s[1] == 2:
+		// A lone head makes both readings byte-identical; vLLM emits the
+		// token-first view, so read [NB,2,BS,1,HS] as NHD whatever the hint.
+		if hnd && (s[3] != 1 || s[2] == 1) {
+			l.Format = FormatFlashInferHND
+			l.set(s[0], s[3], s[2], s[4], st[1], st[0], st[3], st[2], st[4])
+		} else {
+			l.Format = FormatFlashInferNHD
+			l.set(s[0], s[2], s[3], s[4], st[1], st[0], st[2], st[3], st[4])
+		}
+	case len(s) == 4:
+		if s[3]%2 != 0 {
+			return nil, fmt.Errorf("%w: fused K/V trailing dim %d is not 2·head_size", ErrUnsupported, s[3])
+		}
+		hs := s[3] / 2
+		if hnd {
+			l.Format = FormatFusedHND
+			l.set(s[0], s[2], s[1], hs, hs*st[3], st[0], st[2], st[1], st[3])
+		} else {
+			l.Format = FormatFusedNHD
+			l.set(s[0], s[1], s[2], hs, hs*st[3], st[0], st[1], st[2], st[3])
+		}
+	case len(s) == 3:
+		l.Format = FormatMLA
+		l.set(s[0], s[1], 1, s[2], 0, st[0], st[1], 0, st[2])
+	default:
+		return nil, fmt.Errorf("%w: %d tensor(s) of shape %v", ErrUnsupported, len(in.Tensors), s)
+	}
+	if l.layers == nil {
+		for _, t := range in.Tensors {
+			l.layers = append(l.layers, layerAddr{seg: t.Segment, base: t.BaseByte})
+		}
+	}
+	if l.NumBlocks <= 0 || l.BlockSize <= 0 || l.NumHeads <= 0 || l.HeadSize <= 0 {
+		return nil, fmt.Errorf("%w: empty axis in shape %v", ErrUnsupported, s)
+	}
+	l.blockTemplate = l.template(0, l.BlockSize)
+	return l, nil
+}
+
+func (l *Layout) set(nb, bs, nh, hs, sKV, sB, sT, sH, sD int64) {
+	l.NumBlocks, l.BlockSize, l.NumHeads, l.HeadSize = nb, bs, nh, hs
+	l.sKV, l.sB, l.sT, l.sH, l.sD = sKV, sB, sT, sH, sD
+}
+
+// resolveHND decides heads-before-tokens for the 4-, 5- and 6-D formats.
+func resolveHND(in Input, s []int64) (bool, error) {
+	var tokNHD, headNHD int64 // the (tokens, heads) reading under NHD
+	switch {
+	case len(s) == 6:
+		tokNHD, headNHD = s[3], s[4]
+	case len(s) == 5 && s[0] == 2:
+		tokNHD, headNHD = s[2], s[3]
+	case len(s) == 5 && s[1] == 2:
+		tokNHD, headNHD = s[2], s[3]
+	case len(s) == 4:
+		tokNHD, headNHD = s[1], s[2]
+	default:
+		return false, nil
+	}
+	h := in.Hints
+	if h.TokensPerBlock > 0 || h.NumKVHeads > 0 {
+		nhdOK := (h.TokensPerBlock == 0 || h.TokensPerBlock == tokNHD) && (h.NumKVHeads == 0 || h.NumKVHeads == headNHD)
+		hndOK := (h.TokensPerBlock == 0 || h.TokensPerBlock == headNHD) && (h.NumKVHeads == 0 || h.NumKVHeads == tokNHD)
+		switch {
+		case nhdOK && !hndOK:
+			return false, nil
+		case hndOK && !nhdOK:
+			return true, nil
+		case !nhdOK && !hndOK:
+			return false, fmt.Errorf("%w: shape %v fits neither tokens_per_block=%d nor num_kv_heads=%d",
+				ErrUnsupported, s, h.TokensPerBlock, h.NumKVHeads)
+		}
+	}
+	if in.CPU {
+		return true, nil
+	}
+	switch strings.ToUpper(h.KVLayout) {
+	case "", "NHD", "LBNHC":
+		return false, nil
+	case "HND", "LBHNC":
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: kv_layout hint %q", ErrUnsupported, h.KVLayout)
+}

@@ -1,0 +1,191 @@
+package kvlayout
+
+import "fmt"
+
+// Run is one contiguous byte copy between a paged segment and an object.
+type Run struct {
+	// Seg and Obj index the executor's segments and objects.
+	Seg, Obj int32
+	// SegOff and ObjOff are byte offsets; Len is the byte count.
+	SegOff, ObjOff, Len int64
+}
+
+// Plan is a list of copies between paged blocks and chunk objects. The
+// same plan serves both directions: Gather (store: blocks → objects) and
+// Scatter (retrieve: objects → blocks).
+type Plan struct {
+	Runs []Run
+	// Bytes is the total copied.
+	Bytes int64
+}
+
+// Chunk selects one chunk of a request's token range for a plan.
+type Chunk struct {
+	// Index is the chunk's position within the range [start, end): its
+	// blocks are blockIDs[Index·bpc : (Index+1)·bpc].
+	Index int
+	// Obj is the object buffer the chunk goes to or comes from.
+	Obj int
+}
+
+// BlocksPerChunk is chunkSize / BlockSize; the chunk size must be a
+// positive multiple of the block size (vLLM's connector asserts the same).
+func (l *Layout) BlocksPerChunk(chunkSize int64) (int64, error) {
+	if chunkSize <= 0 || chunkSize%l.BlockSize != 0 {
+		return 0, fmt.Errorf("%w: chunk size %d is not a multiple of block size %d", ErrBadRequest, chunkSize, l.BlockSize)
+	}
+	return chunkSize / l.BlockSize, nil
+}
+
+// template is the coalesced copy list for tokens [t0, t1) of one block of
+// one (kv, layer): SegOff relative to the block's (kv, block) origin,
+// ObjOff relative to the block's first row in the object.
+func (l *Layout) template(t0, t1 int64) []Run {
+	var out []Run
+	item := l.ItemSize
+	atom, perDim := l.HeadSize*item, false
+	if l.sD != 1 {
+		atom, perDim = item, true
+	}
+	for t := t0; t < t1; t++ {
+		for h := range l.NumHeads {
+			src := (t*l.sT + h*l.sH) * item
+			dst := (t*l.NumHeads + h) * l.HeadSize * item
+			if !perDim {
+				out = appendRun(out, Run{SegOff: src, ObjOff: dst, Len: atom})
+				continue
+			}
+			for d := range l.HeadSize {
+				out = appendRun(out, Run{SegOff: src + d*l.sD*item, ObjOff: dst + d*item, Len: atom})
+			}
+		}
+	}
+	return out
+}
+
+// appendRun adds r, merging it into the last run when both sides continue
+// it: that is what turns NHD's per-token rows into one copy per run of
+// consecutive blocks.
+func appendRun(runs []Run, r Run) []Run {
+	if n := len(runs); n > 0 {
+		p := &runs[n-1]
+		if p.Seg == r.Seg && p.Obj == r.Obj && p.SegOff+p.Len == r.SegOff && p.ObjOff+p.Len == r.ObjOff {
+			p.Len += r.Len
+			return runs
+		}
+	}
+	return append(runs, r)
+}
+
+// Plan builds the copies for chunks of a request whose range starts at
+// chunk 0 of blockIDs. Tokens before skipTokens (counted from the start
+// of the range) are left out, so a retrieve never writes blocks, or the
+// part of a block, that the engine already holds. Every block id is
+// checked before anything is planned.
+func (l *Layout) Plan(chunkSize int64, blockIDs []int64, chunks []Chunk, skipTokens int64) (*Plan, error) {
+	bpc, err := l.BlocksPerChunk(chunkSize)
+	if err != nil {
+		return nil, err
+	}
+	if skipTokens < 0 {
+		return nil, fmt.Errorf("%w: skip_first_n_tokens %d", ErrBadRequest, skipTokens)
+	}
+	for _, c := range chunks {
+		if c.Index < 0 || c.Obj < 0 || c.Obj > 1<<30 {
+			return nil, fmt.Errorf("%w: chunk %d object %d", ErrBadRequest, c.Index, c.Obj)
+		}
+		if need := (int64(c.Index) + 1) * bpc; int64(len(blockIDs)) < need {
+			return nil, fmt.Errorf("%w: chunk %d needs %d block ids, got %d", ErrBadRequest, c.Index, need, len(blockIDs))
+		}
+		for _, b := range blockIDs[int64(c.Index)*bpc : (int64(c.Index)+1)*bpc] {
+			if b < 0 || b >= l.NumBlocks {
+				return nil, fmt.Errorf("%w: block id %d outside [0, %d)", ErrBadRequest, b, l.NumBlocks)
+			}
+		}
+	}
+	nkv := int64(2)
+	if l.MLA() {
+		nkv = 1
+	}
+	item, rowBytes := l.ItemSize, l.Hidden()*l.ItemSize
+	p := &Plan{}
+	for _, c := range chunks {
+		first := int64(c.Index) * chunkSize
+		for kv := range nkv {
+			for li, la := range l.layers {
+				for j := range bpc {
+					lo := first + j*l.BlockSize
+					if lo+l.BlockSize <= skipTokens {
+						continue
+					}
+					tmpl := l.blockTemplate
+					if lo < skipTokens {
+						tmpl = l.template(skipTokens-lo, l.BlockSize)
+					}
+					bid := blockIDs[int64(c.Index)*bpc+j]
+					src := la.base + (kv*l.sKV+bid*l.sB)*item
+					dst := ((kv*l.NumLayers+int64(li))*chunkSize + j*l.BlockSize) * rowBytes
+					for _, r := range tmpl {
+						p.Runs = appendRun(p.Runs, Run{
+							Seg: int32(la.seg), Obj: int32(c.Obj),
+							SegOff: src + r.SegOff, ObjOff: dst + r.ObjOff, Len: r.Len,
+						})
+						p.Bytes += r.Len
+					}
+				}
+			}
+		}
+	}
+	return p, nil
+}
+
+// Check verifies every run lies inside its segment and object, so a plan
+// either runs whole or not at all.
+func (p *Plan) Check(segs, objs [][]byte) error {
+	for _, r := range p.Runs {
+		if int(r.Seg) >= len(segs) || int(r.Obj) >= len(objs) {
+			return fmt.Errorf("%w: run names segment %d / object %d of %d / %d", ErrBadRequest, r.Seg, r.Obj, len(segs), len(objs))
+		}
+		if r.SegOff < 0 || r.SegOff+r.Len > int64(len(segs[r.Seg])) {
+			return fmt.Errorf("%w: run [%d, +%d) outside segment %d (%d bytes)", ErrBadRequest, r.SegOff, r.Len, r.Seg, len(segs[r.Seg]))
+		}
+		if r.ObjOff < 0 || r.ObjOff+r.Len > int64(len(objs[r.Obj])) {
+			return fmt.Errorf("%w: run [%d, +%d) outside object %d (%d bytes)", ErrBadRequest, r.ObjOff, r.Len, r.Obj, len(objs[r.Obj]))
+		}
+	}
+	return nil
+}
+
+// Gather copies blocks into objects (store) after checking every run.
+func (p *Plan) Gather(segs, objs [][]byte) error {
+	if err := p.Check(segs, objs); err != nil {
+		return err
+	}
+	p.GatherRange(segs, objs, 0, len(p.Runs))
+	return nil
+}
+
+// Scatter copies objects into blocks (retrieve) after checking every run.
+func (p *Plan) Scatter(segs, objs [][]byte) error {
+	if err := p.Check(segs, objs); err != nil {
+		return err
+	}
+	p.ScatterRange(segs, objs, 0, len(p.Runs))
+	return nil
+}
+
+// GatherRange runs Runs[lo:hi] in the store direction. The caller has
+// run Check; disjoint ranges may run concurrently.
+func (p *Plan) GatherRange(segs, objs [][]byte, lo, hi int) {
+	for _, r := range p.Runs[lo:hi] {
+		copy(objs[r.Obj][r.ObjOff:r.ObjOff+r.Len], segs[r.Seg][r.SegOff:r.SegOff+r.Len])
+	}
+}
+
+// ScatterRange runs Runs[lo:hi] in the retrieve direction (see
+// GatherRange).
+func (p *Plan) ScatterRange(segs, objs [][]byte, lo, hi int) {
+	for _, r := range p.Runs[lo:hi] {
+		copy(segs[r.Seg][r.SegOff:r.SegOff+r.Len], objs[r.Obj][r.ObjOff:r.ObjOff+r.Len])
+	}
+}
