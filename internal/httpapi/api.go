@@ -4,8 +4,10 @@
 // bytes-level KV API (/api/kv/*) and GET /openapi.json. One route table
 // drives both the mux and the OpenAPI document.
 //
-// Security beyond upstream: with an auth token configured, mutating and
-// sensitive routes require "Authorization: Bearer <token>"; probes stay open.
+// Security beyond upstream: with an auth token configured, every route that
+// returns cached content, configuration or tenant names, or changes state,
+// requires "Authorization: Bearer <token>"; probes stay open. Configuration
+// leaves the process only through package redact.
 package httpapi
 
 import (
@@ -21,17 +23,23 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/buildinfo"
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/httplimit"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/loglevel"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
 
 // EnvAuthToken is the environment variable that supplies --http-auth-token
 // when the flag is not given.
 const EnvAuthToken = "LMCACHE_HTTP_AUTH_TOKEN"
+
+// EnvProtectMetrics set to "1" puts GET /metrics behind the auth token
+// (Options.ProtectMetrics); there is no flag for it.
+const EnvProtectMetrics = "LMCACHE_HTTP_AUTH_PROTECT_METRICS"
 
 // Engine is the part of *engine.Engine the HTTP API uses (consumer-side
 // interface, so handlers can be unit-tested with a fake).
@@ -97,9 +105,16 @@ type Options struct {
 	Config map[string]map[string]any
 	// Version and Commit default to buildinfo.Version / buildinfo.Commit.
 	Version, Commit string
-	// AuthToken, when set, guards mutating and sensitive routes with
-	// "Authorization: Bearer <token>".
+	// AuthToken, when set, guards every route that returns cached content,
+	// reveals configuration or tenant names, or changes state with
+	// "Authorization: Bearer <token>" (docs/security.md lists them).
 	AuthToken string
+	// ProtectMetrics puts GET /metrics behind AuthToken too
+	// (LMCACHE_HTTP_AUTH_PROTECT_METRICS=1); off, scrapers need no token.
+	ProtectMetrics bool
+	// Limits bound header sizes, concurrent connections and slow clients;
+	// zero fields take the httplimit defaults.
+	Limits httplimit.Limits
 	// RunScriptEnabled turns on POST /run_script (--run-script-api-enabled);
 	// ScriptAllowedImports are the loadable modules (--script-allowed-imports).
 	RunScriptEnabled     bool
@@ -153,6 +168,10 @@ type Server struct {
 	eng atomic.Pointer[engineHolder]
 
 	regMu sync.Mutex // serializes static layout registration in SetEngine
+
+	// secrets are the configured secret values (the auth token, keys in
+	// the adapter JSON), scrubbed from error messages and script output.
+	secrets []string
 }
 
 type engineHolder struct{ e Engine }
@@ -204,6 +223,7 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("httpapi: invalid registered model %+v", l)
 		}
 	}
+	s.secrets = append(redact.Collect(opts.Config), opts.AuthToken)
 	s.handler = s.buildMux()
 	if opts.Engine != nil {
 		if err := s.SetEngine(opts.Engine); err != nil {
@@ -242,6 +262,9 @@ func (s *Server) LogLevels() *loglevel.Registry { return s.levels }
 // Handler returns the HTTP handler (the mux behind auth and recovery).
 func (s *Server) Handler() http.Handler { return s.handler }
 
+// scrub replaces configured secret values in free text.
+func (s *Server) scrub(text string) string { return redact.Secrets(text, s.secrets...) }
+
 // engine returns the engine if it is wired and ready.
 func (s *Server) engine() (Engine, error) {
 	h := s.eng.Load()
@@ -254,14 +277,8 @@ func (s *Server) engine() (Engine, error) {
 // Serve serves on ln until ctx is cancelled, then shuts down gracefully
 // (in-flight requests get up to 5 s). It returns nil after a clean shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{
-		Handler:           s.handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		// X-LMCache-Tokens may carry up to 1e6 token ids.
-		MaxHeaderBytes: 8 << 20,
-		IdleTimeout:    120 * time.Second,
-		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-	}
+	srv := httplimit.NewServer(s.handler, s.opts.Limits, slog.NewLogLogger(s.log.Handler(), slog.LevelWarn))
+	ln = httplimit.Listener(ln, s.opts.Limits)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -311,7 +311,8 @@ func decodeChecksums(body []byte) (checksumReq, bool, error) {
 }
 
 // decodeQuotaPut applies upstream's PUT /quota rules: the value goes through
-// Python float() semantics (numbers, numeric strings and booleans), must be
+// Python float() semantics (numbers and numeric strings; booleans are
+// refused, unlike upstream), must be
 // finite and non-negative. Errors are 400s with the {"error"} shape.
 func decodeQuotaPut(body []byte) (float64, error) {
 	var raw any
@@ -328,6 +329,11 @@ func decodeQuotaPut(body []byte) (float64, error) {
 	if !ok {
 		return 0, errf(ErrBadRequest, "body must be {'limit_gb': <float>}")
 	}
+	// Deviation: Python's float(True) is 1.0, so upstream stores a 1 GB
+	// quota for {"limit_gb": true}. A boolean is not a number here.
+	if _, isBool := v.(bool); isBool {
+		return 0, errf(ErrBadRequest, "limit_gb must be numeric")
+	}
 	f, ok := pyFloat(v)
 	if !ok {
 		return 0, errf(ErrBadRequest, "limit_gb must be numeric")
@@ -337,6 +343,11 @@ func decodeQuotaPut(body []byte) (float64, error) {
 	}
 	if f < 0 {
 		return 0, errf(ErrBadRequest, "limit_gb must be non-negative")
+	}
+	// -0.0 passes the sign check; store and echo it as 0 like every other
+	// zero (Go would print "-0").
+	if f == 0 {
+		f = 0
 	}
 	return f, nil
 }

@@ -20,6 +20,7 @@ import (
 var (
 	ErrBadRequest     = errors.New("bad request")
 	ErrUnauthorized   = errors.New("unauthorized")
+	ErrForbidden      = errors.New("forbidden")
 	ErrNotFound       = errors.New("not found")
 	ErrConflict       = errors.New("conflict")
 	ErrTooLarge       = errors.New("request body too large")
@@ -45,6 +46,8 @@ func statusOf(err error) int {
 		return http.StatusServiceUnavailable
 	case errors.Is(err, ErrUnauthorized):
 		return http.StatusUnauthorized
+	case errors.Is(err, ErrForbidden):
+		return http.StatusForbidden
 	case errors.Is(err, ErrTooLarge):
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrUnsupported), errors.Is(err, l2.ErrListUnsupported):
@@ -107,8 +110,18 @@ const (
 	shapeText                // text/plain body
 )
 
+// scrubbed is an error whose message had secret values replaced (see
+// Server.scrub); its status is still the wrapped error's.
+type scrubbed struct {
+	err error
+	msg string
+}
+
+func (e scrubbed) Error() string { return e.msg }
+func (e scrubbed) Unwrap() error { return e.err }
+
 // writeErr writes err with the route's shape. 422 always uses FastAPI's
-// detail list, and 401 always uses detail.
+// detail list; 401 carries WWW-Authenticate.
 func writeErr(w http.ResponseWriter, sh shape, err error) {
 	code := statusOf(err)
 	var ve *validationError
@@ -118,7 +131,6 @@ func writeErr(w http.ResponseWriter, sh shape, err error) {
 	}
 	if code == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="lmcache"`)
-		sh = shapeDetail
 	}
 	switch sh {
 	case shapeError:

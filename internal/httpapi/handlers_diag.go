@@ -19,6 +19,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/loglevel"
 	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/script"
 )
 
@@ -186,24 +187,22 @@ func (s *Server) handlePeriodicHealth(w http.ResponseWriter, _ *http.Request) er
 	return nil
 }
 
-// secretName matches environment variable names whose values are likely
-// credentials.
-var secretName = regexp.MustCompile(`(?i)(SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|SESSION|AUTH|COOKIE|SIGNATURE)`)
-
-// Redacted replaces secret-looking values in GET /env.
-const Redacted = "***REDACTED***"
+// Redacted replaces secret-looking values in GET /env (and everywhere
+// else configuration is shown).
+const Redacted = redact.Marker
 
 func (s *Server) handleEnv(w http.ResponseWriter, _ *http.Request) error {
 	environ := os.Environ
 	if s.opts.Environ != nil {
 		environ = s.opts.Environ
 	}
+	list := environ()
+	if !s.opts.EnvShowSecrets {
+		list = redact.Env(list)
+	}
 	env := map[string]string{}
-	for _, kv := range environ() {
+	for _, kv := range list {
 		k, v, _ := strings.Cut(kv, "=")
-		if !s.opts.EnvShowSecrets && secretName.MatchString(k) {
-			v = Redacted
-		}
 		env[k] = v
 	}
 	// encoding/json sorts map keys, which is the sorted dump upstream gives.
@@ -212,6 +211,14 @@ func (s *Server) handleEnv(w http.ResponseWriter, _ *http.Request) error {
 		return err
 	}
 	writeText(w, http.StatusOK, string(b))
+	return nil
+}
+
+// handlePprofCmdline is pprof's cmdline with secret flag values hidden
+// (the stock handler would print --http-auth-token).
+func (s *Server) handlePprofCmdline(w http.ResponseWriter, _ *http.Request) error {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	writeText(w, http.StatusOK, s.scrub(strings.Join(redact.Args(os.Args), "\x00")))
 	return nil
 }
 
@@ -249,15 +256,18 @@ func (s *Server) handleRunScript(w http.ResponseWriter, r *http.Request) error {
 		Timeout:        s.opts.ScriptTimeout,
 		MaxOutput:      s.opts.ScriptMaxOutput,
 	}, hdr.Filename, string(src))
+	// Script output is the operator's data, not the server's: it is
+	// logged at DEBUG only, and with the configured secrets scrubbed.
 	if res.Printed != "" {
-		s.log.Info("run_script output", "file", hdr.Filename, "printed", res.Printed)
+		s.log.Debug("run_script output", "file", hdr.Filename, "printed", s.scrub(res.Printed))
 	}
 	if err != nil {
-		s.log.Warn("run_script failed", "file", hdr.Filename, "err", err)
-		writeText(w, http.StatusInternalServerError, "Error executing script: "+err.Error())
+		msg := s.scrub(err.Error())
+		s.log.Debug("run_script failed", "file", hdr.Filename, "err", msg)
+		writeText(w, http.StatusInternalServerError, "Error executing script: "+msg)
 		return nil
 	}
-	writeText(w, http.StatusOK, res.Text)
+	writeText(w, http.StatusOK, s.scrub(res.Text))
 	return nil
 }
 
@@ -265,15 +275,10 @@ func (s *Server) handleRunScript(w http.ResponseWriter, r *http.Request) error {
 // config, adapters, status and periodic loops as frozen values (upstream
 // injects the live FastAPI app, which is full remote code execution).
 func (s *Server) scriptApp() starlark.Value {
+	// Everything a script can read goes through redaction first.
 	toValue := func(v any) (starlark.Value, error) {
-		b, err := json.Marshal(v)
+		g, err := redactedTree(v)
 		if err != nil {
-			return nil, err
-		}
-		var g any
-		dec := json.NewDecoder(bytes.NewReader(b))
-		dec.UseNumber()
-		if err := dec.Decode(&g); err != nil {
 			return nil, err
 		}
 		return script.FromGo(numbersToGo(g))

@@ -3,10 +3,12 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/redact"
 )
 
 func (s *Server) handleRoot(w http.ResponseWriter, _ *http.Request) error {
@@ -72,7 +74,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) error {
 			out[k] = v
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	writeRedactedJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -80,16 +82,48 @@ func (s *Server) handleConfig(w http.ResponseWriter, _ *http.Request) error {
 	if s.opts.Config == nil {
 		return errf(ErrNotInitialized, "configs not initialized")
 	}
+	tree, err := redactedTree(s.opts.Config)
+	if err != nil {
+		return err
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(s.opts.Config); err != nil {
+	if err := enc.Encode(tree); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(buf.Bytes())
 	return nil
+}
+
+// redactedTree turns v into its JSON tree (json.Number keeps numbers as
+// they were written) with every secret-looking field hidden, including
+// inside JSON strings such as --l2-adapter values.
+func redactedTree(v any) (any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var tree any
+	if err := dec.Decode(&tree); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	return redact.Value(tree), nil
+}
+
+// writeRedactedJSON is writeJSON for values that may carry configuration
+// (engine status, adapter descriptions).
+func writeRedactedJSON(w http.ResponseWriter, code int, v any) {
+	tree, err := redactedTree(v)
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, map[string]any{"detail": err.Error()})
+		return
+	}
+	writeJSON(w, code, tree)
 }
 
 func (s *Server) handleConfigAdapters(w http.ResponseWriter, _ *http.Request) error {
@@ -104,7 +138,7 @@ func (s *Server) handleConfigAdapters(w http.ResponseWriter, _ *http.Request) er
 			"primary": i == 0, "reconfigurable": a.Reconfigurable, "shared": a.Shared,
 		})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"adapters": out})
+	writeRedactedJSON(w, http.StatusOK, map[string]any{"adapters": out})
 	return nil
 }
 

@@ -74,15 +74,18 @@ func TestQuota(t *testing.T) {
 	if m := e.expect(200, "PUT", "/quota/alice", `{"limit_gb": 10.5}`).json(t); m["cache_salt"] != "alice" || m["limit_gb"] != 10.5 || m["status"] != "ok" {
 		t.Fatalf("put = %v", m)
 	}
-	// Python float() semantics: numeric strings and booleans are accepted.
+	// Python float() semantics for numeric strings; booleans are refused
+	// (TestQuotaStrictNumbers).
 	e.expect(200, "PUT", "/quota/bob", `{"limit_gb": "2"}`)
-	e.expect(200, "PUT", "/quota/_default", `{"limit_gb": true}`)
+	e.expect(200, "PUT", "/quota/_default", `{"limit_gb": 1}`)
 	for body, msg := range map[string]string{
 		`nope`:                 "invalid JSON body",
 		`[1]`:                  "body must be {'limit_gb': <float>}",
 		`{}`:                   "body must be {'limit_gb': <float>}",
 		`{"limit_gb":"abc"}`:   "limit_gb must be numeric",
 		`{"limit_gb":null}`:    "limit_gb must be numeric",
+		`{"limit_gb":true}`:    "limit_gb must be numeric",
+		`{"limit_gb":false}`:   "limit_gb must be numeric",
 		`{"limit_gb":"nan"}`:   "limit_gb must be finite",
 		`{"limit_gb":"-inf"}`:  "limit_gb must be finite",
 		`{"limit_gb":1e400}`:   "limit_gb must be finite",
@@ -236,5 +239,27 @@ func TestKVWorldSizeTwo(t *testing.T) {
 	})
 	if done["total_keys"] != float64(4) {
 		t.Fatalf("completed = %v", done)
+	}
+}
+
+// TestQuotaStrictNumbers: a boolean limit_gb is a 400 (upstream's float(True)
+// stores 1 GB) and nothing is stored; -0.0 is stored and echoed as 0, the
+// same rendering every other zero gets.
+func TestQuotaStrictNumbers(t *testing.T) {
+	e := start(t, envOpts{})
+	if m := e.expect(400, "PUT", "/quota/dave", `{"limit_gb": true}`).json(t); m["error"] != "limit_gb must be numeric" {
+		t.Fatalf("bool limit = %v", m)
+	}
+	if m := e.expect(200, "GET", "/quota/dave", nil).json(t); m["exists"] != false {
+		t.Fatalf("a refused PUT stored a quota: %v", m)
+	}
+	for _, body := range []string{`{"limit_gb": -0.0}`, `{"limit_gb": "-0"}`, `{"limit_gb": -0}`} {
+		r := e.expect(200, "PUT", "/quota/dave", body)
+		if got := strings.TrimSpace(string(r.body)); got != `{"cache_salt":"dave","limit_gb":0,"status":"ok"}` {
+			t.Fatalf("PUT %s echoed %s", body, got)
+		}
+		if got := strings.TrimSpace(string(e.expect(200, "GET", "/quota/dave", nil).body)); got != `{"cache_salt":"dave","current_usage_gb":0,"exists":true,"limit_gb":0}` {
+			t.Fatalf("GET after %s = %s", body, got)
+		}
 	}
 }

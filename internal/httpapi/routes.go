@@ -3,7 +3,9 @@ package httpapi
 import (
 	"crypto/subtle"
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/pprof"
 	"runtime/debug"
 	"sort"
 	"strings"
@@ -14,10 +16,16 @@ import (
 type authMode int
 
 const (
-	authOpen   authMode = iota // probes and read-only inspection
-	authAlways                 // mutating or sensitive
-	authOnSet                  // only when the request mutates (loglevel with level=)
+	authOpen    authMode = iota // probes, version strings, loop health
+	authAlways                  // cached content, configuration, tenant names, state changes
+	authOnSet                   // only when the request mutates (loglevel with level=)
+	authMetrics                 // GET /metrics: only with Options.ProtectMetrics
+	authDebug                   // pprof: the token when set, else loopback clients only
 )
+
+// authNames are the RouteInfo.Auth strings, indexed by authMode; the route
+// table in docs/security.md uses the same words.
+var authNames = [...]string{"never", "always", "when setting", "opt-in", "always; loopback only without a token"}
 
 // route is one entry of the route table; the mux and /openapi.json are both
 // derived from routes().
@@ -59,64 +67,103 @@ func routes() []route {
 		val     = "request body or query fails validation"
 		unauth  = "bearer token missing or wrong (only with --http-auth-token)"
 	)
-	return []route{
+	rs := []route{
 		// Liveness and health.
 		{method: "GET", path: "/", tag: "info", summary: "Static liveness ping (does not touch the engine).", statuses: st(200, "alive"), h: (*Server).handleRoot},
 		{method: "GET", path: "/healthcheck", tag: "info", summary: "Readiness probe; 503 until the engine is ready.", statuses: st(200, "healthy", 503, notInit), h: (*Server).handleHealth},
 		// Inspection.
-		{method: "GET", path: "/status", tag: "info", shape: shapeError, summary: "Engine snapshot: engine fields, storage manager, contexts, sessions, prefetch jobs.", statuses: st(200, "status", 503, notInit), h: (*Server).handleStatus},
-		{method: "GET", path: "/config", tag: "config", shape: shapeError, summary: "Merged server configuration (mp, storage_manager, observability).", statuses: st(200, "configuration", 503, "configs not initialized"), h: (*Server).handleConfig},
-		{method: "GET", path: "/config/adapters", tag: "config", summary: "Live L2 adapters in configuration order.", statuses: st(200, "adapters", 503, notInit), h: (*Server).handleConfigAdapters},
+		{method: "GET", path: "/status", tag: "info", shape: shapeError, auth: authAlways, summary: "Engine snapshot: engine fields, storage manager, contexts, sessions, prefetch jobs.", statuses: st(200, "status", 503, notInit), h: (*Server).handleStatus},
+		{method: "GET", path: "/config", tag: "config", shape: shapeError, auth: authAlways, summary: "Merged server configuration (mp, storage_manager, observability).", statuses: st(200, "configuration", 503, "configs not initialized"), h: (*Server).handleConfig},
+		{method: "GET", path: "/config/adapters", tag: "config", auth: authAlways, summary: "Live L2 adapters in configuration order.", statuses: st(200, "adapters", 503, notInit), h: (*Server).handleConfigAdapters},
 		{method: "GET", path: "/version", tag: "info", summary: "Combined version string \"<version>-<commit>\".", statuses: st(200, "version"), h: (*Server).handleVersion},
 		{method: "GET", path: "/lmc_version", tag: "info", summary: "Package version string.", statuses: st(200, "version"), h: (*Server).handleLMCVersion},
 		{method: "GET", path: "/commit_id", tag: "info", summary: "Build commit id.", statuses: st(200, "commit"), h: (*Server).handleCommitID},
 		// Cache management.
-		{method: "GET", path: "/cache/objects", tag: "cache", summary: "Paginate objects resident in an L2 adapter.", query: []string{"tier", "adapter", "model_name", "page_size", "page_token"},
+		{method: "GET", path: "/cache/objects", tag: "cache", auth: authAlways, summary: "Paginate objects resident in an L2 adapter.", query: []string{"tier", "adapter", "model_name", "page_size", "page_token"},
 			statuses: st(200, "page", 400, "unsupported tier or malformed page_token", 404, "unknown adapter", 422, "page_size outside [1, 5000]", 501, "adapter cannot list", 503, "engine not initialized or no L2 adapters"), h: (*Server).handleListObjects},
 		{method: "DELETE", path: "/cache/objects", tag: "cache", auth: authAlways, body: ctJSON, summary: "Delete a list of object keys from a tier/adapter.",
-			statuses: st(200, "reached the adapter (check ok)", 400, "too many keys or an invalid key", 401, unauth, 404, "unknown adapter", 422, val, 503, "engine not initialized or no L2 adapters"), h: (*Server).handleDeleteObjects},
-		{method: "POST", path: "/cache/prefetches", tag: "cache", body: ctJSON, summary: "Warm L1 from L2 for a token sequence.",
+			statuses: st(200, "reached the adapter (check ok)", 400, "too many keys or an invalid key", 404, "unknown adapter", 422, val, 503, "engine not initialized or no L2 adapters"), h: (*Server).handleDeleteObjects},
+		{method: "POST", path: "/cache/prefetches", tag: "cache", auth: authAlways, body: ctJSON, summary: "Warm L1 from L2 for a token sequence.",
 			statuses: st(202, "submitted or noop", 400, "token cap, bad cache_salt or direction", 409, "no layout registered for (model_name, world_size)", 422, val, 503, notInit), h: (*Server).handleSubmitPrefetch},
-		{method: "GET", path: "/cache/prefetches/{request_id}", tag: "cache", summary: "Poll a warm prefetch; completion is reported once.",
+		{method: "GET", path: "/cache/prefetches/{request_id}", tag: "cache", auth: authAlways, summary: "Poll a warm prefetch; completion is reported once.",
 			statuses: st(200, "pending or completed", 404, "unknown or already consumed request_id", 503, notInit), h: (*Server).handlePollPrefetch},
 		{method: "POST", path: "/cache/clear", tag: "cache", auth: authAlways, body: ctJSON, summary: "Force-clear the L1 tier.",
-			statuses: st(200, "cleared", 400, "unsupported tier", 401, unauth, 422, val, 503, "server not initialized"), h: (*Server).handleClear},
-		{method: "POST", path: "/cache/checksums", tag: "cache", shape: shapeDetail, body: ctJSON, summary: "MD5 per chunk over registered KV blocks.",
+			statuses: st(200, "cleared", 400, "unsupported tier", 422, val, 503, "server not initialized"), h: (*Server).handleClear},
+		{method: "POST", path: "/cache/checksums", tag: "cache", shape: shapeDetail, auth: authAlways, body: ctJSON, summary: "MD5 per chunk over registered KV blocks.",
 			statuses: st(200, "checksums", 400, "block_ids empty or chunk_size not positive", 404, "instance not registered or KV tensors empty", 422, val, 501, "no KV contexts or unsupported KV format", 503, notInit), h: (*Server).handleChecksums},
 		// Bytes-level KV API.
 		{method: "POST", path: "/api/kv/store", tag: "kv", auth: authAlways, body: ctBinary, summary: "Store raw chunk objects for a token sequence (headers X-LMCache-Model, X-LMCache-Tokens, X-LMCache-Cache-Salt, X-LMCache-World-Size).",
-			statuses: st(200, "stored", 400, "bad headers, tokens, salt or body length", 401, unauth, 409, "no layout registered", 413, "body too large", 503, notInit), h: (*Server).handleKVStore},
-		{method: "POST", path: "/api/kv/retrieve", tag: "kv", summary: "Return the longest cached prefix as bytes; hit counts in X-LMCache-* headers.",
+			statuses: st(200, "stored", 400, "bad headers, tokens, salt or body length", 409, "no layout registered", 413, "body too large", 503, notInit), h: (*Server).handleKVStore},
+		{method: "POST", path: "/api/kv/retrieve", tag: "kv", auth: authAlways, summary: "Return the longest cached prefix as bytes; hit counts in X-LMCache-* headers.",
 			produces: ctBinary, statuses: st(200, "prefix bytes", 400, "bad headers or tokens", 404, "no chunk cached", 409, "no layout registered", 503, notInit), h: (*Server).handleKVRetrieve},
-		{method: "POST", path: "/api/kv/lookup", tag: "kv", summary: "Report how much of a token sequence is cached.",
+		{method: "POST", path: "/api/kv/lookup", tag: "kv", auth: authAlways, summary: "Report how much of a token sequence is cached.",
 			statuses: st(200, "hit counts", 400, "bad headers or tokens", 409, "no layout registered", 503, notInit), h: (*Server).handleKVLookup},
 		// Quota.
-		{method: "GET", path: "/quota", tag: "quota", shape: shapeError, summary: "Every registered cache_salt quota with live usage.", statuses: st(200, "quotas", 503, notInit), h: (*Server).handleQuotaList},
+		{method: "GET", path: "/quota", tag: "quota", shape: shapeError, auth: authAlways, summary: "Every registered cache_salt quota with live usage.", statuses: st(200, "quotas", 503, notInit), h: (*Server).handleQuotaList},
 		{method: "PUT", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, body: ctJSON, summary: "Set a cache_salt quota in GB (_default = empty salt).",
-			statuses: st(200, "set", 400, "invalid limit_gb", 401, unauth, 503, notInit), h: (*Server).handleQuotaPut},
-		{method: "GET", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, summary: "One cache_salt's quota and usage (never 404).", statuses: st(200, "quota", 503, notInit), h: (*Server).handleQuotaGet},
-		{method: "DELETE", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, summary: "Remove a cache_salt quota.", statuses: st(200, "removed or not_found", 401, unauth, 503, notInit), h: (*Server).handleQuotaDelete},
+			statuses: st(200, "set", 400, "invalid limit_gb", 503, notInit), h: (*Server).handleQuotaPut},
+		{method: "GET", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, summary: "One cache_salt's quota and usage (never 404).", statuses: st(200, "quota", 503, notInit), h: (*Server).handleQuotaGet},
+		{method: "DELETE", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, summary: "Remove a cache_salt quota.", statuses: st(200, "removed or not_found", 503, notInit), h: (*Server).handleQuotaDelete},
 		// Runtime L2 reconfiguration.
-		{method: "GET", path: "/reconfigure/{backend}/status", tag: "reconfigure", shape: shapeError, summary: "Runtime-manageable adapters of one backend type.",
+		{method: "GET", path: "/reconfigure/{backend}/status", tag: "reconfigure", shape: shapeError, auth: authAlways, summary: "Runtime-manageable adapters of one backend type.",
 			statuses: st(200, "status (also for unknown backends)", 400, "empty backend", 503, notInit), h: (*Server).handleReconfigureStatus},
 		{method: "POST", path: "/reconfigure/{backend}/{operation}", tag: "reconfigure", shape: shapeError, auth: authAlways, body: ctJSON, summary: "Apply one reconfiguration (dax: add, remove, resize).",
-			statuses: st(200, "backend result", 400, "empty backend/operation, unsupported operation or invalid size", 401, unauth, 404, "adapter_index out of range", 409, "operation conflicts with the adapter state", 422, val, 503, notInit), h: (*Server).handleReconfigure},
+			statuses: st(200, "backend result", 400, "empty backend/operation, unsupported operation or invalid size", 404, "adapter_index out of range", 409, "operation conflicts with the adapter state", 422, val, 503, notInit), h: (*Server).handleReconfigure},
 		// Observability.
-		{method: "GET", path: "/metrics", tag: "observability", summary: "Prometheus exposition.", produces: ctText, statuses: st(200, "metrics"), h: (*Server).handleMetrics},
-		{method: "POST", path: "/metrics/reset", tag: "observability", auth: authAlways, summary: "Reset observability metrics.", produces: ctText, statuses: st(200, "ok", 401, unauth), h: (*Server).handleMetricsReset},
+		{method: "GET", path: "/metrics", tag: "observability", auth: authMetrics, summary: "Prometheus exposition.", produces: ctText, statuses: st(200, "metrics"), h: (*Server).handleMetrics},
+		{method: "POST", path: "/metrics/reset", tag: "observability", auth: authAlways, summary: "Reset observability metrics.", produces: ctText, statuses: st(200, "ok"), h: (*Server).handleMetricsReset},
 		// Diagnostics.
 		{method: "GET", path: "/loglevel", tag: "diagnostics", shape: shapeText, auth: authOnSet, summary: "List, read or (with level=) set per-logger levels.", query: []string{"logger_name", "level"}, produces: ctText,
-			statuses: st(200, "levels", 400, "unknown level", 401, unauth+" (setting only)"), h: (*Server).handleLogLevel},
+			statuses: st(200, "levels", 400, "unknown level"), h: (*Server).handleLogLevel},
 		{method: "GET", path: "/threads", tag: "diagnostics", shape: shapeText, auth: authAlways, summary: "Goroutine stacks; name= filters on pprof labels, thread_id= on goroutine id.", query: []string{"name", "thread_id"}, produces: ctText,
-			statuses: st(200, "stacks", 401, unauth), h: (*Server).handleThreads},
+			statuses: st(200, "stacks"), h: (*Server).handleThreads},
 		{method: "GET", path: "/periodic-threads", tag: "diagnostics", shape: shapeError, summary: "Registered periodic loops with summary counts.", query: []string{"level", "running_only", "active_only"},
 			statuses: st(200, "snapshot", 400, "unknown level"), h: (*Server).handlePeriodicList},
 		{method: "GET", path: "/periodic-threads/{thread_name}", tag: "diagnostics", shape: shapeError, summary: "One periodic loop.", statuses: st(200, "status", 404, "unknown loop"), h: (*Server).handlePeriodicGet},
 		{method: "GET", path: "/periodic-threads-health", tag: "diagnostics", summary: "Health of critical and high loops (always 200).", statuses: st(200, "health"), h: (*Server).handlePeriodicHealth},
-		{method: "GET", path: "/env", tag: "diagnostics", auth: authAlways, summary: "Process environment (secret-looking values redacted).", produces: ctText, statuses: st(200, "environment", 401, unauth), h: (*Server).handleEnv},
+		{method: "GET", path: "/env", tag: "diagnostics", auth: authAlways, summary: "Process environment (secret-looking values redacted).", produces: ctText, statuses: st(200, "environment"), h: (*Server).handleEnv},
 		{method: "POST", path: "/run_script", tag: "diagnostics", shape: shapeText, auth: authAlways, body: ctForm, summary: "Run a Starlark script (field script) in a bounded sandbox; off unless --run-script-api-enabled.", produces: ctText,
-			statuses: st(200, "result", 400, "no script file provided", 401, unauth, 404, "run_script disabled", 500, "script failed"), h: (*Server).handleRunScript},
+			statuses: st(200, "result", 400, "no script file provided", 404, "run_script disabled", 500, "script failed"), h: (*Server).handleRunScript},
 		{method: "GET", path: "/openapi.json", tag: "info", summary: "This document.", statuses: st(200, "OpenAPI 3 document"), h: (*Server).handleOpenAPI},
+		// Go profiling (net/http/pprof), beyond upstream.
+		{method: "GET", path: "/debug/pprof/", tag: "diagnostics", auth: authDebug, summary: "pprof index and named profiles (/debug/pprof/heap, goroutine, allocs, ...).", produces: ctText,
+			statuses: st(200, "profile", 404, "unknown profile"), h: serveStd(pprof.Index)},
+		{method: "GET", path: "/debug/pprof/cmdline", tag: "diagnostics", auth: authDebug, summary: "The process command line, secret flag values redacted.", produces: ctText,
+			statuses: st(200, "command line"), h: (*Server).handlePprofCmdline},
+		{method: "GET", path: "/debug/pprof/profile", tag: "diagnostics", auth: authDebug, summary: "CPU profile over seconds= (default 30).", query: []string{"seconds"}, produces: ctBinary,
+			statuses: st(200, "profile"), h: serveStd(pprof.Profile)},
+		{method: "GET", path: "/debug/pprof/symbol", tag: "diagnostics", auth: authDebug, summary: "Symbol lookup.", produces: ctText,
+			statuses: st(200, "symbols"), h: serveStd(pprof.Symbol)},
+		{method: "POST", path: "/debug/pprof/symbol", tag: "diagnostics", auth: authDebug, summary: "Symbol lookup for posted addresses.", produces: ctText,
+			statuses: st(200, "symbols"), h: serveStd(pprof.Symbol)},
+		{method: "GET", path: "/debug/pprof/trace", tag: "diagnostics", auth: authDebug, summary: "Execution trace over seconds= (default 1).", query: []string{"seconds"}, produces: ctBinary,
+			statuses: st(200, "trace"), h: serveStd(pprof.Trace)},
+	}
+	// Every guarded route documents 401 (and pprof its loopback rule), so
+	// the OpenAPI document cannot forget one.
+	for i := range rs {
+		switch rs[i].auth {
+		case authOpen:
+			continue
+		case authOnSet:
+			rs[i].statuses[401] = unauth + " (setting only)"
+		case authMetrics:
+			rs[i].statuses[401] = unauth + " (only with LMCACHE_HTTP_AUTH_PROTECT_METRICS=1)"
+		case authDebug:
+			rs[i].statuses[401] = unauth
+			rs[i].statuses[403] = "no token configured and the client is not on loopback"
+		default:
+			rs[i].statuses[401] = unauth
+		}
+	}
+	return rs
+}
+
+// serveStd adapts a standard handler to the route table.
+func serveStd(h http.HandlerFunc) func(*Server, http.ResponseWriter, *http.Request) error {
+	return func(_ *Server, w http.ResponseWriter, r *http.Request) error {
+		h(w, r)
+		return nil
 	}
 }
 
@@ -199,15 +246,29 @@ func (s *Server) serveRoute(rt route, rw http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	if s.needsAuth(rt, r) && !s.authorized(r) {
-		writeErr(w, shapeDetail, errf(ErrUnauthorized, "missing or invalid bearer token"))
+		writeErr(w, rt.shape, errf(ErrUnauthorized, "missing or invalid bearer token"))
+		return
+	}
+	if rt.auth == authDebug && s.opts.AuthToken == "" && !loopback(r.RemoteAddr) {
+		writeErr(w, shapeDetail, errf(ErrForbidden, "pprof is served to loopback clients only unless --http-auth-token is set"))
 		return
 	}
 	if err := rt.h(s, w, r); err != nil {
 		if code := statusOf(err); code >= 500 && code != http.StatusServiceUnavailable && code != http.StatusNotImplemented {
-			s.log.Error("http request failed", "method", r.Method, "path", r.URL.Path, "status", code, "err", err)
+			s.log.Error("http request failed", "method", r.Method, "path", r.URL.Path, "status", code, "err", s.scrub(err.Error()))
 		}
-		writeErr(w, rt.shape, err)
+		writeErr(w, rt.shape, scrubbed{err, s.scrub(err.Error())})
 	}
+}
+
+// loopback reports whether a RemoteAddr is a loopback address.
+func loopback(remote string) bool {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		host = remote
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (s *Server) needsAuth(rt route, r *http.Request) bool {
@@ -215,14 +276,17 @@ func (s *Server) needsAuth(rt route, r *http.Request) bool {
 		return false
 	}
 	switch rt.auth {
-	case authAlways:
+	case authAlways, authDebug:
 		return true
 	case authOnSet:
 		return r.URL.Query().Get("level") != ""
+	case authMetrics:
+		return s.opts.ProtectMetrics
 	}
 	return false
 }
 
+// authorized compares the bearer token in constant time.
 func (s *Server) authorized(r *http.Request) bool {
 	h := r.Header.Get("Authorization")
 	tok, ok := strings.CutPrefix(h, "Bearer ")
@@ -238,17 +302,21 @@ type RouteInfo struct {
 	Method string
 	// Path is the OpenAPI path; Pattern the ServeMux pattern.
 	Path, Pattern string
-	// Auth is "never", "always" or "when setting".
+	// Auth is "never", "always", "when setting" (loglevel), "opt-in"
+	// (metrics) or "always; loopback only without a token" (pprof).
 	Auth string
 	// Statuses are the documented status codes, sorted.
 	Statuses []int
+	// ErrorShape is the error body convention: "detail" ({"detail": ...}),
+	// "error" ({"error": ...}) or "text" (text/plain).
+	ErrorShape string
 }
 
 // Routes lists every route the server serves.
 func Routes() []RouteInfo {
 	var out []RouteInfo
 	for _, rt := range routes() {
-		ri := RouteInfo{Method: rt.method, Path: rt.path, Pattern: rt.muxPattern(), Auth: [...]string{"never", "always", "when setting"}[rt.auth]}
+		ri := RouteInfo{Method: rt.method, Path: rt.path, Pattern: rt.muxPattern(), Auth: authNames[rt.auth], ErrorShape: [...]string{"detail", "error", "text"}[rt.shape]}
 		for c := range rt.statuses {
 			ri.Statuses = append(ri.Statuses, c)
 		}

@@ -223,3 +223,47 @@ func Secrets(s string, secrets ...string) string {
 	}
 	return s
 }
+
+// Collect returns the values Value would hide in v (secret-named fields,
+// also inside JSON strings), so free text built from the same data (an
+// error message, script output) can be scrubbed with Secrets.
+func Collect(v any) []string {
+	var out []string
+	var walk func(any)
+	walk = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				if s, ok := e.(string); ok && IsSecretName(k) && s != "" {
+					out = append(out, s)
+					continue
+				}
+				walk(e)
+			}
+		case map[string]map[string]any:
+			for _, e := range x {
+				walk(e)
+			}
+		case []any:
+			for _, e := range x {
+				walk(e)
+			}
+		case []string:
+			for _, e := range x {
+				walk(e)
+			}
+		case string:
+			t := strings.TrimSpace(x)
+			if len(t) >= 2 && (t[0] == '{' || t[0] == '[') {
+				dec := json.NewDecoder(strings.NewReader(t))
+				dec.UseNumber()
+				var doc any
+				if dec.Decode(&doc) == nil {
+					walk(doc)
+				}
+			}
+		}
+	}
+	walk(v)
+	return out
+}

@@ -89,3 +89,14 @@ func TestSecrets(t *testing.T) {
 		t.Fatalf("Secrets = %q", got)
 	}
 }
+
+func TestCollect(t *testing.T) {
+	cfg := map[string]map[string]any{"mp": {"http_auth_token": "tok1", "l2_adapter": []any{`{"aws_secret_access_key":"sec2","bucket":"b"}`}, "chunk_size": 256}}
+	got := redact.Collect(cfg)
+	if strings.Join(got, ",") != "tok1,sec2" && strings.Join(got, ",") != "sec2,tok1" {
+		t.Fatalf("Collect = %q", got)
+	}
+	if msg := redact.Secrets("open s3: key sec2 rejected (token tok1)", got...); strings.Contains(msg, "sec2") || strings.Contains(msg, "tok1") {
+		t.Fatalf("Secrets left a value: %s", msg)
+	}
+}
