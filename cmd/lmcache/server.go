@@ -214,6 +214,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		Config:               cfg.Groups(),
 		AuthToken:            cfg.HTTPAuthToken,
 		RunScriptEnabled:     cfg.RunScriptAPIEnabled,
+		ProtectMetrics:       os.Getenv(httpapi.EnvProtectMetrics) == "1",
 		ScriptAllowedImports: cfg.ScriptAllowedImports,
 		RegisteredModels:     layouts,
 		ChunkSize:            cfg.ChunkSize,
