@@ -41,10 +41,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&o.LookupSamples, "lookup-samples", o.LookupSamples, "lookups timed in the lookup-latency phase")
 	fs.IntVar(&o.PingClients, "ping-clients", o.PingClients, "concurrent clients of the PING phase (0 skips it)")
 	fs.DurationVar(&o.PingDuration, "ping-duration", o.PingDuration, "length of the PING phase")
-	fs.DurationVar(&o.Progress, "progress", o.Progress, "progress line period on stderr (0 = none)")
+	fs.DurationVar(&o.Progress, "progress", o.Progress, "progress line period on stderr when it is a terminal (0 = none)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "per-request timeout")
 	baseMiB := fs.Int64("baseline-mib", o.BaselineBytes>>20, "size of each worker's memcpy-baseline region in MiB (the pool's size compares like with like)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
+	report := fs.String("report", "", "also write throughput and latency over time to this .svg chart or .html page (offline, no scripts)")
 	inproc := fs.Float64("inprocess-l1-gb", 0, "start an engine with this L1 size (GiB, in /dev/shm) and the data-path server inside this process on a free loopback port, and benchmark it over ZMQ (0 = use --endpoint)")
 	chunk := fs.Int("inprocess-chunk-size", 256, "--chunk-size of the in-process server")
 	if err := fs.Parse(args); err != nil {
@@ -58,6 +59,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "lmcache bench: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	if *report != "" {
+		if _, err := bench.CheckReportPath(*report); err != nil {
+			fmt.Fprintf(stderr, "lmcache bench: %v\n", err)
+			return 2
+		}
+	}
 	if *inproc > 0 {
 		stop, endpoint, err := serveInProcess(ctx, int64(*inproc*(1<<30)), *chunk, stderr)
 		if err != nil {
@@ -68,10 +75,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		o.Endpoint, o.ShmDir = endpoint, "/dev/shm"
 	}
 	t0 := time.Now()
-	res, err := bench.Run(ctx, o, stderr)
+	// Progress only on a terminal: piped output and CI logs keep the summary.
+	f, _ := stderr.(*os.File)
+	res, err := bench.Run(ctx, o, bench.ProgressWriter(f))
 	if err != nil {
 		fmt.Fprintf(stderr, "lmcache bench: %v\n", err)
 		return 1
+	}
+	if *report != "" {
+		if err := bench.WriteReport(*report, o, res); err != nil {
+			fmt.Fprintf(stderr, "lmcache bench: %v\n", err)
+			return 1
+		}
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 
 	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/wire"
@@ -97,6 +98,33 @@ type Result struct {
 	LongLookupHitChunks          int
 	HitRatio                     float64
 	PingPerSec                   float64
+	// StoreP50/P99 and RetrieveP50/P99 are per-request latencies of the
+	// measured stores (PREPARE + copies + COMMIT) and retrieves.
+	StoreP50, StoreP99       time.Duration
+	RetrieveP50, RetrieveP99 time.Duration
+	// Samples is every measured request in the order it finished, the
+	// source of the --report charts; left out of --json.
+	Samples []Sample `json:"-"`
+}
+
+// Kind names what a Sample measured.
+type Kind string
+
+// The kinds of Sample.
+const (
+	KindStore      Kind = "store"
+	KindRetrieve   Kind = "retrieve"
+	KindLookup     Kind = "lookup"
+	KindLongLookup Kind = "long-lookup"
+)
+
+// Sample is one measured request: when it finished (since Run started),
+// how long it took and how many bytes it moved.
+type Sample struct {
+	At      time.Duration
+	Kind    Kind
+	Bytes   int64
+	Latency time.Duration
 }
 
 type counters struct {
@@ -105,8 +133,29 @@ type counters struct {
 	storeRPCNanos, retrieveRPCNanos       atomic.Int64
 	baseBytes, baseToNanos, baseFromNanos atomic.Int64
 	hitChunks, wantChunks                 atomic.Int64
+	start                                 time.Time
 	mu                                    sync.Mutex
 	lookups                               []time.Duration
+	samples                               []Sample
+}
+
+// sample records a measured request that took d and just finished.
+func (c *counters) sample(k Kind, bytes int64, d time.Duration) {
+	at := time.Since(c.start)
+	c.mu.Lock()
+	c.samples = append(c.samples, Sample{At: at, Kind: k, Bytes: bytes, Latency: d})
+	c.mu.Unlock()
+}
+
+// latencies are the latencies of the samples of kind k.
+func latencies(s []Sample, k Kind) []time.Duration {
+	var out []time.Duration
+	for _, x := range s {
+		if x.Kind == k {
+			out = append(out, x.Latency)
+		}
+	}
+	return out
 }
 
 // Run executes the benchmark.
@@ -139,7 +188,7 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Result, error) {
 		return nil, err
 	}
 
-	var c counters
+	c := counters{start: time.Now()}
 	stop := startProgress(ctx, o.Progress, progress, &c)
 	defer stop()
 
@@ -171,13 +220,16 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Result, error) {
 	res.LookupP50, res.LookupP99 = percentiles(c.lookups)
 
 	if o.LookupSamples > 0 && o.LookupTokens > 0 {
-		lat, hits, err := longLookups(ctx, o, runID, chunk)
+		lat, hits, err := longLookups(ctx, o, runID, chunk, &c)
 		if err != nil {
 			return nil, err
 		}
 		res.LongLookupP50, res.LongLookupP99 = percentiles(lat)
 		res.LongLookupHitChunks = hits
 	}
+	res.Samples = slices.Clone(c.samples)
+	res.StoreP50, res.StoreP99 = percentiles(latencies(res.Samples, KindStore))
+	res.RetrieveP50, res.RetrieveP99 = percentiles(latencies(res.Samples, KindRetrieve))
 	if o.PingClients > 0 && o.PingDuration > 0 {
 		if res.PingPerSec, err = pingPhase(ctx, o); err != nil {
 			return nil, err
@@ -262,6 +314,19 @@ func (b *baseline) copyOut(n int, dst []byte) time.Duration {
 
 func (b *baseline) close() { _ = unix.Munmap(b.mem) }
 
+// ProgressWriter is where `lmcache bench` draws its progress line: f when
+// it is a terminal, else nil (no progress), so logs and CI output keep only
+// the summary.
+func ProgressWriter(f *os.File) io.Writer {
+	if f == nil || !term.IsTerminal(int(f.Fd())) {
+		return nil
+	}
+	return f
+}
+
+// startProgress redraws one progress line on w every period ("\r" and
+// erase-line, as terminals expect) and ends it with a newline when the
+// run finishes. The goroutine is owned by the returned stop function.
 func startProgress(ctx context.Context, every time.Duration, w io.Writer, c *counters) func() {
 	if every <= 0 || w == nil {
 		return func() {}
@@ -272,7 +337,12 @@ func startProgress(ctx context.Context, every time.Duration, w io.Writer, c *cou
 		defer close(done)
 		t := time.NewTicker(every)
 		defer t.Stop()
-		start := time.Now()
+		drawn := false
+		defer func() {
+			if drawn {
+				fmt.Fprintln(w)
+			}
+		}()
 		for {
 			select {
 			case <-ctx.Done():
@@ -281,8 +351,9 @@ func startProgress(ctx context.Context, every time.Duration, w io.Writer, c *cou
 				c.mu.Lock()
 				n := len(c.lookups)
 				c.mu.Unlock()
-				fmt.Fprintf(w, "bench: %5.1fs stored %.2f GiB, retrieved+verified %.2f GiB, lookups %d, store refusals %d\n",
-					time.Since(start).Seconds(), float64(c.stored.Load())/(1<<30), float64(c.verified.Load())/(1<<30), n, c.refusals.Load())
+				fmt.Fprintf(w, "\r\x1b[Kbench: %5.1fs stored %.2f GiB, retrieved+verified %.2f GiB, lookups %d, store refusals %d",
+					time.Since(c.start).Seconds(), float64(c.stored.Load())/(1<<30), float64(c.verified.Load())/(1<<30), n, c.refusals.Load())
+				drawn = true
 			}
 		}
 	}()
@@ -411,9 +482,11 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 		}
 		rpc += time.Since(tc)
 		if measured {
+			d := time.Since(t0)
 			c.storeRPCNanos.Add(int64(rpc))
-			c.storeNanos.Add(int64(time.Since(t0)))
+			c.storeNanos.Add(int64(d))
 			c.stored.Add(int64(len(plan.Slots)) * objBytes)
+			c.sample(KindStore, int64(len(plan.Slots))*objBytes, d)
 		}
 
 		// 3. Second lookup: should hit every chunk (poll briefly: a store
@@ -470,9 +543,11 @@ func runWorker(ctx context.Context, o Options, w int, runID int64, chunk int, ob
 		}
 		rpc += time.Since(tc)
 		if measured {
+			d := time.Since(t1) - verifyNanos
 			c.retrieveRPCNanos.Add(int64(rpc))
-			c.retrieveNanos.Add(int64(time.Since(t1) - verifyNanos))
+			c.retrieveNanos.Add(int64(d))
 			c.retrieved.Add(int64(len(slots)) * objBytes)
+			c.sample(KindRetrieve, int64(len(slots))*objBytes, d)
 		}
 		// 5. Request done.
 		if err := sched.EndSession(lreq); err != nil {
@@ -505,13 +580,14 @@ func (cnt *counters) lookup(c *mqclient.Client, k *wire.Key, record bool) (int, 
 		cnt.mu.Lock()
 		cnt.lookups = append(cnt.lookups, d)
 		cnt.mu.Unlock()
+		cnt.sample(KindLookup, 0, d)
 	}
 	return n, err
 }
 
 // longLookups times LOOKUP for LookupTokens-token prompts: a stored
 // PromptTokens prefix (hit) followed by new tokens (miss).
-func longLookups(ctx context.Context, o Options, runID int64, chunk int) ([]time.Duration, int, error) {
+func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *counters) ([]time.Duration, int, error) {
 	c, err := mqclient.Dial(o.Endpoint, mqclient.Options{Timeout: o.Timeout})
 	if err != nil {
 		return nil, 0, err
@@ -547,6 +623,7 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int) ([]time
 		}
 		hits = n
 		lat = append(lat, d)
+		cnt.sample(KindLongLookup, 0, d)
 		if err := c.FreeLookupLocks(k, 1); err != nil {
 			return nil, 0, err
 		}
@@ -600,29 +677,4 @@ func pingPhase(ctx context.Context, o Options) (float64, error) {
 		return 0, err
 	}
 	return float64(total.Load()) / time.Since(t0).Seconds(), nil
-}
-
-// Report writes a human-readable summary.
-func Report(w io.Writer, o Options, r *Result) {
-	fmt.Fprintf(w, "layout: %d layers x %d hidden x %s, chunk %d tokens = %.1f MiB per chunk object; %d workers x %d requests of %d tokens\n",
-		o.Layers, o.Hidden, o.Dtype, r.ChunkSize, float64(r.ChunkBytes)/(1<<20), o.Workers, o.Requests, o.PromptTokens)
-	fmt.Fprintf(w, "memcpy into shm:   %7.2f GB/s   memcpy out of shm: %7.2f GB/s  (baseline: same bytes, same workers, next to each request)\n", r.MemcpyToShmGBps, r.MemcpyFromShmGBps)
-	fmt.Fprintf(w, "store:             %7.2f GB/s  (%.2f of memcpy; PREPARE+COMMIT %.1f%% of the time; %.2f GiB; %d refusals while eviction caught up)\n",
-		r.StoreGBps, ratio(r.StoreGBps, r.MemcpyToShmGBps), 100*r.StoreRPCShare, float64(r.StoredBytes)/(1<<30), r.StoreRefusals)
-	fmt.Fprintf(w, "retrieve:          %7.2f GB/s  (%.2f of memcpy; PREPARE+COMMIT %.1f%% of the time; %.2f GiB; every byte verified: %.2f GiB)\n",
-		r.RetrieveGBps, ratio(r.RetrieveGBps, r.MemcpyFromShmGBps), 100*r.RetrieveRPCShare, float64(r.RetrievedBytes)/(1<<30), float64(r.VerifiedBytes)/(1<<30))
-	fmt.Fprintf(w, "lookup (%d tokens): p50 %v  p99 %v  hit ratio %.3f\n", o.PromptTokens, r.LookupP50, r.LookupP99, r.HitRatio)
-	if o.LookupSamples > 0 {
-		fmt.Fprintf(w, "lookup (%d tokens, %d samples, %d chunks hit): p50 %v  p99 %v\n", o.LookupTokens, o.LookupSamples, r.LongLookupHitChunks, r.LongLookupP50, r.LongLookupP99)
-	}
-	if o.PingClients > 0 {
-		fmt.Fprintf(w, "PING: %.0f round trips/s with %d clients\n", r.PingPerSec, o.PingClients)
-	}
-}
-
-func ratio(a, b float64) float64 {
-	if b == 0 {
-		return 0
-	}
-	return a / b
 }
