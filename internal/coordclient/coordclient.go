@@ -79,6 +79,11 @@ type Config struct {
 	// QueueSize bounds the pending events; MaxBatch bounds one POST.
 	QueueSize int
 	MaxBatch  int
+	// AuthToken, when set, is sent as "Authorization: Bearer <token>" on
+	// every coordinator request (the coordinator's --auth-token). From
+	// --coordinator-auth-token / LMCACHE_COORDINATOR_AUTH_TOKEN; never
+	// logged.
+	AuthToken string
 	// HTTPClient defaults to a client with a 10 s timeout.
 	HTTPClient *http.Client
 	// Periodic, if set, lists the registrar and reporter loops (for
@@ -230,6 +235,10 @@ func (c *Client) Dropped() int64 { return c.dropped.Load() }
 // SentBatches is the number of batches the coordinator accepted.
 func (c *Client) SentBatches() int64 { return c.sent.Load() }
 
+// ErrUnauthorized is a 401 from the coordinator: its --auth-token is set and
+// this client's AuthToken is missing or different.
+var ErrUnauthorized = errors.New("coordinator rejected the auth token (401); check --coordinator-auth-token")
+
 // Loop names in the periodic registry.
 const (
 	LoopRegistrar = "coordinator-registrar"
@@ -337,6 +346,8 @@ func (c *Client) register(ctx context.Context) error {
 	switch {
 	case err != nil:
 		return fmt.Errorf("register: %w", err)
+	case code == http.StatusUnauthorized:
+		return fmt.Errorf("register: %w", ErrUnauthorized)
 	case code/100 != 2:
 		return fmt.Errorf("register: coordinator answered %d", code)
 	case resp.InstanceID == nil || *resp.InstanceID == "":
@@ -357,6 +368,8 @@ func (c *Client) heartbeat(ctx context.Context) error {
 	switch {
 	case err != nil:
 		return fmt.Errorf("heartbeat: %w", err)
+	case code == http.StatusUnauthorized:
+		return fmt.Errorf("heartbeat: %w", ErrUnauthorized)
 	case code == http.StatusNotFound:
 		// The coordinator restarted or expired us: register again at once.
 		c.log.Warn("coordinator does not know this instance; re-registering", "instance_id", c.InstanceID())
@@ -399,6 +412,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) (int,
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.cfg.AuthToken != "" {
+		req.Header.Set("Authorization", "Bearer "+c.cfg.AuthToken)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -486,6 +502,9 @@ func (c *Client) send(ctx context.Context, events []Event) error {
 		Recorded *int `json:"recorded"`
 	}
 	code, err := c.do(ctx, http.MethodPost, "/quota/events", b, &resp)
+	if err == nil && code == http.StatusUnauthorized {
+		err = ErrUnauthorized
+	}
 	if err == nil && code/100 != 2 {
 		err = fmt.Errorf("coordinator answered %d", code)
 	}

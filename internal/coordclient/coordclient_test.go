@@ -3,12 +3,14 @@ package coordclient_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,9 +35,18 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // startCoordinator runs the real coordinator on ln (loops off).
 func startCoordinator(t *testing.T, ln net.Listener) string {
 	t.Helper()
+	return startCoordinatorWith(t, ln, nil)
+}
+
+// startCoordinatorWith is startCoordinator with a config tweak.
+func startCoordinatorWith(t *testing.T, ln net.Listener, mutate func(*config.Config)) string {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Host, cfg.Port = "127.0.0.1", 0
 	cfg.HealthCheckInterval, cfg.EvictionCheckInterval, cfg.EnableStartupResync = 0, 0, false
+	if mutate != nil {
+		mutate(&cfg)
+	}
 	srv, err := coordinator.New(cfg, coordinator.WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)
@@ -152,7 +163,8 @@ func TestRandomInstanceIDAndRetryWhileDown(t *testing.T) {
 	ln := listen(t)
 	addr := ln.Addr().String()
 	ln.Close()
-	c, err := coordclient.New(coordclient.Config{URL: "http://" + addr, HTTPPort: 8080, HeartbeatInterval: 20 * time.Millisecond, Logger: quiet})
+	reg := periodic.NewRegistry()
+	c, err := coordclient.New(coordclient.Config{URL: "http://" + addr, HTTPPort: 8080, HeartbeatInterval: 20 * time.Millisecond, Periodic: reg, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +173,10 @@ func TestRandomInstanceIDAndRetryWhileDown(t *testing.T) {
 		t.Fatalf("instance id %q is not a UUID4", id)
 	}
 	runClient(t, c)
-	time.Sleep(100 * time.Millisecond) // a few failed attempts
+	waitFor(t, "three failed registration attempts", func() bool {
+		st, ok := reg.Get(coordclient.LoopRegistrar)
+		return ok && st.FailedRuns >= 3
+	})
 	if c.Registered() {
 		t.Fatal("registered with no coordinator")
 	}
@@ -413,5 +428,67 @@ func TestLoopsInPeriodicRegistry(t *testing.T) {
 	stop()
 	if st, _ := reg.Get(coordclient.LoopRegistrar); st.IsRunning || c.Registered() {
 		t.Fatalf("after stop: %+v registered=%v", st, c.Registered())
+	}
+}
+
+// TestAuthTokenSentToCoordinator: against a coordinator with --auth-token,
+// a client with the same AuthToken registers, heartbeats, reports events
+// and deregisters; one with a wrong token is refused (401 →
+// ErrUnauthorized, counted as failed registrar runs) and never registered.
+func TestAuthTokenSentToCoordinator(t *testing.T) {
+	const tok = "fleet-s3cret"
+	base := startCoordinatorWith(t, listen(t), func(c *config.Config) { c.AuthToken = tok })
+	reg := periodic.NewRegistry()
+	good, err := coordclient.New(coordclient.Config{URL: base, HTTPPort: 8080, InstanceID: "mp-good", AuthToken: tok, HeartbeatInterval: 20 * time.Millisecond,
+		EventReporting: true, EventFlushInterval: time.Hour, Periodic: reg, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	badReg := periodic.NewRegistry()
+	bad, err := coordclient.New(coordclient.Config{URL: base, HTTPPort: 8081, InstanceID: "mp-bad", AuthToken: "wrong", HeartbeatInterval: 20 * time.Millisecond,
+		EventReporting: true, EventFlushInterval: time.Hour, Periodic: badReg, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopGood := runClient(t, good)
+	runClient(t, bad)
+	waitFor(t, "registration and two heartbeats", func() bool {
+		st, _ := reg.Get(coordclient.LoopRegistrar)
+		return good.Registered() && st.TotalRuns >= 3 && st.FailedRuns == 0
+	})
+	good.OnStored([]objkey.Key{{ChunkHash: "0a", ModelName: "m", KVRank: 0}}, []int64{1 << 20})
+	if err := good.Flush(context.Background()); err != nil {
+		t.Fatalf("flush with the right token: %v", err)
+	}
+	var q struct {
+		UsageGB float64 `json:"usage_gb"`
+	}
+	getJSON(t, base+"/quota/_default", &q)
+	if q.UsageGB != 1.0/1024 {
+		t.Fatalf("usage %v GB after a 1 MiB store event", q.UsageGB)
+	}
+	waitFor(t, "the wrong token to be refused three times", func() bool {
+		st, _ := badReg.Get(coordclient.LoopRegistrar)
+		return st.FailedRuns >= 3
+	})
+	st, _ := badReg.Get(coordclient.LoopRegistrar)
+	if msg, _ := st.LastSummary["message"].(string); bad.Registered() || !strings.Contains(msg, "401") {
+		t.Fatalf("wrong-token client: registered=%v last=%q", bad.Registered(), msg)
+	}
+	if l := instances(t, base); len(l) != 1 || l[0].InstanceID != "mp-good" {
+		t.Fatalf("instances %+v", l)
+	}
+	// Its events are refused too, and stay queued for a retry.
+	bad.OnStored([]objkey.Key{{ChunkHash: "0b", ModelName: "m", KVRank: 0}}, []int64{1 << 20})
+	if err := bad.Flush(context.Background()); !errors.Is(err, coordclient.ErrUnauthorized) || bad.Pending() != 1 {
+		t.Fatalf("wrong-token flush: %v, pending %d", err, bad.Pending())
+	}
+	getJSON(t, base+"/quota/_default", &q)
+	if q.UsageGB != 1.0/1024 {
+		t.Fatalf("a refused batch changed usage: %v GB", q.UsageGB)
+	}
+	stopGood()
+	if l := instances(t, base); len(l) != 0 {
+		t.Fatalf("deregistration with the token failed: %+v", l)
 	}
 }

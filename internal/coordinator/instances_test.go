@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 )
 
@@ -175,9 +176,15 @@ func TestHealthSweepDisabledAtZero(t *testing.T) {
 	c := startCoord(t, func(cfg *config.Config) {
 		cfg.InstanceTimeout = 0.01
 		cfg.HealthCheckInterval = 0
+		cfg.EvictionCheckInterval = 0.01
 	})
 	c.must("POST", "/instances", map[string]any{"instance_id": "x", "ip": "h", "http_port": 1}, 200)
-	time.Sleep(100 * time.Millisecond)
+	// No sweep loop is registered; ten eviction cycles at the timeout's
+	// interval give a wrong one ample chances to sweep.
+	waitFor(t, "ten eviction cycles", func() bool { return c.threads()[coordinator.LoopEviction].TotalRuns >= 10 })
+	if th := c.threads(); len(th) != 1 {
+		t.Fatalf("loops with the sweep disabled: %v", th)
+	}
 	if l := ids(t, c); len(l) != 1 {
 		t.Fatalf("instance swept with the sweep disabled: %v", l)
 	}

@@ -3,8 +3,8 @@ package coordinator_test
 import (
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 )
 
@@ -150,11 +150,21 @@ func TestStartupResyncDisabledOrGivesUp(t *testing.T) {
 		c := startCoord(t, func(cfg *config.Config) {
 			cfg.EnableStartupResync = false
 			cfg.ResyncPollInterval = 0.01
+			cfg.EvictionCheckInterval = 0.01
 		})
 		mp.register(c, "mp-1")
-		// Nothing can announce that a resync will never run: give a wrong
-		// one ten poll intervals to list. A correct one passes at any speed.
-		time.Sleep(100 * time.Millisecond)
+		// The resync loop is never registered, and a wrong one would have
+		// had ten poll intervals to list by the time the eviction loop (same
+		// interval) has run ten cycles. Then Run is stopped, so no loop can
+		// list afterwards either.
+		waitFor(t, "ten eviction cycles", func() bool { return c.threads()[coordinator.LoopEviction].TotalRuns >= 10 })
+		if th := c.threads(); len(th) != 1 {
+			t.Fatalf("loops with the resync disabled: %v", th)
+		}
+		c.stop()
+		if err := c.wait(); err != nil {
+			t.Fatal(err)
+		}
 		if q := mp.queries(); len(q) != 0 || c.logs.has("startup resync") {
 			t.Fatalf("listed with the resync disabled: %v", q)
 		}
