@@ -136,6 +136,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		L2PrefetchPolicy:         cfg.L2PrefetchPolicy,
 		L2PrefetchMaxInFlight:    cfg.L2PrefetchMaxInFlight,
 		L2PrefetchLoadTimeout:    seconds(cfg.L2PrefetchLoadTimeout),
+		L2LookupTimeout:          time.Duration(cfg.L2LookupTimeoutMS) * time.Millisecond,
 		StoreMaxAttempts:         cfg.L2StoreMaxRetries + 1, // the first attempt is not a retry
 		StoreRetryBase:           seconds(cfg.L2StoreRetryBackoffSecs),
 	}

@@ -127,6 +127,17 @@ type Config struct {
 	// L2PrefetchLoadTimeout is --l2-prefetch-load-timeout (0 = none): bound
 	// on one job's L2 lookup+load.
 	L2PrefetchLoadTimeout time.Duration
+	// L2LookupTimeout is --l2-lookup-timeout-ms (0 = no budget, upstream's
+	// behaviour; the server's default is 200 ms): how long a lookup
+	// (Readers > 0, not Sparse) waits for the adapters to say which keys
+	// they hold, counted from Prefetch. When it passes, the unanswered
+	// adapter calls are cancelled and the job goes on with what it has,
+	// usually the L1 prefix (Counters.L2LookupTimeouts); PrefetchResult.Err
+	// stays nil, since an answer within the budget is the contract, not a
+	// failure. Loads of keys an adapter did report are bounded by
+	// L2PrefetchLoadTimeout and the adapter's own timeouts, not by this.
+	// Warm prefetches (Sparse) are not bounded by it.
+	L2LookupTimeout time.Duration
 	// L2 holds per-adapter options, index-aligned with the adapters passed
 	// to New (missing entries mean defaults).
 	L2 []AdapterConfig

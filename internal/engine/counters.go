@@ -51,8 +51,17 @@ type Counters struct {
 	// queue was full (they complete with the L1 result only);
 	// PrefetchReaped counts finished jobs nobody polled within
 	// prefetchResultTTL, discarded to bound memory.
-	PrefetchDropped      int64
-	PrefetchReaped       int64
+	PrefetchDropped int64
+	PrefetchReaped  int64
+	// L2LookupTimeouts counts lookup jobs whose L2 lookup ran out of the
+	// Config.L2LookupTimeout budget and answered without (some of) the
+	// adapters (l2_prefetch_failure{reason=lookup_timeout}).
+	L2LookupTimeouts int64
+	// L2LookupUnavailable counts adapter lookups skipped because the
+	// adapter was unavailable (circuit-broken or closed); the job answers
+	// from the other tiers without an error
+	// (l2_prefetch_failure{reason=adapter_unavailable}).
+	L2LookupUnavailable  int64
 	L2PrefetchLookup     int64            // l2_prefetch_lookup (requests sent to L2)
 	L2PrefetchLookupObj  map[string]int64 // l2_prefetch_lookup_objects{cache_salt}
 	L2PrefetchLoadSub    int64            // l2_prefetch_load_submitted
@@ -192,6 +201,7 @@ type stats struct {
 	hitL1, hitL2, miss                      atomic.Int64
 	l2Lookup, l2LoadSub                     atomic.Int64
 	prefetchDropped, prefetchReaped         atomic.Int64
+	lookupTimeouts, lookupUnavailable       atomic.Int64
 	l2LookupObj, l2LoadSubObj, l2LoadDone   saltCounts
 	storeSubObj, storeDoneObj, l2EvictedObj saltCounts
 	storeDropped                            atomic.Int64

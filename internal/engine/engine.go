@@ -105,8 +105,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: --l2-prefetch-policy %q (want default or retain)", ErrInvalid, c.L2PrefetchPolicy)
 	}
 	c.L2PrefetchMaxInFlight = cmp.Or(c.L2PrefetchMaxInFlight, DefaultMaxInFlight)
-	if c.L2PrefetchMaxInFlight < 0 || c.L2PrefetchLoadTimeout < 0 {
-		return c, fmt.Errorf("%w: --l2-prefetch-max-in-flight and --l2-prefetch-load-timeout must be positive", ErrInvalid)
+	if c.L2PrefetchMaxInFlight < 0 || c.L2PrefetchLoadTimeout < 0 || c.L2LookupTimeout < 0 {
+		return c, fmt.Errorf("%w: --l2-prefetch-max-in-flight, --l2-prefetch-load-timeout and --l2-lookup-timeout-ms must be positive", ErrInvalid)
 	}
 	c.StoreMaxAttempts = cmp.Or(c.StoreMaxAttempts, DefaultStoreMaxAttempts)
 	c.StoreRetryBase = cmp.Or(c.StoreRetryBase, DefaultStoreRetryBase)
@@ -633,8 +633,9 @@ func (e *Engine) counters() Counters {
 		L1ReadLeasesExpired:    ts.ExpiredReads, L1WriteLeasesExpired: ts.ExpiredWrites,
 		ActivePrefetchJobs: e.st.activeJobs.Load(), PrefetchRequests: e.st.prefetchRequests.Load(),
 		PrefetchHitChunksL1: e.st.hitL1.Load(), PrefetchHitChunksL2: e.st.hitL2.Load(), PrefetchMissChunks: e.st.miss.Load(),
-		PrefetchDropped: e.st.prefetchDropped.Load(), PrefetchReaped: e.st.prefetchReaped.Load(),
-		L2PrefetchLookup: e.st.l2Lookup.Load(), L2PrefetchLookupObj: e.st.l2LookupObj.snapshot(),
+		PrefetchDropped: e.st.prefetchDropped.Load(), PrefetchReaped: e.st.prefetchReaped.Load(), L2LookupTimeouts: e.st.lookupTimeouts.Load(),
+		L2LookupUnavailable: e.st.lookupUnavailable.Load(),
+		L2PrefetchLookup:    e.st.l2Lookup.Load(), L2PrefetchLookupObj: e.st.l2LookupObj.snapshot(),
 		L2PrefetchLoadSub: e.st.l2LoadSub.Load(), L2PrefetchLoadSubObj: e.st.l2LoadSubObj.snapshot(),
 		L2PrefetchLoadDone: e.st.l2LoadDone.snapshot(), L2PrefetchFailOOM: e.st.allocFailPrefetch.Load(),
 		L2StoreSubmittedObj: e.st.storeSubObj.snapshot(), L2StoreCompletedObj: e.st.storeDoneObj.snapshot(),

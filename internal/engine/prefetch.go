@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/l1"
+	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -50,6 +52,8 @@ type job struct {
 	l2Keys  int
 	err     error
 
+	submitted time.Time // when Prefetch was called: the lookup budget counts from here
+
 	done   chan struct{}
 	res    PrefetchResult
 	doneAt time.Time
@@ -81,7 +85,7 @@ func (e *Engine) prefetch(req PrefetchRequest) error {
 	if req.Readers < 0 {
 		return fmt.Errorf("%w: negative reader count", ErrInvalid)
 	}
-	j := &job{req: req, retain: req.Retain || req.Readers == 0 || e.cfg.L2PrefetchPolicy == PrefetchPolicyRetain, done: make(chan struct{})}
+	j := &job{req: req, retain: req.Retain || req.Readers == 0 || e.cfg.L2PrefetchPolicy == PrefetchPolicyRetain, done: make(chan struct{}), submitted: time.Now()}
 	for _, ks := range req.Chunks {
 		j.total += len(ks)
 	}
@@ -198,17 +202,44 @@ func (e *Engine) loadL2(ctx context.Context, j *job) {
 			remaining = append(remaining, i)
 		}
 	}
-	// Lookup-and-lock, first adapter holding a key serves it.
+	// Lookup-and-lock, first adapter holding a key serves it. A lookup
+	// asks under its budget (see Config.L2LookupTimeout); a job whose
+	// budget ran out in the queue asks no adapter at all.
+	lctx := ctx
+	if b := e.cfg.L2LookupTimeout; b > 0 && j.req.Readers > 0 && !j.req.Sparse {
+		var cancel context.CancelFunc
+		lctx, cancel = context.WithDeadline(ctx, j.submitted.Add(b))
+		defer cancel()
+	}
+	budgetSpent := func() bool { return lctx.Err() != nil && ctx.Err() == nil }
 	locked := make([][]int, len(e.adapters))
 	found := make([]bool, len(j.flat))
+	timedOut := false
 	for ai, a := range e.adapters {
 		if len(remaining) == 0 {
+			break
+		}
+		if budgetSpent() {
+			timedOut = true
 			break
 		}
 		keys := j.keysAt(remaining)
 		e.st.l2Lookup.Add(1)
 		e.st.l2LookupObj.addKeys(keys, 1)
-		hits, err := a.LookupAndLock(ctx, keys)
+		hits, err := a.LookupAndLock(lctx, keys)
+		if budgetSpent() {
+			// Keys the adapter did confirm (and lock) still count; the
+			// ones it could not answer in time are misses.
+			timedOut = true
+			err = nil
+		}
+		if errors.Is(err, l2.ErrUnavailable) {
+			// Circuit-broken (or closed): a known state the adapter's
+			// status reports, not a failed lookup, so the job answers with
+			// the other tiers and no error (Counters.L2LookupUnavailable).
+			e.st.lookupUnavailable.Add(1)
+			continue
+		}
 		if err != nil {
 			e.log.Debug("prefetch: L2 lookup failed", "adapter", ai, "err", err)
 			j.err = err
@@ -224,6 +255,10 @@ func (e *Engine) loadL2(ctx context.Context, j *job) {
 			}
 		}
 		remaining = rest
+	}
+	if timedOut {
+		e.st.lookupTimeouts.Add(1)
+		e.log.Debug("prefetch: L2 lookup budget spent; answering with what the tiers said so far", "request_id", j.req.ID, "budget", e.cfg.L2LookupTimeout)
 	}
 	defer func() {
 		for ai, idx := range locked {

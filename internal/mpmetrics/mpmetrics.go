@@ -290,6 +290,9 @@ func (e *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(dAllocFail, c.L1AllocFailuresPrefetch, b.L1AllocFailuresPrefetch, "l2_prefetch")
 	counter(dReadFail, c.L1ReadFailuresNotFound, b.L1ReadFailuresNotFound, "l1_retrieve", "not_found")
 	counter(dPrefFail, c.L2PrefetchFailOOM, b.L2PrefetchFailOOM, "l1_oom")
+	// Lookups answered without L2 because --l2-lookup-timeout-ms ran out.
+	counter(dPrefFail, c.L2LookupTimeouts, b.L2LookupTimeouts, "lookup_timeout")
+	counter(dPrefFail, c.L2LookupUnavailable, b.L2LookupUnavailable, "adapter_unavailable")
 	gauge(dActiveJobs, float64(c.ActivePrefetchJobs))
 	counter(dPrefReq, c.PrefetchRequests, b.PrefetchRequests)
 	counter(dPrefHit, c.PrefetchHitChunksL1, b.PrefetchHitChunksL1, "l1")

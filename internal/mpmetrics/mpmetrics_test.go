@@ -55,3 +55,16 @@ func TestEngineCountersRebaseOnReset(t *testing.T) {
 		t.Error("own counter not reset")
 	}
 }
+
+// TestLookupTimeoutMetric: lookups answered without L2 because the lookup
+// budget ran out are exported as l2_prefetch_failure{reason=lookup_timeout}.
+func TestLookupTimeoutMetric(t *testing.T) {
+	c := engine.Counters{L2LookupTimeouts: 4, L2LookupUnavailable: 2, L2PrefetchFailOOM: 1}
+	m := New("i-1", func() engine.Counters { return c })
+	body := scrape(t, m)
+	for _, want := range []string{`lmcache_mp_l2_prefetch_failure_total{reason="lookup_timeout"} 4`, `lmcache_mp_l2_prefetch_failure_total{reason="l1_oom"} 1`, `lmcache_mp_l2_prefetch_failure_total{reason="adapter_unavailable"} 2`} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("scrape lacks %q", want)
+		}
+	}
+}

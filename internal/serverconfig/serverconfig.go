@@ -70,6 +70,7 @@ type Config struct {
 	L2PrefetchPolicy        string
 	L2PrefetchMaxInFlight   int
 	L2PrefetchLoadTimeout   float64
+	L2LookupTimeoutMS       int
 	PeriodicNotifierMS      int
 	L2Adapters              []string
 	L2StoreMaxRetries       int
@@ -234,6 +235,7 @@ func (c *Config) register() *registry {
 		}
 		return nil
 	}
+	r.intv(&c.L2LookupTimeoutMS, "l2-lookup-timeout-ms", "l2_lookup_timeout_ms", sm, "LMCACHE_L2_LOOKUP_TIMEOUT_MS", 200, "how long a lookup waits for L2 adapters to say which keys they hold before it answers with what it has (the L1 prefix); 0: no limit").validate = atLeast(&c.L2LookupTimeoutMS, 0)
 	r.intv(&c.PeriodicNotifierMS, "periodic-notifier-interval-ms", "periodic_notifier_interval_ms", sm, "", 5, "accepted for compatibility").validate = atLeast(&c.PeriodicNotifierMS, 1)
 	r.list(&c.L2Adapters, "l2-adapter", "l2_adapter", sm, `L2 adapter JSON, e.g. {"type":"s3",...} (repeatable; order = cascade order)`, false)
 	r.intv(&c.L2StoreMaxRetries, "l2-store-max-retries", "l2_store_max_retries", sm, "", 5, "retries of a failed write-behind upload before it is abandoned and counted (the L1 copy stays until then)").validate = atLeast(&c.L2StoreMaxRetries, 0)

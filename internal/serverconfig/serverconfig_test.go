@@ -99,6 +99,8 @@ func TestInvalidValuesNameTheFlag(t *testing.T) {
 		{nil, map[string]string{"LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL": "0"}, "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL: must be finite and > 0 (got 0)"},
 		{nil, map[string]string{"LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL": "abc"}, `environment variable LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL="abc"`},
 		{[]string{"--hash-root-hex", "abc"}, nil, "--hash-root-hex: must have an even number of hex digits (got 3)"},
+		{[]string{"--l2-lookup-timeout-ms", "-1"}, nil, "--l2-lookup-timeout-ms: must be >= 0 (got -1)"},
+		{nil, map[string]string{"LMCACHE_L2_LOOKUP_TIMEOUT_MS": "-5"}, "LMCACHE_L2_LOOKUP_TIMEOUT_MS: must be >= 0 (got -5)"},
 		{[]string{"stray"}, nil, `unexpected argument "stray"`},
 		{[]string{"--no-such-flag"}, nil, "flag provided but not defined: -no-such-flag"},
 	}
@@ -174,5 +176,28 @@ func TestCoordinatorAuthTokenIsSecret(t *testing.T) {
 	}
 	if c.CoordinatorAuthToken != "" || c.Groups()[GroupCoordinator]["coordinator_auth_token"] != "" {
 		t.Errorf("default token %q shown as %v", c.CoordinatorAuthToken, c.Groups()[GroupCoordinator]["coordinator_auth_token"])
+	}
+}
+
+// TestL2LookupTimeoutFlag: --l2-lookup-timeout-ms defaults to 200, falls
+// back to LMCACHE_L2_LOOKUP_TIMEOUT_MS, the flag wins, 0 is allowed (no
+// limit), and /config shows it in the storage_manager group.
+func TestL2LookupTimeoutFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want int
+	}{
+		{nil, nil, 200},
+		{nil, map[string]string{"LMCACHE_L2_LOOKUP_TIMEOUT_MS": "50"}, 50},
+		{[]string{"--l2-lookup-timeout-ms", "0"}, map[string]string{"LMCACHE_L2_LOOKUP_TIMEOUT_MS": "50"}, 0},
+	} {
+		c, err := ParseEnv(tc.args, env(tc.env), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.L2LookupTimeoutMS != tc.want || c.Groups()[GroupStorage]["l2_lookup_timeout_ms"] != tc.want {
+			t.Errorf("%v %v: got %d (/config %v), want %d", tc.args, tc.env, c.L2LookupTimeoutMS, c.Groups()[GroupStorage]["l2_lookup_timeout_ms"], tc.want)
+		}
 	}
 }
