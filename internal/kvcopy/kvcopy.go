@@ -1,0 +1,218 @@
+// Package kvcopy is the CPU backend of the lmcache-driven data path: it
+// maps the POSIX shared-memory segments that an LMCache client registered
+// with CpuShmTensorWrapper tensors (LMCACHE_MP_TRANSFER_MODE=lmcache_driven
+// on a CPU host) and runs kvlayout copy plans between those paged blocks
+// and L1 object bytes with plain CPU copies.
+//
+// The client owns the segments: they are mapped read-write and shared,
+// never created, resized or unlinked here. A client that shrinks a
+// segment under a mapping would make the next copy fault (SIGBUS); copies
+// run with runtime/debug.SetPanicOnFault so such a fault becomes an error
+// for that request instead of killing the server.
+package kvcopy
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime/debug"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lmcache-go/lmcache/internal/kvlayout"
+	"github.com/lmcache-go/lmcache/internal/kvwrap"
+)
+
+// DefaultDir is where POSIX shared-memory segments live on Linux.
+const DefaultDir = "/dev/shm"
+
+// MaxSegments bounds the distinct segments one registration may map
+// (one per layer at most; large models have about a hundred layers).
+const MaxSegments = 1024
+
+var (
+	// ErrNotCPU: a wrapper is not a CPU shared-memory wrapper (CUDA IPC
+	// needs a GPU backend this package does not have).
+	ErrNotCPU = errors.New("kv cache wrapper is not CPU shared memory")
+	// ErrSegment: a segment cannot be opened or is smaller than declared.
+	ErrSegment = errors.New("kv cache segment unusable")
+	// ErrClosed: the cache was unregistered.
+	ErrClosed = errors.New("kv cache closed")
+	// ErrFault: a copy touched memory that is no longer mapped (the client
+	// truncated or replaced its segment).
+	ErrFault = errors.New("kv cache segment fault during copy")
+)
+
+// Registration is what a REGISTER_KV_CACHE carried besides the tensors.
+type Registration struct {
+	Engine string
+	Hints  kvlayout.Hints
+	Groups int
+}
+
+// Cache is one registered paged KV cache: its mappings and layout. Copies
+// hold a read lock so Close never unmaps memory a copy is using.
+type Cache struct {
+	// Layout is the detected paged layout.
+	Layout *kvlayout.Layout
+	// Segments are the mapped segment names (without the leading "/").
+	Segments []string
+
+	mu     sync.RWMutex
+	maps   [][]byte
+	closed bool
+}
+
+// Open maps the segments named by wrappers (from dir, DefaultDir when
+// empty) and detects the layout. Everything is checked before anything
+// stays mapped: on error no mapping is left behind.
+func Open(dir string, ws []kvwrap.Wrapper, reg Registration) (_ *Cache, err error) {
+	if dir == "" {
+		dir = DefaultDir
+	}
+	if len(ws) == 0 {
+		return nil, fmt.Errorf("%w: no kv tensors registered", kvlayout.ErrUnsupported)
+	}
+	index := map[string]int{}
+	var names []string
+	var need []int64
+	segOf := make([]int, len(ws))
+	for i, w := range ws {
+		if w.Kind != kvwrap.KindCPUShm {
+			return nil, fmt.Errorf("%w: layer %d is %v", ErrNotCPU, i, w.Kind)
+		}
+		name, err := kvwrap.ShmName(w.ShmName)
+		if err != nil {
+			return nil, err
+		}
+		ext, err := w.Extent()
+		if err != nil {
+			return nil, err
+		}
+		if ext > w.NBytes {
+			return nil, fmt.Errorf("%w: layer %d view needs %d bytes of %q, wrapper says %d", ErrSegment, i, ext, name, w.NBytes)
+		}
+		j, ok := index[name]
+		if !ok {
+			if len(names) == MaxSegments {
+				return nil, fmt.Errorf("%w: more than %d segments", ErrSegment, MaxSegments)
+			}
+			j = len(names)
+			index[name] = j
+			names = append(names, name)
+			need = append(need, 0)
+		}
+		need[j] = max(need[j], w.NBytes)
+		segOf[i] = j
+	}
+	c := &Cache{Segments: names}
+	defer func() {
+		if err != nil {
+			_ = c.unmap()
+		}
+	}()
+	for j, name := range names {
+		m, err := mapSegment(filepath.Join(dir, name), need[j])
+		if err != nil {
+			return nil, err
+		}
+		c.maps = append(c.maps, m)
+	}
+	ts := make([]kvlayout.Tensor, len(ws))
+	for i, w := range ws {
+		ts[i] = kvlayout.Tensor{Dtype: w.Dtype, ItemSize: w.ItemSize, Shape: w.Shape, Stride: w.Stride,
+			Segment: segOf[i], BaseByte: w.StorageOffset * w.ItemSize}
+	}
+	c.Layout, err = kvlayout.Detect(kvlayout.Input{Tensors: ts, Engine: reg.Engine, CPU: true, Hints: reg.Hints, Groups: reg.Groups})
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// mapSegment maps n bytes of an existing regular file read-write, shared.
+func mapSegment(path string, n int64) ([]byte, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("%w: %s: empty segment", ErrSegment, path)
+	}
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: open %s: %w", ErrSegment, path, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("%w: stat %s: %w", ErrSegment, path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("%w: %s is not a regular file", ErrSegment, path)
+	}
+	if st.Size < n {
+		return nil, fmt.Errorf("%w: %s is %d bytes, the wrapper declares %d", ErrSegment, path, st.Size, n)
+	}
+	if n != int64(int(n)) {
+		return nil, fmt.Errorf("%w: %s: %d bytes", ErrSegment, path, n)
+	}
+	m, err := unix.Mmap(fd, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mmap %s: %w", ErrSegment, path, err)
+	}
+	return m, nil
+}
+
+// Gather copies the plan's blocks into objs (a store).
+func (c *Cache) Gather(p *kvlayout.Plan, objs [][]byte) error {
+	return c.run(p, objs, true)
+}
+
+// Scatter copies objs into the plan's blocks (a retrieve).
+func (c *Cache) Scatter(p *kvlayout.Plan, objs [][]byte) error {
+	return c.run(p, objs, false)
+}
+
+func (c *Cache) run(p *kvlayout.Plan, objs [][]byte, gather bool) (err error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if err := p.Check(c.maps, objs); err != nil {
+		return err
+	}
+	// A fault on a truncated segment becomes a panic here, not a crash.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrFault, r)
+		}
+	}()
+	if gather {
+		p.GatherRange(c.maps, objs, 0, len(p.Runs))
+	} else {
+		p.ScatterRange(c.maps, objs, 0, len(p.Runs))
+	}
+	return nil
+}
+
+// Close unmaps the segments once running copies finish. It is idempotent.
+func (c *Cache) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	return c.unmap()
+}
+
+func (c *Cache) unmap() error {
+	var errs []error
+	for _, m := range c.maps {
+		if err := unix.Munmap(m); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.maps = nil
+	return errors.Join(errs...)
+}
