@@ -202,6 +202,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		Periodic:           loops,
 		Metrics:            metrics,
 		Logger:             levels.Logger("lmcache.coordinator_client"),
+		AuthToken:          cfg.CoordinatorAuthToken,
 	})
 	if err != nil {
 		return nil, &usageError{err}
