@@ -5,7 +5,8 @@
 #
 #   scripts/install-deps.sh          # build deps only (libzmq for cgo)
 #   scripts/install-deps.sh test     # plus test deps: staticcheck, versitygw,
-#                                    # Debian python3-zmq/msgpack for interop
+#                                    # Debian python3-zmq/msgpack for interop,
+#                                    # prometheus (promtool) for deploy/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,8 @@ mode="${1:-build}"
 pkgs=(libzmq3-dev pkg-config gcc)
 if [[ "$mode" == "test" ]]; then
 	pkgs+=(python3 python3-zmq python3-msgpack)
+	# promtool (Debian ships it in prometheus) checks deploy/prometheus rules.
+	pkgs+=(prometheus)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
