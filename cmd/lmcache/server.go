@@ -149,6 +149,11 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		ecfg.L2 = append(ecfg.L2, ac)
 	}
 
+	// The engine's loops (eviction, store and prefetch workers) register in
+	// the same registry as the others below.
+	loops := periodic.NewRegistry()
+	ecfg.Loops = loops
+
 	// Acquire resources; on any failure release what was acquired, in reverse.
 	ok := false
 	defer func() {
@@ -175,7 +180,6 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 	if instanceID == "" {
 		instanceID = coordclient.NewInstanceID()
 	}
-	loops := periodic.NewRegistry()
 	metrics := mpmetrics.New(instanceID, nil)
 	mqcfg := mq.Defaults()
 	mqcfg.Host, mqcfg.Port = cfg.Host, cfg.Port

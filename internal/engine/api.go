@@ -22,6 +22,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
 // Sentinel errors. Every error returned by the engine wraps at most one of
@@ -146,6 +147,17 @@ type Config struct {
 	// (default 8). After the last failure the upload is abandoned, counted,
 	// and the L1 copy becomes evictable again.
 	StoreMaxAttempts int
+	// Loops is the registry the engine's background loops register in
+	// (L1 and L2 eviction, write-behind store workers, prefetch workers),
+	// so /periodic-threads lists them and /periodic-threads-health reports
+	// one that stops making progress. nil: a private registry.
+	Loops *periodic.Registry
+	// WorkerLoopInterval is the interval the store and prefetch workers
+	// report (default 10 s; no flag): an idle worker completes one cycle
+	// per interval, and a worker whose cycle (one upload batch, one
+	// prefetch job) has not returned within three intervals is unhealthy.
+	WorkerLoopInterval time.Duration
+
 	// StoreRetryBase and StoreRetryMax shape the exponential retry backoff
 	// (defaults 100 ms and 30 s).
 	StoreRetryBase time.Duration

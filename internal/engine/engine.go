@@ -16,6 +16,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/l1"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/quota"
 )
 
@@ -33,6 +34,17 @@ const (
 	DefaultStoreMaxAttempts = 8
 	DefaultStoreRetryBase   = 100 * time.Millisecond
 	DefaultStoreRetryMax    = 30 * time.Second
+	// Ours: the interval store and prefetch workers report.
+	DefaultWorkerLoopInterval = 10 * time.Second
+)
+
+// Names of the engine's loops in the periodic registry. Store workers are
+// LoopStorePrefix<adapter index>-<n>, prefetch workers LoopPrefetchPrefix<n>.
+const (
+	LoopL1Eviction     = "lmcache-engine-l1-eviction"
+	LoopL2Eviction     = "lmcache-engine-l2-eviction"
+	LoopStorePrefix    = "lmcache-engine-store-"
+	LoopPrefetchPrefix = "lmcache-engine-prefetch-"
 )
 
 // Engine is the storage manager. Build it with New.
@@ -111,6 +123,10 @@ func (c Config) withDefaults() (Config, error) {
 	c.StoreMaxAttempts = cmp.Or(c.StoreMaxAttempts, DefaultStoreMaxAttempts)
 	c.StoreRetryBase = cmp.Or(c.StoreRetryBase, DefaultStoreRetryBase)
 	c.StoreRetryMax = cmp.Or(c.StoreRetryMax, DefaultStoreRetryMax)
+	c.WorkerLoopInterval = cmp.Or(c.WorkerLoopInterval, DefaultWorkerLoopInterval)
+	if c.Loops == nil {
+		c.Loops = periodic.NewRegistry()
+	}
 	if c.ShmMode == 0 {
 		c.ShmMode = 0o600
 	}
@@ -197,8 +213,7 @@ func (e *Engine) run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	e.store.start(ctx, &wg)
 	e.pf.start(ctx, &wg)
-	wg.Go(func() { e.l1EvictionLoop(ctx) })
-	wg.Go(func() { e.l2EvictionLoop(ctx) })
+	e.startEvictionLoops(ctx, &wg)
 	e.ready.Store(true)
 	e.log.Info("storage engine running", "l1_bytes", e.pool.Size(), "shm", e.pool.Path(), "adapters", len(e.adapters), "eviction_policy", e.cfg.EvictionPolicy)
 	<-ctx.Done()

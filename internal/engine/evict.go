@@ -2,30 +2,51 @@ package engine
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/eviction"
 	"github.com/lmcache-go/lmcache/internal/l1"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
 // l2DeleteTimeout bounds one eviction delete on an adapter (upstream waits
 // up to 30 s for S3 deletes).
 const l2DeleteTimeout = 30 * time.Second
 
-// l1EvictionLoop runs every EvictionInterval until ctx ends.
-func (e *Engine) l1EvictionLoop(ctx context.Context) {
-	t := time.NewTicker(e.cfg.EvictionInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			e.l1EvictOnce()
-			e.pf.reap(now)
-		}
+// startEvictionLoops registers and starts the L1 eviction loop and, when
+// some adapter has an "eviction" block, the L2 one (one loop for all such
+// adapters, as upstream's single thread). Both run every EvictionInterval
+// on goroutines owned by wg until ctx ends.
+func (e *Engine) startEvictionLoops(ctx context.Context, wg *sync.WaitGroup) {
+	d := e.cfg.EvictionInterval
+	l1 := e.cfg.Loops.Register(LoopL1Eviction, periodic.High, d, d, func(context.Context) (periodic.Summary, error) {
+		n := e.l1EvictOnce()
+		e.pf.reap(time.Now())
+		return periodic.Summary{Message: fmt.Sprintf("evicted=%d", n)}, nil
+	})
+	wg.Go(func() { l1.Run(ctx) })
+	enabled := false
+	for _, p := range e.l2pol {
+		enabled = enabled || p != nil
 	}
+	if !enabled {
+		return
+	}
+	// Medium: one cycle may wait up to l2DeleteTimeout on a slow adapter,
+	// which is not a stalled loop.
+	l2 := e.cfg.Loops.Register(LoopL2Eviction, periodic.Medium, d, d, func(ctx context.Context) (periodic.Summary, error) {
+		n := 0
+		for i := range e.adapters {
+			if e.l2pol[i] != nil {
+				n += e.l2EvictOnce(ctx, i)
+			}
+		}
+		return periodic.Summary{Message: fmt.Sprintf("evicted=%d", n)}, nil
+	})
+	wg.Go(func() { l2.Run(ctx) })
 }
 
 // l1EvictOnce is one cycle of the L1 eviction controller:
@@ -39,7 +60,7 @@ func (e *Engine) l1EvictionLoop(ctx context.Context) {
 //     applies to L2). If the pool as a whole still crosses the watermark,
 //     every salt gives up EvictionRatio of its keys;
 //   - noop: nothing.
-func (e *Engine) l1EvictOnce() {
+func (e *Engine) l1EvictOnce() int {
 	e.st.evictTicks.Add(1)
 	e.deletedL1(e.table.Sweep())
 	wm, ratio := e.cfg.EvictionTriggerWatermark, e.cfg.EvictionRatio
@@ -65,45 +86,18 @@ func (e *Engine) l1EvictOnce() {
 		}
 	}
 	if len(cuts) == 0 {
-		return
+		return 0
 	}
 	evicted, _ := e.table.Evict(cuts)
 	if len(evicted) == 0 {
-		return
+		return 0
 	}
 	e.st.evictTriggered.Add(1)
 	for _, k := range evicted {
 		e.st.l1Evicted.add(k.CacheSalt, 1)
 	}
 	e.deletedL1(evicted)
-}
-
-// l2EvictionLoop runs every EvictionInterval for adapters with an
-// "eviction" block, one adapter after the other (as upstream's single
-// thread).
-func (e *Engine) l2EvictionLoop(ctx context.Context) {
-	enabled := false
-	for _, p := range e.l2pol {
-		enabled = enabled || p != nil
-	}
-	if !enabled {
-		<-ctx.Done()
-		return
-	}
-	t := time.NewTicker(e.cfg.EvictionInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			for i := range e.adapters {
-				if e.l2pol[i] != nil {
-					e.l2EvictOnce(ctx, i)
-				}
-			}
-		}
-	}
+	return len(evicted)
 }
 
 // l2EvictOnce is one cycle for adapter i. Isolation policies apply the
@@ -114,7 +108,7 @@ func (e *Engine) l2EvictionLoop(ctx context.Context) {
 // (fraction -1) is never evicted that way. Victims go to one Delete call;
 // the adapter skips keys it has locked and fires OnDeleted for the rest,
 // which removes them from the policy.
-func (e *Engine) l2EvictOnce(ctx context.Context, i int) {
+func (e *Engine) l2EvictOnce(ctx context.Context, i int) int {
 	a, pol, ev := e.adapters[i], e.l2pol[i], e.cfg.L2[i].Eviction
 	e.st.adapters[i].evictionTicks.Add(1)
 	u := a.Usage()
@@ -142,7 +136,7 @@ func (e *Engine) l2EvictOnce(ctx context.Context, i int) {
 		victims = p.Victims(ev.EvictionRatio, nil)
 	})
 	if len(victims) == 0 {
-		return
+		return 0
 	}
 	dctx, cancel := context.WithTimeout(ctx, l2DeleteTimeout)
 	defer cancel()
@@ -157,4 +151,5 @@ func (e *Engine) l2EvictOnce(ctx context.Context, i int) {
 	for _, k := range deleted {
 		e.st.l2EvictedObj.add(k.CacheSalt, 1)
 	}
+	return len(deleted)
 }

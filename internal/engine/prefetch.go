@@ -12,6 +12,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/l1"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
 // Prefetch jobs (upstream's PrefetchController).
@@ -142,19 +143,30 @@ func (e *Engine) prefetch(req PrefetchRequest) error {
 	return nil
 }
 
+// start registers and runs L2PrefetchMaxInFlight worker loops
+// (LoopPrefetchPrefix<n>, medium: a job may legitimately wait on a long
+// L2 load). A cycle runs one queued job or waits one loop interval.
 func (p *prefetchCtl) start(ctx context.Context, wg *sync.WaitGroup) {
-	for range p.e.cfg.L2PrefetchMaxInFlight {
-		wg.Go(func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case j := <-p.queue:
-					p.e.runJob(ctx, j)
-				}
-			}
+	for n := range p.e.cfg.L2PrefetchMaxInFlight {
+		name := LoopPrefetchPrefix + strconv.Itoa(n)
+		l := p.e.cfg.Loops.RegisterWorker(name, periodic.Medium, p.e.cfg.WorkerLoopInterval, func(ctx context.Context) (periodic.Summary, error) {
+			return p.cycle(ctx), nil
 		})
+		wg.Go(func() { l.Run(ctx) })
 	}
+}
+
+func (p *prefetchCtl) cycle(ctx context.Context) periodic.Summary {
+	t := time.NewTimer(p.e.cfg.WorkerLoopInterval)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case j := <-p.queue:
+		p.e.runJob(ctx, j)
+		return periodic.Summary{Message: "job"}
+	case <-t.C:
+	}
+	return periodic.Summary{Message: "idle"}
 }
 
 // shutdown completes queued jobs with their L1 result after the workers

@@ -3,12 +3,14 @@ package engine
 import (
 	"container/heap"
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/l1"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
 // Write-behind (upstream's StoreController with retries).
@@ -163,47 +165,45 @@ func (s *storeCtl) enqueue(hs []l1.Handle) {
 	}
 }
 
+// start registers and runs storeWorkersPerAdapter worker loops per
+// adapter (LoopStorePrefix<i>-<n>, high: a store worker whose upload never
+// returns pins L1 and turns /periodic-threads-health unhealthy).
 func (s *storeCtl) start(ctx context.Context, wg *sync.WaitGroup) {
 	for i := range s.qs {
-		for range storeWorkersPerAdapter {
-			wg.Go(func() { s.worker(ctx, i) })
+		for n := range storeWorkersPerAdapter {
+			name := fmt.Sprintf("%s%d-%d", LoopStorePrefix, i, n)
+			l := s.e.cfg.Loops.RegisterWorker(name, periodic.High, s.e.cfg.WorkerLoopInterval, func(ctx context.Context) (periodic.Summary, error) {
+				return s.cycle(ctx, i), nil
+			})
+			wg.Go(func() { l.Run(ctx) })
 		}
 	}
 }
 
-// worker uploads adapter i's queue until ctx ends.
-func (s *storeCtl) worker(ctx context.Context, i int) {
+// cycle is one turn of a store worker of adapter i: upload one ready
+// batch, or wait for work (a wake-up, the next delayed retry, or at most
+// one loop interval, so an idle worker still reports runs). The loop
+// checks ctx between cycles: after cancellation a failing upload requeues
+// its batch at once, so waiting for an empty queue would never end.
+func (s *storeCtl) cycle(ctx context.Context, i int) periodic.Summary {
 	q := s.qs[i]
-	for {
-		// Checked first: after cancellation a failing upload requeues its
-		// batch at once, so waiting for an empty queue would never end.
-		if ctx.Err() != nil {
-			return
-		}
-		batch, wait := q.take(time.Now())
-		if len(batch) > 0 {
-			s.upload(ctx, i, batch)
-			continue
-		}
-		var timeout <-chan time.Time
-		var t *time.Timer
-		if wait > 0 {
-			t = time.NewTimer(wait)
-			timeout = t.C
-		}
-		select {
-		case <-ctx.Done():
-			if t != nil {
-				t.Stop()
-			}
-			return
-		case <-q.wake:
-		case <-timeout:
-		}
-		if t != nil {
-			t.Stop()
-		}
+	batch, wait := q.take(time.Now())
+	if len(batch) > 0 {
+		s.upload(ctx, i, batch)
+		return periodic.Summary{Message: "batch"}
 	}
+	d := s.e.cfg.WorkerLoopInterval
+	if wait > 0 && wait < d {
+		d = wait
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-q.wake:
+	case <-t.C:
+	}
+	return periodic.Summary{Message: "idle"}
 }
 
 func (s *storeCtl) backoff(attempts int) time.Duration {

@@ -71,6 +71,10 @@ type Loop struct {
 	initWait time.Duration
 	fn       Func
 	now      func() time.Time
+	// worker: cycles run back to back, no sleep between them; the cycle
+	// itself waits for work (at most about one interval, so an idle
+	// worker still records runs). See RegisterWorker.
+	worker bool
 
 	mu      sync.Mutex // guards everything below; held only for bookkeeping, never across fn
 	running bool
@@ -112,6 +116,12 @@ func (l *Loop) Run(ctx context.Context) {
 		for {
 			if stop := l.cycle(ctx); stop {
 				return
+			}
+			if l.worker {
+				if ctx.Err() != nil {
+					return
+				}
+				continue
 			}
 			if !sleep(ctx, l.interval) {
 				return
@@ -251,6 +261,17 @@ func (r *Registry) Register(name string, level Level, interval, initWait time.Du
 	r.mu.Lock()
 	r.loops[name] = l
 	r.mu.Unlock()
+	return l
+}
+
+// RegisterWorker adds a worker loop: its cycles run back to back, and each
+// cycle waits for work itself (a queue, a channel) with a timeout of about
+// one interval, so an idle worker still completes a cycle per interval and
+// stays active, while a cycle that never returns (a wedged upload) makes
+// the loop inactive after three intervals, as any periodic loop.
+func (r *Registry) RegisterWorker(name string, level Level, interval time.Duration, fn Func) *Loop {
+	l := r.Register(name, level, interval, 0, fn)
+	l.worker = true
 	return l
 }
 

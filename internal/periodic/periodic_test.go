@@ -114,3 +114,55 @@ func TestIrrecoverableStopsAndPanicCounts(t *testing.T) {
 		t.Fatal("unregistered loop still listed")
 	}
 }
+
+// TestWorkerLoop: a worker loop runs its cycles back to back (no interval
+// sleep between them: ten cycles complete although the interval is an
+// hour); a cycle that never returns makes the loop inactive after three
+// intervals, so Unhealthy reports it, and it is healthy again once the
+// cycle returns.
+func TestWorkerLoop(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	r := NewRegistry()
+	r.SetClock(clk.now)
+	work := make(chan bool) // true: wedge the cycle until release
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	l := r.RegisterWorker("w", High, time.Hour, func(ctx context.Context) (Summary, error) {
+		select {
+		case wedge := <-work:
+			if wedge {
+				entered <- struct{}{}
+				<-release
+			}
+		case <-ctx.Done():
+		}
+		return Summary{Message: "ok"}, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(ctx) }()
+	for range 10 {
+		work <- false
+	}
+	work <- true
+	<-entered
+	st, _ := r.Get("w")
+	if st.TotalRuns < 10 || !st.IsRunning || !st.IsActive || st.Interval != 3600 {
+		t.Fatalf("worker after 10 cycles: %+v", st)
+	}
+	clk.add(3*time.Hour + time.Second)
+	if un := Unhealthy(r.All()); len(un) != 1 || un[0].Name != "w" {
+		t.Fatalf("wedged worker not reported: %+v", un)
+	}
+	close(release)
+	work <- false // the next cycle records a fresh run
+	work <- false
+	if un := Unhealthy(r.All()); len(un) != 0 {
+		t.Fatalf("recovered worker still unhealthy: %+v", un)
+	}
+	cancel()
+	<-done
+	if st, _ := r.Get("w"); st.IsRunning {
+		t.Fatalf("stopped worker still running: %+v", st)
+	}
+}
