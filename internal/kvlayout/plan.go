@@ -2,12 +2,24 @@ package kvlayout
 
 import "fmt"
 
-// Run is one contiguous byte copy between a paged segment and an object.
+// Run is Count equal-length byte copies between a paged segment and an
+// object: copy k moves Len bytes from SegOff+k·SegStep to ObjOff+k·ObjStep
+// (or back). Count is 1 for a plain contiguous copy; HND-style layouts,
+// whose rows are short and evenly spaced, become one strided Run per
+// (kv, layer, block, head) instead of one per token.
 type Run struct {
 	// Seg and Obj index the executor's segments and objects.
 	Seg, Obj int32
 	// SegOff and ObjOff are byte offsets; Len is the byte count.
 	SegOff, ObjOff, Len int64
+	// Count repetitions, advancing by SegStep / ObjStep (both ≥ 0).
+	Count            int64
+	SegStep, ObjStep int64
+}
+
+// end is one past the last byte a run touches on each side.
+func (r Run) end() (seg, obj int64) {
+	return r.SegOff + (r.Count-1)*r.SegStep + r.Len, r.ObjOff + (r.Count-1)*r.ObjStep + r.Len
 }
 
 // Plan is a list of copies between paged blocks and chunk objects. The
@@ -39,39 +51,72 @@ func (l *Layout) BlocksPerChunk(chunkSize int64) (int64, error) {
 
 // template is the coalesced copy list for tokens [t0, t1) of one block of
 // one (kv, layer): SegOff relative to the block's (kv, block) origin,
-// ObjOff relative to the block's first row in the object.
+// ObjOff relative to the block's first row in the object. Rows are walked
+// token-major and head-major and the shorter list is kept: NHD merges
+// token-major into one copy per block, HND head-major into one strided
+// run per head.
 func (l *Layout) template(t0, t1 int64) []Run {
+	a := l.walk(t0, t1, false)
+	if b := l.walk(t0, t1, true); len(b) < len(a) {
+		return b
+	}
+	return a
+}
+
+func (l *Layout) walk(t0, t1 int64, headMajor bool) []Run {
 	var out []Run
 	item := l.ItemSize
 	atom, perDim := l.HeadSize*item, false
 	if l.sD != 1 {
 		atom, perDim = item, true
 	}
+	add := func(t, h int64) {
+		src := (t*l.sT + h*l.sH) * item
+		dst := (t*l.NumHeads + h) * l.HeadSize * item
+		if !perDim {
+			out = appendRun(out, Run{SegOff: src, ObjOff: dst, Len: atom, Count: 1})
+			return
+		}
+		for d := range l.HeadSize {
+			out = appendRun(out, Run{SegOff: src + d*l.sD*item, ObjOff: dst + d*item, Len: atom, Count: 1})
+		}
+	}
+	if headMajor {
+		for h := range l.NumHeads {
+			for t := t0; t < t1; t++ {
+				add(t, h)
+			}
+		}
+		return out
+	}
 	for t := t0; t < t1; t++ {
 		for h := range l.NumHeads {
-			src := (t*l.sT + h*l.sH) * item
-			dst := (t*l.NumHeads + h) * l.HeadSize * item
-			if !perDim {
-				out = appendRun(out, Run{SegOff: src, ObjOff: dst, Len: atom})
-				continue
-			}
-			for d := range l.HeadSize {
-				out = appendRun(out, Run{SegOff: src + d*l.sD*item, ObjOff: dst + d*item, Len: atom})
-			}
+			add(t, h)
 		}
 	}
 	return out
 }
 
-// appendRun adds r, merging it into the last run when both sides continue
-// it: that is what turns NHD's per-token rows into one copy per run of
-// consecutive blocks.
+// appendRun adds r (a single copy), merging it into the last run when
+// both sides continue it (NHD's rows become one copy per run of
+// consecutive blocks) or when it is the next step of an evenly spaced
+// series of equal copies.
 func appendRun(runs []Run, r Run) []Run {
-	if n := len(runs); n > 0 {
+	if n := len(runs); n > 0 && r.Count == 1 {
 		p := &runs[n-1]
-		if p.Seg == r.Seg && p.Obj == r.Obj && p.SegOff+p.Len == r.SegOff && p.ObjOff+p.Len == r.ObjOff {
-			p.Len += r.Len
-			return runs
+		if p.Seg == r.Seg && p.Obj == r.Obj {
+			switch {
+			case p.Count == 1 && p.SegOff+p.Len == r.SegOff && p.ObjOff+p.Len == r.ObjOff:
+				p.Len += r.Len
+				return runs
+			case p.Len != r.Len:
+			case p.Count == 1 && r.SegOff >= p.SegOff+p.Len && r.ObjOff >= p.ObjOff+p.Len:
+				p.Count, p.SegStep, p.ObjStep = 2, r.SegOff-p.SegOff, r.ObjOff-p.ObjOff
+				return runs
+			case p.Count > 1 && r.SegOff == p.SegOff+p.Count*p.SegStep && r.ObjOff == p.ObjOff+p.Count*p.ObjStep:
+				p.Count++
+				return runs
+			}
 		}
 	}
 	return append(runs, r)
@@ -126,11 +171,13 @@ func (l *Layout) Plan(chunkSize int64, blockIDs []int64, chunks []Chunk, skipTok
 					src := la.base + (kv*l.sKV+bid*l.sB)*item
 					dst := ((kv*l.NumLayers+int64(li))*chunkSize + j*l.BlockSize) * rowBytes
 					for _, r := range tmpl {
-						p.Runs = appendRun(p.Runs, Run{
-							Seg: int32(la.seg), Obj: int32(c.Obj),
-							SegOff: src + r.SegOff, ObjOff: dst + r.ObjOff, Len: r.Len,
-						})
-						p.Bytes += r.Len
+						r.Seg, r.Obj, r.SegOff, r.ObjOff = int32(la.seg), int32(c.Obj), src+r.SegOff, dst+r.ObjOff
+						if r.Count == 1 {
+							p.Runs = appendRun(p.Runs, r)
+						} else {
+							p.Runs = append(p.Runs, r)
+						}
+						p.Bytes += r.Count * r.Len
 					}
 				}
 			}
@@ -146,11 +193,19 @@ func (p *Plan) Check(segs, objs [][]byte) error {
 		if int(r.Seg) >= len(segs) || int(r.Obj) >= len(objs) {
 			return fmt.Errorf("%w: run names segment %d / object %d of %d / %d", ErrBadRequest, r.Seg, r.Obj, len(segs), len(objs))
 		}
-		if r.SegOff < 0 || r.SegOff+r.Len > int64(len(segs[r.Seg])) {
-			return fmt.Errorf("%w: run [%d, +%d) outside segment %d (%d bytes)", ErrBadRequest, r.SegOff, r.Len, r.Seg, len(segs[r.Seg]))
+		// Plans come from Plan, whose offsets are bounded by the layout;
+		// the limits here keep the end arithmetic far from overflow.
+		const lim = 1 << 50
+		if r.Count < 1 || r.Count > lim || r.Len < 0 || r.Len > lim || r.SegStep < 0 || r.SegStep > lim ||
+			r.ObjStep < 0 || r.ObjStep > lim || r.SegOff < 0 || r.SegOff > lim || r.ObjOff < 0 || r.ObjOff > lim {
+			return fmt.Errorf("%w: malformed run %+v", ErrBadRequest, r)
 		}
-		if r.ObjOff < 0 || r.ObjOff+r.Len > int64(len(objs[r.Obj])) {
-			return fmt.Errorf("%w: run [%d, +%d) outside object %d (%d bytes)", ErrBadRequest, r.ObjOff, r.Len, r.Obj, len(objs[r.Obj]))
+		se, oe := r.end()
+		if se > int64(len(segs[r.Seg])) {
+			return fmt.Errorf("%w: run %+v ends past segment %d (%d bytes)", ErrBadRequest, r, r.Seg, len(segs[r.Seg]))
+		}
+		if oe > int64(len(objs[r.Obj])) {
+			return fmt.Errorf("%w: run %+v ends past object %d (%d bytes)", ErrBadRequest, r, r.Obj, len(objs[r.Obj]))
 		}
 	}
 	return nil
@@ -178,7 +233,12 @@ func (p *Plan) Scatter(segs, objs [][]byte) error {
 // run Check; disjoint ranges may run concurrently.
 func (p *Plan) GatherRange(segs, objs [][]byte, lo, hi int) {
 	for _, r := range p.Runs[lo:hi] {
-		copy(objs[r.Obj][r.ObjOff:r.ObjOff+r.Len], segs[r.Seg][r.SegOff:r.SegOff+r.Len])
+		src, dst := segs[r.Seg], objs[r.Obj]
+		s, o := r.SegOff, r.ObjOff
+		for range r.Count {
+			copy(dst[o:o+r.Len], src[s:s+r.Len])
+			s, o = s+r.SegStep, o+r.ObjStep
+		}
 	}
 }
 
@@ -186,6 +246,11 @@ func (p *Plan) GatherRange(segs, objs [][]byte, lo, hi int) {
 // GatherRange).
 func (p *Plan) ScatterRange(segs, objs [][]byte, lo, hi int) {
 	for _, r := range p.Runs[lo:hi] {
-		copy(segs[r.Seg][r.SegOff:r.SegOff+r.Len], objs[r.Obj][r.ObjOff:r.ObjOff+r.Len])
+		dst, src := segs[r.Seg], objs[r.Obj]
+		s, o := r.SegOff, r.ObjOff
+		for range r.Count {
+			copy(dst[s:s+r.Len], src[o:o+r.Len])
+			s, o = s+r.SegStep, o+r.ObjStep
+		}
 	}
 }

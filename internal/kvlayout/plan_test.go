@@ -324,21 +324,23 @@ func TestPlanMatchesNaiveReference(t *testing.T) {
 }
 
 // TestPlanCoalesces: NHD with consecutive blocks is one copy per (kv,
-// layer) per request; HND needs about one copy per (kv, layer, token,
-// head); formats whose blocks interleave K/V or layers one per block.
+// layer) per request; HND one strided run per (kv, layer, block, head);
+// formats whose blocks interleave K/V or layers one strided run per
+// (kv, layer).
 func TestPlanCoalesces(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 1))
 	for _, tc := range []struct {
 		f    Format
 		want int
 	}{
-		{FormatNHD, 2 * 3}, // 2 kv × 3 layers, 4 blocks merged
-		// 2 kv × 3 layers × 32 tokens × 2 heads, less the 3 block
-		// boundaries where the last head row of block b runs into block b+1.
-		{FormatHND, 2 * 3 * (4*8*2 - 3)},
+		{FormatNHD, 2 * 3}, // 2 kv × 3 layers, 4 consecutive blocks merged
+		// One strided run (8 tokens) per (kv, layer, block, head).
+		{FormatHND, 2 * 3 * 4 * 2},
 		{FormatMLA, 3},
-		{FormatCrossLayerNHD, 2 * 3 * 4}, // a block's layers sit between consecutive blocks
-		{FormatFlashInferNHD, 2 * 3 * 4}, // K and V alternate per block: no merge across blocks
+		// Blocks are not adjacent (layers or V sit between them) but evenly
+		// spaced: one strided run of 4 block copies per (kv, layer).
+		{FormatCrossLayerNHD, 2 * 3},
+		{FormatFlashInferNHD, 2 * 3},
 	} {
 		t.Run(tc.f.String(), func(t *testing.T) {
 			d := dims{f: tc.f, nl: 3, nb: 16, bs: 8, nh: 2, hs: 16, item: 2}
