@@ -123,6 +123,8 @@ type Options struct {
 	ScriptMaxSteps  uint64
 	ScriptTimeout   time.Duration
 	ScriptMaxOutput int
+	// ScriptMemoryBytes is the sandbox process's memory budget.
+	ScriptMemoryBytes int64
 	// RegisteredModels are static layouts (--register-model) registered
 	// with the engine when it is set.
 	RegisteredModels []engine.Layout

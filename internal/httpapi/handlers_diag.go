@@ -14,9 +14,6 @@ import (
 	"strconv"
 	"strings"
 
-	"go.starlark.net/starlark"
-	"go.starlark.net/starlarkstruct"
-
 	"github.com/lmcache-go/lmcache/internal/loglevel"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/redact"
@@ -251,10 +248,11 @@ func (s *Server) handleRunScript(w http.ResponseWriter, r *http.Request) error {
 	}
 	res, err := script.Run(r.Context(), script.Config{
 		AllowedImports: s.opts.ScriptAllowedImports,
-		Globals:        starlark.StringDict{"app": s.scriptApp()},
+		App:            s.scriptApp(),
 		MaxSteps:       s.opts.ScriptMaxSteps,
 		Timeout:        s.opts.ScriptTimeout,
 		MaxOutput:      s.opts.ScriptMaxOutput,
+		MemoryBytes:    s.opts.ScriptMemoryBytes,
 	}, hdr.Filename, string(src))
 	// Script output is the operator's data, not the server's: it is
 	// logged at DEBUG only, and with the configured secrets scrubbed.
@@ -272,44 +270,37 @@ func (s *Server) handleRunScript(w http.ResponseWriter, r *http.Request) error {
 }
 
 // scriptApp is the read-only "app" a script sees: snapshots of version,
-// config, adapters, status and periodic loops as frozen values (upstream
-// injects the live FastAPI app, which is full remote code execution).
-func (s *Server) scriptApp() starlark.Value {
-	// Everything a script can read goes through redaction first.
-	toValue := func(v any) (starlark.Value, error) {
-		g, err := redactedTree(v)
+// config, adapters, status and periodic loops taken when the request
+// arrives (the script runs in a sandbox process; upstream injects the live
+// FastAPI app, which is full remote code execution). Everything goes
+// through redaction first.
+func (s *Server) scriptApp() map[string]any {
+	snap := func(get func() (any, error)) script.Func {
+		v, err := get()
 		if err != nil {
-			return nil, err
+			return script.Func{Err: s.scrub(err.Error())}
 		}
-		return script.FromGo(numbersToGo(g))
+		tree, err := redactedTree(v)
+		if err != nil {
+			return script.Func{Err: err.Error()}
+		}
+		return script.Func{Value: tree}
 	}
-	fn := func(name string, get func() (any, error)) *starlark.Builtin {
-		return starlark.NewBuiltin(name, func(_ *starlark.Thread, b *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
-			if err := starlark.UnpackArgs(b.Name(), args, kwargs); err != nil {
-				return nil, err
-			}
-			v, err := get()
-			if err != nil {
-				return nil, err
-			}
-			return toValue(v)
-		})
-	}
-	members := starlark.StringDict{
-		"version": starlark.String(s.opts.Version),
-		"commit":  starlark.String(s.opts.Commit),
-		"config":  fn("config", func() (any, error) { return s.opts.Config, nil }),
-		"periodic_threads": fn("periodic_threads", func() (any, error) {
+	return map[string]any{
+		"version": s.opts.Version,
+		"commit":  s.opts.Commit,
+		"config":  snap(func() (any, error) { return s.opts.Config, nil }),
+		"periodic_threads": snap(func() (any, error) {
 			return s.loops.All(), nil
 		}),
-		"adapters": fn("adapters", func() (any, error) {
+		"adapters": snap(func() (any, error) {
 			e, err := s.engine()
 			if err != nil {
 				return nil, err
 			}
 			return e.Adapters(), nil
 		}),
-		"status": fn("status", func() (any, error) {
+		"status": snap(func() (any, error) {
 			e, err := s.engine()
 			if err != nil {
 				return nil, err
@@ -317,26 +308,4 @@ func (s *Server) scriptApp() starlark.Value {
 			return e.Status(), nil
 		}),
 	}
-	return starlarkstruct.FromStringDict(starlark.String("app"), members)
-}
-
-// numbersToGo turns json.Number into int64 or float64 for FromGo.
-func numbersToGo(v any) any {
-	switch x := v.(type) {
-	case json.Number:
-		if i, err := x.Int64(); err == nil {
-			return i
-		}
-		f, _ := x.Float64()
-		return f
-	case []any:
-		for i := range x {
-			x[i] = numbersToGo(x[i])
-		}
-	case map[string]any:
-		for k := range x {
-			x[k] = numbersToGo(x[k])
-		}
-	}
-	return v
 }

@@ -2,22 +2,31 @@
 // sandbox (go.starlark.net). Upstream exec()s Python with restricted builtins,
 // which is not a sandbox; here a script has no file, network or process
 // access at all, can load only the modules the operator allowed, and is
-// bounded by an execution-step limit, a deadline and an output cap.
+// bounded by an execution-step limit, a deadline, a memory budget and an
+// output cap.
+//
+// Starlark has no allocation accounting, and one builtin call can allocate
+// without bound ([0]*1000000000 is a single 16 GB make inside the
+// interpreter, str() of a list holding one big string many times is one
+// loop), so no in-process check can stop every blow-up. Every script
+// therefore runs in a child process (this same executable, re-run with
+// SandboxEnv set) whose private memory is capped with RLIMIT_DATA: a script
+// that allocates too much kills only its child, and the server answers 500.
 package script
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"sort"
 	"strings"
 	"time"
 
-	"go.starlark.net/lib/json"
-	"go.starlark.net/lib/math"
-	starlarktime "go.starlark.net/lib/time"
 	"go.starlark.net/starlark"
-	"go.starlark.net/syntax"
 )
 
 // Defaults applied by Run when a Config field is zero.
@@ -25,43 +34,61 @@ const (
 	DefaultMaxSteps  = 10_000_000
 	DefaultTimeout   = 10 * time.Second
 	DefaultMaxOutput = 1 << 20
+	// DefaultMemoryBytes is the private memory a sandbox may add to what
+	// the Go runtime holds at start.
+	DefaultMemoryBytes = 512 << 20
+	// MaxConcurrent scripts run at once; others wait (within their own
+	// deadline) so that N clients cannot claim N memory budgets.
+	MaxConcurrent = 2
 )
 
 // SuccessMessage is the reply when a script does not assign result.
 const SuccessMessage = "Script executed successfully"
 
-// ErrImportNotAllowed is returned when a script loads a module that is not
-// in the allowed set.
-var ErrImportNotAllowed = errors.New("import not allowed")
+// Errors a run can wrap.
+var (
+	// ErrImportNotAllowed: the script loads a module that is not in the
+	// allowed set.
+	ErrImportNotAllowed = errors.New("import not allowed")
+	// ErrOutputLimit: printed output, the result or an error text exceeds
+	// the cap.
+	ErrOutputLimit = errors.New("script output limit exceeded")
+	// ErrMemoryLimit: the script's process ran out of its memory budget
+	// (or stack) and was stopped.
+	ErrMemoryLimit = errors.New("script memory limit exceeded")
+	// ErrBusy: MaxConcurrent scripts were running for the whole deadline.
+	ErrBusy = errors.New("too many scripts running")
+	// ErrSandbox: the sandbox process could not be started or died for
+	// another reason.
+	ErrSandbox = errors.New("script sandbox failed")
+)
 
-// ErrOutputLimit is returned when printed output or the result exceeds the cap.
-var ErrOutputLimit = errors.New("script output limit exceeded")
-
-// Builtin are the modules a script may load when allowed: load("json", "json").
-func Builtin() map[string]starlark.StringDict {
-	return map[string]starlark.StringDict{
-		"json": {"json": json.Module},
-		"math": {"math": math.Module},
-		"time": {"time": starlarktime.Module},
-	}
+// Func is a zero-argument function member of the app value. Its value is
+// computed when Run is called (the script runs in another process, so it
+// sees a snapshot); Err, when set, is what calling it raises.
+type Func struct {
+	Value any
+	Err   string
 }
 
 // Config bounds one run.
 type Config struct {
 	// AllowedImports names the modules load() may return
-	// (--script-allowed-imports). Everything else fails.
+	// (--script-allowed-imports) out of Builtin's. Everything else fails.
 	AllowedImports []string
-	// Modules are the loadable modules by name; nil means Builtin().
-	Modules map[string]starlark.StringDict
-	// Globals are predeclared names (for example the read-only "app" the
-	// HTTP layer injects).
-	Globals starlark.StringDict
+	// App are the members of the read-only predeclared "app" value:
+	// strings, numbers, JSON-shaped maps and lists (frozen), or Func.
+	App map[string]any
 	// MaxSteps caps Starlark execution steps.
 	MaxSteps uint64
 	// Timeout is the wall-clock deadline.
 	Timeout time.Duration
-	// MaxOutput caps printed bytes plus the result's bytes.
+	// MaxOutput caps printed bytes plus the result's bytes; error texts
+	// (tracebacks) are cut to it as well.
 	MaxOutput int
+	// MemoryBytes is the sandbox's private-memory budget on top of what
+	// the runtime holds at start.
+	MemoryBytes int64
 }
 
 // Result is one run's outcome.
@@ -72,101 +99,134 @@ type Result struct {
 	Printed string
 }
 
-// Run executes src. Errors (syntax, runtime, limits, forbidden loads) are
-// returned wrapped; the caller maps them to 500 "Error executing script: …".
-func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) {
-	if cfg.MaxSteps == 0 {
-		cfg.MaxSteps = DefaultMaxSteps
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.MaxOutput <= 0 {
-		cfg.MaxOutput = DefaultMaxOutput
-	}
-	mods := cfg.Modules
-	if mods == nil {
-		mods = Builtin()
-	}
-	allowed := map[string]bool{}
-	for _, m := range cfg.AllowedImports {
-		allowed[m] = true
-	}
-	var out strings.Builder
-	overflow := false
-	th := &starlark.Thread{Name: "run_script"}
-	th.Print = func(t *starlark.Thread, msg string) {
-		if out.Len()+len(msg)+1 > cfg.MaxOutput {
-			overflow = true
-			t.Cancel(ErrOutputLimit.Error())
-			return
-		}
-		out.WriteString(msg)
-		out.WriteByte('\n')
-	}
-	th.Load = func(_ *starlark.Thread, module string) (starlark.StringDict, error) {
-		if !allowed[module] {
-			return nil, fmt.Errorf("%w: Import of '%s' is not allowed", ErrImportNotAllowed, module)
-		}
-		m, ok := mods[module]
-		if !ok {
-			return nil, fmt.Errorf("no module named '%s' (available: %s)", module, strings.Join(names(mods), ", "))
-		}
-		return m, nil
-	}
-	th.SetMaxExecutionSteps(cfg.MaxSteps)
+// slots bounds concurrent sandboxes (package-wide: the budget is the
+// machine's memory, not one server's).
+var slots = make(chan struct{}, MaxConcurrent)
 
+// Run executes src in a sandbox process. Errors (syntax, runtime, limits,
+// forbidden loads) are returned wrapped; the caller maps them to 500
+// "Error executing script: …".
+func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) {
+	cfg = cfg.withDefaults()
+	req := request{
+		Filename: filename, Src: src, AllowedImports: cfg.AllowedImports,
+		MaxSteps: cfg.MaxSteps, Timeout: cfg.Timeout, MaxOutput: cfg.MaxOutput, MemoryBytes: cfg.MemoryBytes,
+		App: map[string]appMember{},
+	}
+	for name, v := range cfg.App {
+		switch x := v.(type) {
+		case Func:
+			b, err := json.Marshal(x.Value)
+			if err != nil {
+				return Result{}, fmt.Errorf("app.%s: %w", name, err)
+			}
+			req.App[name] = appMember{Func: true, Value: b, Err: x.Err}
+		default:
+			b, err := json.Marshal(x)
+			if err != nil {
+				return Result{}, fmt.Errorf("app.%s: %w", name, err)
+			}
+			req.App[name] = appMember{Value: b}
+		}
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return Result{}, fmt.Errorf("%w: encode request: %v", ErrSandbox, err)
+	}
+
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	done := make(chan struct{})
-	watcherDone := make(chan struct{})
-	// The watcher is owned by Run: it exits when the script finishes or the
-	// deadline passes, and Run waits for it before returning.
-	go func() {
-		defer close(watcherDone)
-		select {
-		case <-ctx.Done():
-			th.Cancel("deadline exceeded: " + ctx.Err().Error())
-		case <-done:
-		}
-	}()
-	opts := &syntax.FileOptions{Set: true, While: true, TopLevelControl: true, GlobalReassign: true, Recursion: true}
-	globals, err := starlark.ExecFileOptions(opts, th, filename, src, cfg.Globals)
-	close(done)
-	<-watcherDone
-	if overflow {
-		return Result{Printed: out.String()}, fmt.Errorf("%w (%d bytes)", ErrOutputLimit, cfg.MaxOutput)
+	select {
+	case slots <- struct{}{}:
+		defer func() { <-slots }()
+	case <-ctx.Done():
+		return Result{}, fmt.Errorf("%w (limit %d)", ErrBusy, MaxConcurrent)
 	}
+	exe, err := os.Executable()
 	if err != nil {
-		var ee *starlark.EvalError
-		if errors.As(err, &ee) {
-			return Result{Printed: out.String()}, &backtraceError{bt: ee.Backtrace(), err: ee}
-		}
-		return Result{Printed: out.String()}, err
+		return Result{}, fmt.Errorf("%w: %v", ErrSandbox, err)
 	}
-	res := Result{Text: SuccessMessage, Printed: out.String()}
-	if v, ok := globals["result"]; ok {
-		if s, ok := v.(starlark.String); ok {
-			res.Text = s.GoString()
-		} else {
-			res.Text = v.String()
-		}
-		if len(res.Text)+out.Len() > cfg.MaxOutput {
-			return Result{Printed: out.String()}, fmt.Errorf("%w (%d bytes)", ErrOutputLimit, cfg.MaxOutput)
-		}
+	// The child stops itself at the deadline (thread.Cancel); the parent
+	// kills it a little later in case it cannot (a builtin looping).
+	// A client that goes away (parent cancelled) kills it at once.
+	kctx, kcancel := context.WithTimeout(parent, cfg.Timeout+2*time.Second)
+	defer kcancel()
+	cmd := exec.CommandContext(kctx, exe)
+	// Nothing of the server's environment (credentials) reaches the child.
+	cmd.Env = []string{SandboxEnv + "=" + sandboxMagic}
+	cmd.Stdin = bytes.NewReader(body)
+	stdout := &capped{max: 6*cfg.MaxOutput + 64<<10}
+	stderr := &capped{max: 64 << 10}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.WaitDelay = time.Second
+	runErr := cmd.Run()
+	if stdout.over {
+		return Result{}, fmt.Errorf("%w (%d bytes)", ErrOutputLimit, cfg.MaxOutput)
 	}
-	return res, nil
+	var resp response
+	if runErr == nil {
+		if err := json.Unmarshal(stdout.buf.Bytes(), &resp); err != nil {
+			return Result{}, fmt.Errorf("%w: bad reply: %v", ErrSandbox, err)
+		}
+		return resp.result(cfg)
+	}
+	errText := stderr.buf.String()
+	switch {
+	case parent.Err() != nil:
+		return Result{}, fmt.Errorf("script cancelled: %w", parent.Err())
+	case kctx.Err() != nil:
+		return Result{}, fmt.Errorf("deadline exceeded: script ran past %v", cfg.Timeout)
+	case strings.Contains(errText, "out of memory"), strings.Contains(errText, "cannot allocate memory"), strings.Contains(errText, "failed to allocate"),
+		strings.Contains(errText, "stack exceeds"), strings.Contains(errText, "stack overflow"):
+		return Result{}, fmt.Errorf("%w (%d MiB)", ErrMemoryLimit, cfg.MemoryBytes>>20)
+	}
+	first, _, _ := strings.Cut(strings.TrimSpace(errText), "\n")
+	return Result{}, fmt.Errorf("%w: %v: %s", ErrSandbox, runErr, cut(first, 200))
 }
 
-// backtraceError reports a Starlark backtrace while keeping the cause
-// reachable for errors.Is.
-type backtraceError struct {
-	bt  string
-	err error
+func (c Config) withDefaults() Config {
+	if c.MaxSteps == 0 {
+		c.MaxSteps = DefaultMaxSteps
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxOutput <= 0 {
+		c.MaxOutput = DefaultMaxOutput
+	}
+	if c.MemoryBytes <= 0 {
+		c.MemoryBytes = DefaultMemoryBytes
+	}
+	return c
 }
 
-func (e *backtraceError) Error() string { return e.bt }
-func (e *backtraceError) Unwrap() error { return e.err }
+// capped is a bounded write buffer; past max it drops bytes and
+// remembers that it did.
+type capped struct {
+	buf  bytes.Buffer
+	max  int
+	over bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.max - c.buf.Len(); len(p) > room {
+		c.over = true
+		if room > 0 {
+			c.buf.Write(p[:room])
+		}
+		return len(p), nil
+	}
+	return c.buf.Write(p)
+}
+
+// cut shortens s to at most n bytes.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "… (truncated)"
+}
 
 func names(m map[string]starlark.StringDict) []string {
 	out := make([]string, 0, len(m))
@@ -175,57 +235,4 @@ func names(m map[string]starlark.StringDict) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// FromGo converts JSON-shaped Go values (maps, slices, strings, numbers,
-// bools, nil) to frozen Starlark values so host data can be exposed to
-// scripts read-only.
-func FromGo(v any) (starlark.Value, error) {
-	switch x := v.(type) {
-	case nil:
-		return starlark.None, nil
-	case bool:
-		return starlark.Bool(x), nil
-	case string:
-		return starlark.String(x), nil
-	case int:
-		return starlark.MakeInt(x), nil
-	case int64:
-		return starlark.MakeInt64(x), nil
-	case uint64:
-		return starlark.MakeUint64(x), nil
-	case float64:
-		return starlark.Float(x), nil
-	case []any:
-		l := make([]starlark.Value, 0, len(x))
-		for _, e := range x {
-			sv, err := FromGo(e)
-			if err != nil {
-				return nil, err
-			}
-			l = append(l, sv)
-		}
-		list := starlark.NewList(l)
-		list.Freeze()
-		return list, nil
-	case map[string]any:
-		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		d := starlark.NewDict(len(x))
-		for _, k := range keys {
-			sv, err := FromGo(x[k])
-			if err != nil {
-				return nil, err
-			}
-			if err := d.SetKey(starlark.String(k), sv); err != nil {
-				return nil, err
-			}
-		}
-		d.Freeze()
-		return d, nil
-	}
-	return nil, fmt.Errorf("cannot convert %T to a Starlark value", v)
 }

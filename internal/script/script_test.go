@@ -2,12 +2,13 @@ package script
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"go.starlark.net/starlark"
 	"go.uber.org/goleak"
 )
 
@@ -55,11 +56,70 @@ func TestFromGoIsFrozen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = Run(context.Background(), Config{Globals: starlark.StringDict{"d": v}}, "a.star", `d["b"] = 1`)
+	if v.Type() != "dict" {
+		t.Fatalf("FromGo map = %s", v.Type())
+	}
+	_, err = Run(context.Background(), Config{App: map[string]any{"d": map[string]any{"a": []any{1, "x"}}}}, "a.star", `app.d["b"] = 1`)
 	if err == nil || !strings.Contains(err.Error(), "frozen") {
 		t.Fatalf("mutation of host data: %v", err)
 	}
 	if _, err := FromGo(struct{}{}); err == nil {
 		t.Fatal("struct accepted")
+	}
+}
+
+// TestMemoryLimit: allocations that no step cap sees ([0]*1e9 is one 16 GB
+// make inside the interpreter; str() of a list repeating one big string is
+// one Go loop) are stopped by the sandbox's memory budget, and the server
+// process itself does not grow.
+func TestMemoryLimit(t *testing.T) {
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for _, src := range []string{
+		"x = [0] * 1000000000",
+		"s = 'a' * 100000000\nl = [s] * 1000\nresult = str(l)",
+		"l = [1]\nfor i in range(40):\n    l = l + l",
+	} {
+		_, err := Run(context.Background(), Config{MemoryBytes: 256 << 20, Timeout: time.Minute}, "m.star", src)
+		if !errors.Is(err, ErrMemoryLimit) {
+			t.Fatalf("%q: err %v, want ErrMemoryLimit", src, err)
+		}
+	}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapSys) - int64(before.HeapSys); grew > 64<<20 {
+		t.Fatalf("the calling process's heap grew by %d MiB", grew>>20)
+	}
+	// A modest allocation still works under the same budget.
+	if res, err := Run(context.Background(), Config{MemoryBytes: 256 << 20}, "m.star", "result = len([0] * 1000000)"); err != nil || res.Text != "1000000" {
+		t.Fatalf("1e6 list: %+v %v", res, err)
+	}
+}
+
+// TestErrorTextCapped: a deep-recursion traceback (or any error text) is
+// cut to MaxOutput.
+func TestErrorTextCapped(t *testing.T) {
+	src := "def f(n):\n    return f(n + 1)\nf(0)"
+	_, err := Run(context.Background(), Config{MaxOutput: 4096, MaxSteps: 2_000_000, Timeout: time.Minute}, "r.star", src)
+	if err == nil {
+		t.Fatal("unbounded recursion succeeded")
+	}
+	if n := len(err.Error()); n > 4096+64 {
+		t.Fatalf("error text is %d bytes, cap 4096", n)
+	}
+}
+
+// TestSandboxEnvironmentIsEmpty: nothing of the server's environment
+// reaches the sandbox; the child sees only its marker.
+func TestSandboxEnvironmentIsEmpty(t *testing.T) {
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "env-marker-7")
+	res, err := Run(context.Background(), Config{}, "e.star", "result = 'ok'")
+	if err != nil || res.Text != "ok" {
+		t.Fatalf("%+v %v", res, err)
+	}
+	// The child has no os access at all; check the parent side instead.
+	req, _ := json.Marshal(request{Src: "x"})
+	if strings.Contains(string(req), "env-marker-7") {
+		t.Fatal("request carries the environment")
 	}
 }
