@@ -2,9 +2,10 @@ package mq
 
 import (
 	"fmt"
-	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
@@ -43,8 +44,14 @@ type Config struct {
 	// HashAlgorithm is --hash-algorithm (default blake3).
 	HashAlgorithm string
 	// Metrics, if set, counts every finished LOOKUP under upstream's lookup
-	// metric names (shared with the HTTP API's registry).
+	// metric names (shared with the HTTP API's registry) and holds the
+	// data path's dropped-work counters; without it the server keeps those
+	// counters in a registry of its own (Server.Metrics).
 	Metrics *mpmetrics.Metrics
+	// Periodic, if set, is where the worker reaper and the session sweep
+	// register (GET /periodic-threads); without it the server uses a
+	// registry of its own (Server.Periodic).
+	Periodic *periodic.Registry
 	// HashRoot overrides the root (none) hash (--hash-root-hex); nil keeps
 	// upstream's fallback root. The HTTP API must use the same root, or the
 	// two front ends would derive different keys for one prompt.

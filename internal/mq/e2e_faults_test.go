@@ -12,6 +12,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/mq"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
@@ -131,6 +132,17 @@ func TestReapingSilentWorker(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	m := h.srv.Metrics()
+	if n := counterValue(m.ZMQReapedWorkers); n != 1 {
+		t.Errorf("reaped workers counted %v, want 1", n)
+	}
+	if n := counterValue(m.ZMQAbandonedTransfers); n != 1 {
+		t.Errorf("abandoned transfers counted %v, want 1 (the staged write)", n)
+	}
+	// A gen3 worker's PING now says "register again" (2).
+	if r, err := w.c.PingReply(wire.SomeInt(300)); err != nil || !r.Untracked() {
+		t.Fatalf("PING of the reaped worker = %+v %v; want untracked", r, err)
+	}
 	if plan, err := w.c.PrepareStore(k, w.inst); err != nil || plan.Refused || len(plan.Slots) != 0 {
 		t.Fatalf("PREPARE_STORE from a reaped worker: %+v %v", plan, err)
 	}
@@ -150,39 +162,51 @@ func TestReapingSilentWorker(t *testing.T) {
 	if plan, err := w.c.PrepareStore(k, w.inst); err != nil || len(plan.Slots) != 2 {
 		t.Fatalf("PREPARE_STORE after re-registration: %+v %v", plan, err)
 	}
+	if r, err := w.c.PingReply(wire.SomeInt(300)); err != nil || !r.IsInt || r.Value <= 2 {
+		t.Fatalf("PING after re-registration = %+v %v; want the boot token", r, err)
+	}
+	// The reaper is a periodic loop that has run.
+	st, ok := h.srv.Periodic().Get("lmcache-mp-worker-reaper")
+	if !ok || !st.IsRunning || st.TotalRuns < 1 || st.Level != periodic.High {
+		t.Fatalf("reaper loop status %+v (registered %v)", st, ok)
+	}
 }
 
 func TestMalformedFrames(t *testing.T) {
 	h := start(t, opts{})
 	c := h.dial(mqclient.Options{})
-	errReply := func(frames [][]byte, what string) {
-		t.Helper()
-		if len(frames) != 3 {
-			t.Fatalf("%s: reply has %d frames", what, len(frames))
-		}
-		var e wire.ErrorReply
-		if err := wire.Unmarshal(frames[2], &e); err != nil || e.ErrorType == "" || e.Message == "" {
-			t.Fatalf("%s: reply %x is not an error reply (%v)", what, frames[2], err)
-		}
-	}
 	op := func(o wire.Op) []byte { b, _ := c.OpFrame(o); return b }
 	uid := wire.EncodeInt(1000)
-
-	r, err := c.Raw(uid)
-	if err != nil {
-		t.Fatal(err)
+	sock := rawDealer(t, h.endpoint)
+	// A message that is not a request gets no reply: the next request's
+	// reply is the first thing that comes back.
+	for i := range 50 {
+		frames := [][]byte{uid}
+		if i%2 == 1 {
+			frames = append(frames, []byte{0xc1})
+		}
+		if _, err := sock.SendMessage(frames); err != nil {
+			t.Fatal(err)
+		}
 	}
-	errReply(r, "uid only")
-	if !bytes.Equal(r[0], uid) {
-		t.Fatalf("uid not echoed: %x", r[0])
+	rawSend(t, sock, 7, wire.OpNoop)
+	if got, resp := rawRecv(t, sock); got != 7 || !bytes.Equal(resp, wire.OK) {
+		t.Fatalf("first reply after garbage: uid %d %x; want NOOP's", got, resp)
 	}
-	r, err = c.Raw(uid, []byte{0xc1})
-	if err != nil {
-		t.Fatal(err)
+	m := h.srv.Metrics()
+	if n := counterValue(m.ZMQMalformed.WithLabelValues("frames")); n != 25 {
+		t.Errorf("malformed frames counted %v, want 25", n)
 	}
-	errReply(r, "undecodable op")
-	if !bytes.Equal(r[1], []byte{0xc1}) {
-		t.Fatalf("op frame not echoed byte for byte: %x", r[1])
+	if n := counterValue(m.ZMQMalformed.WithLabelValues("op_frame")); n != 25 {
+		t.Errorf("undecodable op frames counted %v, want 25", n)
+	}
+	// 50 bad messages from one peer: one warning per kind, not 50.
+	logs := h.logs.String()
+	if n := strings.Count(logs, "malformed message dropped"); n != 1 {
+		t.Errorf("%d warnings for 25 malformed messages, want 1", n)
+	}
+	if n := strings.Count(logs, "undecodable op frame"); n != 1 {
+		t.Errorf("%d warnings for 25 undecodable op frames, want 1", n)
 	}
 
 	cases := []struct {
@@ -225,22 +249,62 @@ func TestMalformedFrames(t *testing.T) {
 	}
 }
 
+// TestUnknownOps: an op number unknown in the peer's numbering is answered
+// with the negative reply its number has in the other numbering; an op no
+// numbering knows, an unknown name or an undecodable op frame gets no
+// reply. Never an error map.
 func TestUnknownOps(t *testing.T) {
 	h := start(t, opts{})
-	c := h.dial(mqclient.Options{})
-	// An empty op frame is what a streaming ack/cancel frame looks like.
-	for _, opf := range [][]byte{wire.EncodeInt(99), wire.EncodeInt(-1), msgp.AppendString(nil, "bogus_op"), {0xc3}, {}} {
-		r, err := c.Raw(wire.EncodeInt(5), opf, wire.Nil)
-		if err != nil {
+	cases := []struct {
+		profile *wire.Profile
+		op      []byte
+		want    []byte // nil: no reply
+	}{
+		// gen2m has 28 ops; 29-34 are gen3's P2P_LOOKUP_AND_LOCK ..
+		// POLL_KV_EVENTS (void replies) and 32 GET_EXPERIMENTAL.
+		{wire.Gen2M, wire.EncodeInt(32), wire.EmptyList},
+		{wire.Gen2M, wire.EncodeInt(34), wire.Nil},
+		{wire.Gen2M, wire.EncodeInt(99), nil},
+		{wire.Gen2M, msgp.AppendString(nil, "bogus_op"), nil},
+		// gen3 has 34 ops; nothing is beyond.
+		{wire.Gen3, wire.EncodeInt(99), nil},
+		{wire.Gen3, wire.EncodeInt(-1), nil},
+		{wire.Gen3, msgp.AppendString(nil, "bogus_op"), nil},
+		{wire.Gen3, []byte{0xc3}, nil},
+		{wire.Gen3, []byte{}, nil}, // a streaming ack/cancel frame
+	}
+	for i, tc := range cases {
+		sock := rawDealer(t, h.endpoint)
+		csID, _ := tc.profile.ID(wire.OpGetChunkSize)
+		if _, err := sock.SendMessage(wire.EncodeInt(0), wire.EncodeInt(csID)); err != nil {
 			t.Fatal(err)
 		}
-		var e wire.ErrorReply
-		if len(r) != 3 || wire.Unmarshal(r[2], &e) != nil || e.ErrorType != "UnknownOperation" {
-			t.Fatalf("op %x: reply %x", opf, r)
+		if _, resp := rawRecv(t, sock); !bytes.Equal(resp, wire.EncodeInt(testChunk)) {
+			t.Fatalf("case %d: GET_CHUNK_SIZE = %x", i, resp)
+		}
+		if _, err := sock.SendMessage(wire.EncodeInt(1), tc.op, wire.Nil); err != nil {
+			t.Fatal(err)
+		}
+		noopID, _ := tc.profile.ID(wire.OpNoop)
+		if _, err := sock.SendMessage(wire.EncodeInt(2), wire.EncodeInt(noopID)); err != nil {
+			t.Fatal(err)
+		}
+		uid, resp := rawRecv(t, sock)
+		switch {
+		case tc.want == nil && (uid != 2 || !bytes.Equal(resp, wire.OK)):
+			t.Errorf("case %d (%s op %x): got uid %d %x; want no reply, then NOOP's", i, tc.profile.Name, tc.op, uid, resp)
+		case tc.want != nil && (uid != 1 || !bytes.Equal(resp, tc.want)):
+			t.Errorf("case %d (%s op %x): got uid %d %x; want %x", i, tc.profile.Name, tc.op, uid, resp, tc.want)
+		case tc.want != nil:
+			rawRecv(t, sock) // NOOP's
 		}
 	}
+	if n := counterValue(h.srv.Metrics().ZMQMalformed.WithLabelValues("unknown_op")); n != 7 {
+		t.Errorf("unknown ops counted %v, want 7", n)
+	}
 	logs := h.logs.String()
-	if !strings.Contains(logs, "unknown operation") || !strings.Contains(logs, "op=99") || !strings.Contains(logs, "bogus_op") || !strings.Contains(logs, "undecodable op frame") {
+	if !strings.Contains(logs, "unknown operation; no reply sent") || !strings.Contains(logs, "op=99") || !strings.Contains(logs, "bogus_op") ||
+		!strings.Contains(logs, "undecodable op frame") || !strings.Contains(logs, "as=gen3/GET_EXPERIMENTAL") {
 		t.Fatalf("unknown ops not logged:\n%s", logs)
 	}
 }
@@ -332,6 +396,9 @@ func TestAbandonedTransfersAreDropped(t *testing.T) {
 			t.Fatal("abandoned transfers were not dropped")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if n := counterValue(h.srv.Metrics().ZMQAbandonedTransfers); n != 2 {
+		t.Errorf("abandoned transfers counted %v, want 2", n)
 	}
 	if ok, err := w.c.CommitStore(sk, w.inst, nil); err != nil || ok {
 		t.Fatalf("COMMIT_STORE after the drop = %v %v", ok, err)

@@ -78,20 +78,6 @@ func TestWireProfileForced(t *testing.T) {
 	if ok, err := c.Ping(wire.OptInt{}); err != nil || !ok {
 		t.Fatalf("PING = %v %v", ok, err)
 	}
-	// A gen3 client against a gen2m server: its GET_CHUNK_SIZE (21) is a
-	// CacheBlend op in gen2m and gets a refusal, not silence.
-	c3, err := mqclient.Dial(h.endpoint, mqclient.Options{Profile: wire.Gen3, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c3.Close()
-	b, err := c3.Call(wire.OpGetChunkSize)
-	if err != nil || !bytes.Equal(b, wire.Nil) {
-		t.Fatalf("gen3 GET_CHUNK_SIZE on a gen2m server = %x %v", b, err)
-	}
-	if !strings.Contains(h.logs.String(), "looks_like=gen3") {
-		t.Error("profile mismatch not logged")
-	}
 	if _, err := mq.New(mq.Config{WireProfile: "gen9"}, h.eng, nil); err == nil {
 		t.Error("New accepted --wire-profile gen9")
 	}
@@ -104,6 +90,11 @@ func TestArgumentCountsAcrossVersions(t *testing.T) {
 	h := start(t, opts{})
 	c := h.dial(mqclient.Options{})
 	rid := msgp.AppendString(nil, "r")
+	r, err := c.PingReply(wire.OptInt{})
+	if err != nil || !r.IsInt || r.Value <= 2 {
+		t.Fatalf("gen3 PING = %+v %v; want a boot token", r, err)
+	}
+	boot := wire.EncodeInt(r.Value)
 	cases := []struct {
 		op       wire.Op
 		payloads [][]byte
@@ -113,10 +104,12 @@ func TestArgumentCountsAcrossVersions(t *testing.T) {
 		{wire.OpEndSession, [][]byte{rid, wire.Marshal(&wire.SessionEndInfo{FinishReason: "stop", StopTokenID: 2})}, wire.Nil},
 		{wire.OpClear, nil, wire.Nil},
 		{wire.OpClear, [][]byte{wire.False}, wire.Nil},
-		{wire.OpPing, nil, wire.True},
-		{wire.OpPing, [][]byte{wire.Nil}, wire.True},
-		{wire.OpPing, [][]byte{wire.EmptyList}, wire.True},
-		{wire.OpPing, [][]byte{wire.EncodeInt(1234)}, wire.True},
+		// gen3 PING: the boot token when healthy, 2 for an instance
+		// that is not registered (TestPingPerProfile).
+		{wire.OpPing, nil, boot},
+		{wire.OpPing, [][]byte{wire.Nil}, boot},
+		{wire.OpPing, [][]byte{wire.EmptyList}, boot},
+		{wire.OpPing, [][]byte{wire.EncodeInt(1234)}, []byte{0x02}},
 		{wire.OpGetExperimental, nil, wire.EmptyList},
 		{wire.OpNoop, nil, wire.OK},
 		{wire.OpReportBlockAllocation, [][]byte{wire.EncodeInt(1), msgp.AppendString(nil, "m"), {0x91, 0x83, 0xa6, 'r', 'e', 'q', '_', 'i', 'd', 0xa1, 'r', 0xad, 'n', 'e', 'w', '_', 'b', 'l', 'o', 'c', 'k', '_', 'i', 'd', 's', 0x90, 0xad, 'n', 'e', 'w', '_', 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0x90}}, wire.Nil},
@@ -267,7 +260,7 @@ func pipelinedClient(endpoint string, ci, n int, tokens []wire.Int) error {
 			want[string(uid)] = wire.OK
 		default:
 			frames = [][]byte{uid, op(wire.OpPing), wire.Nil}
-			want[string(uid)] = wire.True
+			want[string(uid)] = nil // the boot token, any int > 2
 		}
 		if _, err := sock.SendMessage(frames); err != nil {
 			return err
@@ -279,7 +272,15 @@ func pipelinedClient(endpoint string, ci, n int, tokens []wire.Int) error {
 			return fmt.Errorf("client %d: %w (%d replies missing)", ci, err, len(want))
 		}
 		w, ok := want[string(msg[0])]
-		if !ok || len(msg) != 3 || !bytes.Equal(msg[2], w) {
+		if !ok || len(msg) != 3 {
+			return fmt.Errorf("client %d: unexpected reply %x", ci, msg)
+		}
+		if w == nil {
+			var boot wire.Int
+			if err := wire.Unmarshal(msg[2], &boot); err != nil || boot <= 2 {
+				return fmt.Errorf("client %d: PING reply %x is not a boot token", ci, msg[2])
+			}
+		} else if !bytes.Equal(msg[2], w) {
 			return fmt.Errorf("client %d: unexpected reply %x", ci, msg)
 		}
 		delete(want, string(msg[0]))
@@ -378,17 +379,18 @@ func TestUnsupportedKnownOps(t *testing.T) {
 }
 
 // gatedEngine wraps the real engine and holds ReserveWrite (a slow
-// transfer) and/or PollPrefetch (a slow control request) until release is
-// closed, signalling entered (without blocking) each time a call waits.
+// transfer), Prefetch (a slow LOOKUP) and/or AbortWrite (a stuck reaper)
+// until release is closed, signalling entered (without blocking) each time
+// a call waits.
 type gatedEngine struct {
 	*engine.Engine
-	writes, polls bool
-	entered       chan struct{}
-	release       chan struct{}
+	writes, lookups, aborts bool
+	entered                 chan struct{}
+	release                 chan struct{}
 }
 
-func newGate(eng *engine.Engine, writes, polls bool) *gatedEngine {
-	return &gatedEngine{Engine: eng, writes: writes, polls: polls, entered: make(chan struct{}, 1), release: make(chan struct{})}
+func newGate(eng *engine.Engine, writes, lookups bool) *gatedEngine {
+	return &gatedEngine{Engine: eng, writes: writes, lookups: lookups, entered: make(chan struct{}, 1), release: make(chan struct{})}
 }
 
 func (g *gatedEngine) wait(gated bool) {
@@ -407,14 +409,24 @@ func (g *gatedEngine) ReserveWrite(tag string, keys []objkey.Key, sizes []int64)
 	return g.Engine.ReserveWrite(tag, keys, sizes)
 }
 
-func (g *gatedEngine) PollPrefetch(id string) (engine.PrefetchResult, error) {
-	g.wait(g.polls)
-	return g.Engine.PollPrefetch(id)
+func (g *gatedEngine) Prefetch(req engine.PrefetchRequest) error {
+	g.wait(g.lookups)
+	return g.Engine.Prefetch(req)
+}
+
+func (g *gatedEngine) AbortWrite(tag string, keys []objkey.Key) {
+	g.wait(g.aborts)
+	g.Engine.AbortWrite(tag, keys)
 }
 
 // serveGated runs another server over g until the test ends (releasing
 // the gate first) and returns its endpoint.
 func serveGated(t *testing.T, g *gatedEngine, cfg mq.Config) string {
+	return serveGatedSrv(t, g, cfg).Endpoint()
+}
+
+// serveGatedSrv is serveGated returning the server.
+func serveGatedSrv(t *testing.T, g *gatedEngine, cfg mq.Config) *mq.Server {
 	t.Helper()
 	cfg.Host, cfg.ChunkSize = "127.0.0.1", testChunk
 	srv, err := mq.New(cfg, g, nil)
@@ -435,7 +447,7 @@ func serveGated(t *testing.T, g *gatedEngine, cfg mq.Config) string {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return srv.Endpoint()
+	return srv
 }
 
 // rawDealer is a DEALER socket for pipelined requests.
@@ -484,17 +496,23 @@ func TestOverloadIsRefused(t *testing.T) {
 	h := start(t, opts{})
 	t.Run("control", func(t *testing.T) {
 		g := newGate(h.eng, false, true)
-		sock := rawDealer(t, serveGated(t, g, mq.Config{MaxControlInFlight: 1, MaxQueued: 2}))
-		rid := msgp.AppendString(nil, "nobody")
+		srv := serveGatedSrv(t, g, mq.Config{MaxControlInFlight: 1, MaxQueued: 2})
+		sock := rawDealer(t, srv.Endpoint())
+		if err := h.eng.RegisterLayout(engine.Layout{ModelName: "m", WorldSize: 1, ObjectBytes: testObj}); err != nil {
+			t.Fatal(err)
+		}
 		// One handled (held in the engine) and two waiting are admitted;
 		// the next three are refused while the first three are held.
 		for uid := int64(1); uid <= 6; uid++ {
-			rawSend(t, sock, uid, wire.OpQueryPrefetchStatus, rid)
+			rawSend(t, sock, uid, wire.OpLookup, wire.Marshal(key("m", 1, -1, prompt(int(uid), testChunk), 0, testChunk, fmt.Sprint("o", uid))), wire.EncodeInt(1))
 		}
 		for want := int64(4); want <= 6; want++ {
-			if uid, resp := rawRecv(t, sock); uid != want || !bytes.Equal(resp, wire.EncodeInt(0)) {
+			if uid, resp := rawRecv(t, sock); uid != want || !bytes.Equal(resp, wire.Nil) {
 				t.Fatalf("reply uid %d %x; want the refusal of %d first", uid, resp, want)
 			}
+		}
+		if n := counterValue(srv.Metrics().ZMQRefused.WithLabelValues("control_queue_full")); n != 3 {
+			t.Errorf("refusals counted %v, want 3", n)
 		}
 		close(g.release)
 		seen := map[int64]bool{}
@@ -508,7 +526,8 @@ func TestOverloadIsRefused(t *testing.T) {
 	})
 	t.Run("transfer", func(t *testing.T) {
 		g := newGate(h.eng, true, false)
-		sock := rawDealer(t, serveGated(t, g, mq.Config{MaxQueued: 2}))
+		srv := serveGatedSrv(t, g, mq.Config{MaxQueued: 2})
+		sock := rawDealer(t, srv.Endpoint())
 		rawSend(t, sock, 0, wire.OpRegisterEngineDriven, wire.Marshal(regPayload(77, "m", 1)))
 		if uid, _ := rawRecv(t, sock); uid != 0 {
 			t.Fatalf("registration reply uid %d", uid)
@@ -524,6 +543,9 @@ func TestOverloadIsRefused(t *testing.T) {
 		}
 		if uid, resp := rawRecv(t, sock); uid != 4 || !bytes.Equal(resp, wire.NegativeReply(wire.OpPrepareStore)) {
 			t.Fatalf("reply uid %d %x; want the refusal of 4 first", uid, resp)
+		}
+		if n := counterValue(srv.Metrics().ZMQRefused.WithLabelValues("transfer_queue_full")); n != 1 {
+			t.Errorf("refusals counted %v, want 1", n)
 		}
 		close(g.release)
 		for want := int64(1); want <= 3; want++ { // the peer's queue is FIFO

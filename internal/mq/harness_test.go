@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
@@ -52,12 +54,14 @@ func (l *logBuf) String() string {
 }
 
 type harness struct {
-	t        *testing.T
+	t        testing.TB
 	srv      *mq.Server
 	eng      *engine.Engine
 	endpoint string
 	shmDir   string
 	logs     *logBuf
+	// clientOpts are the options worker dials with (default: gen3).
+	clientOpts mqclient.Options
 }
 
 var shmSeq atomic.Int64
@@ -69,7 +73,7 @@ type opts struct {
 	l2      []l2.Adapter
 }
 
-func start(t *testing.T, o opts) *harness {
+func start(t testing.TB, o opts) *harness {
 	t.Helper()
 	logs := &logBuf{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -150,7 +154,7 @@ type worker struct {
 
 func (h *harness) worker(inst int64, model string, world, rank int) *worker {
 	h.t.Helper()
-	c := h.dial(mqclient.Options{})
+	c := h.dial(h.clientOpts)
 	resp, err := c.Register(regPayload(inst, model, world))
 	if err != nil {
 		h.t.Fatal(err)
@@ -305,4 +309,19 @@ func canceled() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	return ctx
+}
+
+// counterValue reads a counter (a *mpmetrics.Counter or one child of a
+// counter vector) the way a scrape would.
+func counterValue(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 1)
+	go func() { c.Collect(ch); close(ch) }()
+	var total float64
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err == nil && d.Counter != nil {
+			total += d.Counter.GetValue()
+		}
+	}
+	return total
 }

@@ -16,6 +16,8 @@ package mq
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -28,6 +30,8 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
@@ -38,6 +42,11 @@ const pollInterval = 50 * time.Millisecond
 
 // peerIdleForget is how long an idle peer's profile choice is remembered.
 const peerIdleForget = time.Hour
+
+// protocolWarnEvery bounds the protocol warnings (garbage frames, unknown
+// ops, refusals) to one per peer and kind in this interval; every message
+// is still counted in the metrics.
+const protocolWarnEvery = 10 * time.Second
 
 // Server is the ZMQ data-path server. Build it with New and run it with Run.
 type Server struct {
@@ -54,8 +63,16 @@ type Server struct {
 	push     *zmq.Socket
 	endpoint string
 
-	st  *state
-	sem chan struct{} // control requests being handled
+	st *state
+	// metrics counts dropped work; it is cfg.Metrics, or a private
+	// registry when the server runs without one (tests).
+	metrics *mpmetrics.Metrics
+	// loops is where the reaper and the session sweep register.
+	loops *periodic.Registry
+	// bootToken is PING's answer to gen3 clients: random per process, so
+	// a client that compares successive answers notices a restart.
+	bootToken int64
+	sem       chan struct{} // control requests being handled
 	// admitted counts control requests handled or waiting for sem; the
 	// router refuses one when it is full.
 	admitted chan struct{}
@@ -73,6 +90,9 @@ type peer struct {
 	id       []byte
 	profile  *wire.Profile
 	lastSeen time.Time
+	// refused: the peer's first request fingerprints another profile than
+	// the forced one; nothing it sends is executed or answered.
+	refused bool
 
 	mu      sync.Mutex // guards queue and running
 	queue   []func()
@@ -101,7 +121,13 @@ func New(cfg Config, eng Engine, logger *slog.Logger) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, eng: eng, log: logger.With("component", "mq"), hasher: hasher,
 		sem: make(chan struct{}, cfg.MaxControlInFlight), admitted: make(chan struct{}, cfg.MaxControlInFlight+cfg.MaxQueued),
-		peers: map[string]*peer{}}
+		peers: map[string]*peer{}, metrics: cfg.Metrics, loops: cfg.Periodic, bootToken: newBootToken()}
+	if s.metrics == nil {
+		s.metrics = mpmetrics.New("", nil)
+	}
+	if s.loops == nil {
+		s.loops = periodic.NewRegistry()
+	}
 	if cfg.WireProfile != ProfileAuto {
 		s.profile, _ = wire.ProfileByName(cfg.WireProfile)
 	}
@@ -115,6 +141,22 @@ func New(cfg Config, eng Engine, logger *slog.Logger) (*Server, error) {
 	}
 	return s, nil
 }
+
+// newBootToken is a random positive int63 that is never 1 (what a legacy
+// True decodes to) or 2 (PING_UNTRACKED).
+func newBootToken() int64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
+	return int64(binary.LittleEndian.Uint64(b[:])>>2) | 1<<32
+}
+
+// Metrics is the registry holding the data path's counters: Config.Metrics
+// or, without one, the server's own.
+func (s *Server) Metrics() *mpmetrics.Metrics { return s.metrics }
+
+// Periodic is the registry of the server's periodic loops: Config.Periodic
+// or, without one, the server's own.
+func (s *Server) Periodic() *periodic.Registry { return s.loops }
 
 func (s *Server) open() error {
 	var err error
@@ -212,11 +254,13 @@ func (s *Server) run(ctx context.Context) error {
 		s.wg.Wait() // handlers see hctx cancelled and finish
 		s.closeSockets()
 	}()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.st.sweepLoop(hctx)
-	}()
+	for _, l := range s.st.loops() {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			l.Run(hctx)
+		}()
+	}
 	s.log.Info("data path listening", "endpoint", s.endpoint, "wire_profile", s.cfg.WireProfile,
 		"transfer_mode", s.cfg.TransferMode, "chunk_size", s.cfg.ChunkSize, "hash_algorithm", s.hasher.Algorithm(),
 		"shm_name", s.eng.Pool().Name, "pool_bytes", s.eng.Pool().Size)
@@ -276,15 +320,21 @@ func (s *Server) drainReplies() {
 }
 
 // sendRouter sends [identity, uid, op, response] from the router goroutine.
+// A reply that cannot be sent is counted and logged at most every
+// protocolWarnEvery per peer and reason.
 func (s *Server) sendRouter(msg [][]byte) {
 	if _, err := s.router.SendMessageDontwait(msg); err != nil {
+		peer := hex.EncodeToString(msg[0])
 		switch zmq.AsErrno(err) {
 		case zmq.EHOSTUNREACH:
-			s.log.Info("response destination disconnected", "peer", hex.EncodeToString(msg[0]))
+			s.metrics.ZMQDroppedReplies.WithLabelValues("peer_gone").Inc()
+			s.st.logEvery(slog.LevelInfo, "gone/"+peer, protocolWarnEvery, "response destination disconnected; reply dropped (logged at most every 10 s per peer)", "peer", peer)
 		case zmq.Errno(syscall.EAGAIN):
-			s.log.Warn("peer is not reading its replies; reply dropped", "peer", hex.EncodeToString(msg[0]))
+			s.metrics.ZMQDroppedReplies.WithLabelValues("peer_not_reading").Inc()
+			s.st.warnEvery("slow/"+peer, protocolWarnEvery, "peer is not reading its replies; reply dropped (logged at most every 10 s per peer)", "peer", peer)
 		default:
-			s.log.Warn("send failed", "peer", hex.EncodeToString(msg[0]), "err", err)
+			s.metrics.ZMQDroppedReplies.WithLabelValues("send_failed").Inc()
+			s.st.warnEvery("sendfail/"+peer, protocolWarnEvery, "send failed; reply dropped (logged at most every 10 s per peer)", "peer", peer, "err", err)
 		}
 	}
 }
@@ -295,7 +345,8 @@ func (s *Server) replyAsync(id, uid, op, resp []byte) {
 	_, err := s.push.SendMessage(id, uid, op, resp)
 	s.pushMu.Unlock()
 	if err != nil {
-		s.log.Warn("reply hand-off failed", "err", err)
+		s.metrics.ZMQDroppedReplies.WithLabelValues("handoff_failed").Inc()
+		s.st.warnEvery("handoff", protocolWarnEvery, "reply hand-off failed; reply dropped (logged at most every 10 s)", "err", err)
 	}
 }
 
@@ -311,16 +362,16 @@ func (s *Server) forgetIdlePeers(now time.Time) {
 }
 
 // handle parses one request and answers it inline or dispatches it. Every
-// path ends in exactly one reply: clients wait forever otherwise.
+// request that names a known operation gets exactly one reply (clients
+// wait forever otherwise). A message that is not a request at all, or
+// names no operation the client's numbering (or another one) knows, gets
+// none: the only reply such a client could receive is a value of a type it
+// never asked for, which kills the shared poll thread of some client
+// versions (research datapath.md 10.3).
 func (s *Server) handle(msg [][]byte) {
 	id := msg[0]
 	if len(msg) < 3 {
-		uid, op := []byte{}, []byte{}
-		if len(msg) > 1 {
-			uid = msg[1]
-		}
-		s.log.Warn("malformed request: want at least uid and op frames", "peer", hex.EncodeToString(id), "frames", len(msg)-1)
-		s.sendRouter([][]byte{id, uid, op, wire.EncodeError("MalformedRequest", fmt.Sprintf("request has %d frames; want uid, op and payloads", len(msg)-1))})
+		s.malformed(hex.EncodeToString(id), "frames", "malformed message dropped: want uid, op and payload frames", "frames", len(msg)-1)
 		return
 	}
 	uid, opFrame, payloads := msg[1], msg[2], msg[3:]
@@ -335,21 +386,23 @@ func (s *Server) handle(msg [][]byte) {
 
 	f, err := wire.DecodeOpFrame(opFrame)
 	if err != nil {
-		s.log.Warn("undecodable op frame", "peer", p.idString(), "op_frame", hex.EncodeToString(opFrame), "err", err)
-		reply(wire.EncodeError("UnknownOperation", err.Error()))
+		s.malformed(p.idString(), "op_frame", "undecodable op frame; message dropped", "op_frame", hex.EncodeToString(opFrame), "err", err)
 		return
 	}
 	if p.profile == nil {
-		p.profile = s.chooseProfile(p, f)
+		p.profile = s.chooseProfile(p, f, len(payloads))
+	}
+	if p.refused {
+		s.metrics.ZMQRefused.WithLabelValues("wrong_wire_profile").Inc()
+		return
 	}
 	op, ok := f.Resolve(p.profile)
 	if !ok {
-		s.log.Warn("unknown operation", "peer", p.idString(), "op", f.String(), "wire_profile", p.profile.Name)
-		reply(wire.EncodeError("UnknownOperation", fmt.Sprintf("unknown operation %s under wire profile %s", f, p.profile.Name)))
+		s.unknownOp(p, f, reply)
 		return
 	}
 	if a := wire.ArityOf(op); len(payloads) < a.Min || len(payloads) > a.Max {
-		s.log.Warn("wrong number of payload frames", "peer", p.idString(), "op", op.EnumName(), "frames", len(payloads), "min", a.Min, "max", a.Max)
+		s.malformed(p.idString(), "payload_count", "wrong number of payload frames; refused", "op", op.EnumName(), "frames", len(payloads), "min", a.Min, "max", a.Max)
 		reply(wire.NegativeReply(op))
 		return
 	}
@@ -362,23 +415,26 @@ func (s *Server) handle(msg [][]byte) {
 	case wire.OpGetExperimental:
 		reply(wire.EmptyList)
 	case wire.OpPing:
-		reply(s.st.ping(req))
+		reply(s.st.ping(req, s.bootToken))
 	case wire.OpReportBlockAllocation:
 		reply(s.st.reportBlockAllocation(req))
+	case wire.OpQueryPrefetchStatus, wire.OpQueryPrefetchLookupHits:
+		// A map lookup in the engine that never waits: answered inline,
+		// which saves LOOKUP's second round trip a goroutine hand-off.
+		reply(s.st.serve(s.handlerCtx, req))
 	case wire.OpRegisterKVCache, wire.OpUnregisterKVCache, wire.OpStore, wire.OpRetrieve:
 		reply(s.st.rejectLMCacheDriven(req))
 	case wire.OpRegisterEngineDriven, wire.OpUnregisterEngineDriven, wire.OpPrepareStore,
 		wire.OpCommitStore, wire.OpPrepareRetrieve, wire.OpCommitRetrieve:
 		if !s.enqueue(p, func() { s.replyAsync(id, uid, opFrame, s.st.serve(s.handlerCtx, req)) }) {
-			s.refuseOverload(p, op, "transfer requests queued by this peer")
+			s.refuseOverload(p, op, "transfer_queue_full", "transfer requests queued by this peer")
 			reply(wire.NegativeReply(op))
 		}
-	case wire.OpLookup, wire.OpQueryPrefetchStatus, wire.OpQueryPrefetchLookupHits,
-		wire.OpWaitPrefetchStatus, wire.OpFreeLookupLocks, wire.OpEndSession, wire.OpClear:
+	case wire.OpLookup, wire.OpWaitPrefetchStatus, wire.OpFreeLookupLocks, wire.OpEndSession, wire.OpClear:
 		select {
 		case s.admitted <- struct{}{}:
 		default:
-			s.refuseOverload(p, op, "control requests waiting over all peers")
+			s.refuseOverload(p, op, "control_queue_full", "control requests waiting over all peers")
 			reply(wire.NegativeReply(op))
 			return
 		}
@@ -396,18 +452,51 @@ func (s *Server) handle(msg [][]byte) {
 			s.replyAsync(id, uid, opFrame, s.st.serve(s.handlerCtx, req))
 		}()
 	default:
-		s.log.Warn("operation not supported by this server", "peer", p.idString(), "op", op.EnumName())
+		s.st.warnEvery("unsupported/"+p.idString()+"/"+op.String(), protocolWarnEvery, "operation not supported by this server; answered with its void reply",
+			"peer", p.idString(), "op", op.EnumName())
 		reply(wire.NegativeReply(op))
 	}
 }
 
-// chooseProfile pins a peer's numbering from its first request.
-func (s *Server) chooseProfile(p *peer, f wire.OpFrame) *wire.Profile {
+// malformed counts a message that is not a well-formed request and logs
+// it at most every protocolWarnEvery per peer and kind.
+func (s *Server) malformed(peer, kind, msg string, args ...any) {
+	s.metrics.ZMQMalformed.WithLabelValues(kind).Inc()
+	s.st.warnEvery("malformed/"+kind+"/"+peer, protocolWarnEvery, msg+" (logged at most every 10 s per peer; counted in lmcache_mp_zmq_malformed_messages_total)",
+		append([]any{"peer", peer}, args...)...)
+}
+
+// unknownOp answers an op number the peer's numbering lacks with the
+// negative reply of the operation holding that number in another
+// numbering (a client of that generation can decode it), and anything
+// else (an unknown number or name) with no reply.
+func (s *Server) unknownOp(p *peer, f wire.OpFrame, reply func([]byte)) {
+	if !f.IsName {
+		for _, other := range p.profile.Others() {
+			if op, ok := other.Op(f.ID); ok {
+				s.malformed(p.idString(), "unknown_op", "operation number unknown in the peer's wire profile; answered with the negative reply it has in another profile",
+					"op", f.String(), "wire_profile", p.profile.Name, "as", other.Name+"/"+op.EnumName())
+				reply(wire.NegativeReply(op))
+				return
+			}
+		}
+	}
+	s.malformed(p.idString(), "unknown_op", "unknown operation; no reply sent", "op", f.String(), "wire_profile", p.profile.Name)
+}
+
+// chooseProfile pins a peer's numbering from its first request. Under a
+// forced --wire-profile, a first request that is GET_CHUNK_SIZE (no
+// payload frames) of another numbering marks the peer refused: executing
+// its requests would run the wrong operations (a gen2m NOOP is gen3's
+// CLEAR) and answer them with the wrong types.
+func (s *Server) chooseProfile(p *peer, f wire.OpFrame, payloads int) *wire.Profile {
 	if s.profile != nil {
-		if !f.IsName && f.ID != s.profile.ChunkSizeID {
+		if !f.IsName && payloads == 0 && f.ID != s.profile.ChunkSizeID {
 			if other, ok := wire.ProfileByChunkSizeID(f.ID); ok {
-				s.log.Warn("first request looks like another wire profile; check --wire-profile", "peer", p.idString(),
-					"op", f.ID, "configured", s.profile.Name, "looks_like", other.Name)
+				p.refused = true
+				s.metrics.ZMQProfileRefusedPeers.Inc()
+				s.log.Error("client refused: its first request is GET_CHUNK_SIZE of another wire profile than --wire-profile; nothing it sends is executed or answered (its start-up times out). Run with --wire-profile auto or "+other.Name,
+					"peer", p.idString(), "op", f.ID, "configured", s.profile.Name, "client_profile", other.Name)
 			}
 		}
 		return s.profile
@@ -425,10 +514,11 @@ func (s *Server) chooseProfile(p *peer, f wire.OpFrame) *wire.Profile {
 	return wire.Gen3
 }
 
-// refuseOverload logs (at most every 10 s per peer) a request refused
-// because too many are queued.
-func (s *Server) refuseOverload(p *peer, op wire.Op, what string) {
-	s.st.warnEvery("overload/"+p.idString(), 10*time.Second, "request refused: too many "+what+" (logged at most every 10 s per peer)",
+// refuseOverload counts a request refused because too many are queued and
+// logs it at most every protocolWarnEvery per peer.
+func (s *Server) refuseOverload(p *peer, op wire.Op, reason, what string) {
+	s.metrics.ZMQRefused.WithLabelValues(reason).Inc()
+	s.st.warnEvery("overload/"+p.idString(), protocolWarnEvery, "request refused: too many "+what+" (logged at most every 10 s per peer; counted in lmcache_mp_zmq_refused_requests_total)",
 		"peer", p.idString(), "op", op.EnumName(), "max_queued", s.cfg.MaxQueued)
 }
 

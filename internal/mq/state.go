@@ -16,6 +16,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
@@ -116,7 +117,7 @@ type pendingRead struct {
 // keep sub-slices of them after unlocking.
 type session struct {
 	tokens   []uint32 // the tokens hashed so far (whole chunks)
-	hashes   []string // their chunk hashes, as objkey.Key.ChunkHash
+	hashes   [][]byte // their chunk hashes
 	model    string
 	world    int
 	salt     string
@@ -141,6 +142,11 @@ func (st *state) warnOnce(key, msg string, args ...any) {
 // warnEvery logs msg at most once per interval (up to an hour) per key
 // (conditions that repeat while they last, like a full pool).
 func (st *state) warnEvery(key string, every time.Duration, msg string, args ...any) {
+	st.logEvery(slog.LevelWarn, key, every, msg, args...)
+}
+
+// logEvery is warnEvery at another level.
+func (st *state) logEvery(level slog.Level, key string, every time.Duration, msg string, args ...any) {
 	now := time.Now()
 	st.mu.Lock()
 	last, seen := st.lastWarn[key]
@@ -150,19 +156,24 @@ func (st *state) warnEvery(key string, every time.Duration, msg string, args ...
 	}
 	st.mu.Unlock()
 	if due {
-		st.log.Warn(msg, args...)
+		st.log.Log(context.Background(), level, msg, args...)
 	}
 }
 
 // ---- inline handlers (router goroutine) ----
 
-func (st *state) ping(req *request) []byte {
+// ping refreshes a worker's liveness and answers in the type the peer's
+// generation declares (wire.PingType): a worker instance id the server
+// does not know (reaped, or registered with a server that restarted) is
+// "untracked", which gen3 clients are told so they register again.
+func (st *state) ping(req *request, bootToken int64) []byte {
+	tracked := true
 	if len(req.payloads) == 1 {
 		var inst wire.OptInt
 		if err := wire.Unmarshal(req.payloads[0], &inst); err != nil {
 			// Some adapters send an empty list; anything else is a bad frame.
 			if n, _, lerr := msgp.ReadArrayHeaderBytes(req.payloads[0]); lerr != nil || n != 0 {
-				st.log.Warn("PING: undecodable instance_id", "peer", req.peer.idString(), "err", err)
+				st.s.malformed(req.peer.idString(), "payload", "PING: undecodable instance_id", "err", err)
 				return wire.False
 			}
 		}
@@ -170,11 +181,13 @@ func (st *state) ping(req *request) []byte {
 			st.mu.Lock()
 			if r := st.regs[inst.V]; r != nil {
 				r.lastPing, r.pinged = time.Now(), true
+			} else {
+				tracked = false
 			}
 			st.mu.Unlock()
 		}
 	}
-	return wire.True
+	return wire.EncodePing(req.peer.profile.Ping, tracked, bootToken)
 }
 
 func (st *state) reportBlockAllocation(req *request) []byte {
@@ -380,8 +393,8 @@ func (st *state) dropLocked(r *registration) {
 
 // releaseTransfers aborts an instance's staged writes and releases its
 // pending reads.
-func (st *state) releaseTransfers(instance int64) {
-	st.dropTransfers(func(k pendingKey, _ time.Time) bool { return k.instance == instance })
+func (st *state) releaseTransfers(instance int64) int {
+	return st.dropTransfers(func(k pendingKey, _ time.Time) bool { return k.instance == instance })
 }
 
 // dropTransfers aborts the staged writes and releases the pending reads for
@@ -522,7 +535,7 @@ func (st *state) chunkRange(k *wire.Key) (int, int, error) {
 // reusing the request session's cached prefix: a LOOKUP's hashes serve the
 // request's later LOOKUPs and transfers without converting or hashing the
 // tokens again.
-func (st *state) chunkHashes(k *wire.Key, last int) ([]string, error) {
+func (st *state) chunkHashes(k *wire.Key, last int) ([][]byte, error) {
 	c := st.s.cfg.ChunkSize
 	ids := k.TokenIDs[:last*c]
 	for i, t := range ids {
@@ -530,7 +543,7 @@ func (st *state) chunkHashes(k *wire.Key, last int) ([]string, error) {
 			return nil, fmt.Errorf("%w: token_ids[%d]=%d", tokenhash.ErrTokenRange, i, t)
 		}
 	}
-	var hashes []string
+	var hashes [][]byte
 	var tokens []uint32
 	st.mu.Lock()
 	if sess := st.sessions[k.RequestID]; sess != nil {
@@ -548,17 +561,15 @@ func (st *state) chunkHashes(k *wire.Key, last int) ([]string, error) {
 		for _, t := range ids[reuse*c:] {
 			tokens = append(tokens, uint32(t))
 		}
-		hashes = append(make([]string, 0, last), hashes...)
+		hashes = append(make([][]byte, 0, last), hashes...)
 		h := st.s.hasher
 		if reuse > 0 {
 			var err error
-			if h, err = tokenhash.New(h.Algorithm(), c, tokenhash.WithRoot([]byte(hashes[reuse-1]))); err != nil {
+			if h, err = tokenhash.New(h.Algorithm(), c, tokenhash.WithRoot(hashes[reuse-1])); err != nil {
 				return nil, err
 			}
 		}
-		for _, d := range h.ChunkHashesU32(tokens[reuse*c:]) {
-			hashes = append(hashes, string(d))
-		}
+		hashes = append(hashes, h.ChunkHashesU32(tokens[reuse*c:])...)
 	}
 
 	st.mu.Lock()
@@ -587,26 +598,21 @@ func sameTokens(a []uint32, b []wire.Int) bool {
 	return true
 }
 
-// objectKeys builds the object keys of chunks: every rank of each chunk,
-// chunk-major (worker < 0: what LOOKUP locks), or one worker's rank. The
-// model name and salt are the request's, validated where it was decoded
-// (a key that cannot exist simply misses).
-func objectKeys(model string, world int, salt string, hashes []string, worker int) []objkey.Key {
-	lo, hi := 0, world
-	if worker >= 0 {
-		lo, hi = worker, worker+1
+// objectKeys builds the object keys of chunks with objkey.FanOut: every
+// rank of each chunk, chunk-major (worker < 0: what LOOKUP locks), or one
+// worker's rank, object group 0. The model name and salt are the
+// request's, validated where it was decoded, so FanOut cannot fail here;
+// if it did, no key is returned and the request simply misses.
+func objectKeys(model string, world int, salt string, hashes [][]byte, worker int) []objkey.Key {
+	keys, err := objkey.FanOut(hashes, model, world, worker, nil, salt)
+	if err != nil || len(keys) != 1 {
+		return nil
 	}
-	keys := make([]objkey.Key, 0, len(hashes)*(hi-lo))
-	for _, h := range hashes {
-		for r := lo; r < hi; r++ {
-			keys = append(keys, objkey.Key{ChunkHash: h, ModelName: model, KVRank: objkey.RankFor(world, r), CacheSalt: salt})
-		}
-	}
-	return keys
+	return keys[0]
 }
 
 // workerKeys is objectKeys for a worker request's chunks [first, last).
-func workerKeys(k *wire.Key, hashes []string, first, last int) []objkey.Key {
+func workerKeys(k *wire.Key, hashes [][]byte, first, last int) []objkey.Key {
 	return objectKeys(k.ModelName, int(k.WorldSize), k.CacheSalt, hashes[first:last], int(k.WorkerID.V))
 }
 
@@ -764,33 +770,50 @@ func (st *state) commitRetrieve(req *request) ([]byte, error) {
 
 // ---- sweeping: sessions, lookups without a job, stale transfers, reaping ----
 
-func (st *state) sweepLoop(ctx context.Context) {
-	every := time.Second
-	if reap := st.s.cfg.WorkerReapTimeout; reap > 0 && reap/4 < every {
-		every = max(reap/4, 10*time.Millisecond)
+// Upstream's names for the two loops (research mp_server.md 8.1).
+const (
+	reaperLoopName  = "lmcache-mp-worker-reaper"
+	sessionLoopName = "SessionManager-cleanup-thread-mq"
+)
+
+// loops registers the reaper and the session sweep in the server's
+// periodic registry and returns them for Run to start. The reaper is High
+// (upstream: medium) so that a stuck reaper, which keeps dead workers'
+// reservations and read locks, shows in /periodic-threads-health.
+func (st *state) loops() []*periodic.Loop {
+	cfg := st.s.cfg
+	reapEvery := time.Second
+	if reap := cfg.WorkerReapTimeout; reap > 0 && reap/4 < reapEvery {
+		reapEvery = max(reap/4, 10*time.Millisecond)
 	}
-	if ttl := st.s.cfg.SessionTTL; ttl > 0 && ttl/4 < every {
-		every = max(ttl/4, 10*time.Millisecond)
+	sweepEvery := time.Second
+	if ttl := cfg.SessionTTL; ttl > 0 && ttl/4 < sweepEvery {
+		sweepEvery = max(ttl/4, 10*time.Millisecond)
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			st.sweep(now)
-		}
+	reg := st.s.loops
+	return []*periodic.Loop{
+		reg.Register(reaperLoopName, periodic.High, reapEvery, reapEvery, func(context.Context) (periodic.Summary, error) {
+			reaped, dropped := st.reap(time.Now())
+			return periodic.Summary{Message: fmt.Sprintf("reaped=%d abandoned_transfers=%d", reaped, dropped)}, nil
+		}),
+		reg.Register(sessionLoopName, periodic.Medium, sweepEvery, sweepEvery, func(context.Context) (periodic.Summary, error) {
+			n := st.sweepSessions(time.Now())
+			return periodic.Summary{Message: fmt.Sprintf("expired_sessions=%d", n)}, nil
+		}),
 	}
 }
 
-func (st *state) sweep(now time.Time) {
-	cfg := st.s.cfg
-	var reaped []*registration
+// sweepSessions forgets idle sessions, old warnings and lookup records
+// nobody polled, and returns how many sessions expired.
+func (st *state) sweepSessions(now time.Time) int {
+	ttl := st.s.cfg.SessionTTL
+	n := 0
 	st.mu.Lock()
+	defer st.mu.Unlock()
 	for id, s := range st.sessions {
-		if now.Sub(s.lastUsed) > cfg.SessionTTL {
+		if now.Sub(s.lastUsed) > ttl {
 			delete(st.sessions, id)
+			n++
 		}
 	}
 	for k, t := range st.lastWarn {
@@ -799,15 +822,24 @@ func (st *state) sweep(now time.Time) {
 		}
 	}
 	for id, t := range st.noJob {
-		if now.Sub(t) > cfg.SessionTTL {
+		if now.Sub(t) > ttl {
 			delete(st.noJob, id)
 		}
 	}
 	for id, m := range st.lookups {
-		if now.Sub(m.started) > cfg.SessionTTL {
+		if now.Sub(m.started) > ttl {
 			delete(st.lookups, id)
 		}
 	}
+	return n
+}
+
+// reap drops silent worker registrations with their transfers, and
+// transfers whose COMMIT never came; both are counted in the metrics.
+func (st *state) reap(now time.Time) (reapedN, abandoned int) {
+	cfg := st.s.cfg
+	var reaped []*registration
+	st.mu.Lock()
 	for _, r := range st.regs {
 		limit := cfg.WorkerRegistrationGrace
 		if r.pinged {
@@ -820,16 +852,22 @@ func (st *state) sweep(now time.Time) {
 	}
 	st.mu.Unlock()
 	for _, r := range reaped {
-		st.releaseTransfers(r.instanceID)
-		st.log.Warn("reaped a silent worker registration", "instance_id", r.instanceID, "model", r.model,
-			"world_size", r.world, "silent_for", now.Sub(r.lastPing).Round(time.Millisecond), "had_pinged", r.pinged)
+		st.s.metrics.ZMQReapedWorkers.Inc()
+		n := st.releaseTransfers(r.instanceID)
+		st.s.metrics.ZMQAbandonedTransfers.Add(float64(n))
+		abandoned += n
+		st.log.Warn("reaped a silent worker registration (counted in lmcache_mp_zmq_reaped_workers_total)", "instance_id", r.instanceID, "model", r.model,
+			"world_size", r.world, "silent_for", now.Sub(r.lastPing).Round(time.Millisecond), "had_pinged", r.pinged, "dropped_transfers", n)
 	}
 	// A PREPARE whose COMMIT never came (a worker that failed between the
 	// two but stays registered) would otherwise stay pending, and keep its
 	// reservation or read lock, until the worker unregisters.
 	if n := st.dropTransfers(func(_ pendingKey, created time.Time) bool { return now.Sub(created) > cfg.SessionTTL }); n > 0 {
-		st.log.Warn("dropped transfers whose COMMIT never came", "count", n, "older_than", cfg.SessionTTL)
+		st.s.metrics.ZMQAbandonedTransfers.Add(float64(n))
+		abandoned += n
+		st.log.Warn("dropped transfers whose COMMIT never came (counted in lmcache_mp_zmq_abandoned_transfers_total)", "count", n, "older_than", cfg.SessionTTL)
 	}
+	return len(reaped), abandoned
 }
 
 // Status is the data path's part of GET /status: upstream's

@@ -194,13 +194,42 @@ func (c *Client) GetChunkSize() (int, error) {
 	return int(v), err
 }
 
-// Ping is PING; instance is the worker's id or nil for the scheduler.
+// Ping is PING; instance is the worker's id or nil for the scheduler. It
+// reports whether the server answered truthy, as the newest clients read
+// the reply (bool() of a bool or an int).
 func (c *Client) Ping(instance wire.OptInt) (bool, error) {
+	r, err := c.PingReply(instance)
+	return r.Value != 0, err
+}
+
+// PingReply is PING's answer: a bool (Value 0 or 1) or an int (IsInt).
+type PingReply struct {
+	IsInt bool
+	Value int64
+}
+
+// Untracked reports the server's "instance not registered, register again"
+// answer (wire.PingUntracked).
+func (r PingReply) Untracked() bool { return r.IsInt && r.Value == wire.PingUntracked }
+
+// PingReply is PING, returning the reply as sent.
+func (c *Client) PingReply(instance wire.OptInt) (PingReply, error) {
 	b, err := c.Call(wire.OpPing, wire.Marshal(instance))
 	if err != nil {
-		return false, err
+		return PingReply{}, err
 	}
-	return decodeBool(b)
+	if msgp.NextType(b) == msgp.BoolType {
+		v, err := decodeBool(b)
+		if v {
+			return PingReply{Value: 1}, err
+		}
+		return PingReply{}, err
+	}
+	v, err := decodeInt(b)
+	if err != nil {
+		return PingReply{}, fmt.Errorf("mqclient: PING reply %x is neither bool nor int: %w", b, err)
+	}
+	return PingReply{IsInt: true, Value: v}, nil
 }
 
 // Noop is NOOP; the server answers "OK".

@@ -22,6 +22,25 @@ func (i Int) MarshalMsg(b []byte) ([]byte, error) { return AppendInt(b, int64(i)
 // UnmarshalMsg implements msgp.Unmarshaler; it accepts every integer form and
 // rejects an unsigned value above MaxInt64 instead of wrapping it.
 func (i *Int) UnmarshalMsg(b []byte) ([]byte, error) {
+	// Fast paths for the forms token ids take (a 32k-token key is 32k of
+	// them): positive fixint and uint8/16/32. Everything else, and every
+	// short buffer, goes through msgp, which also produces the errors.
+	if len(b) >= 5 {
+		switch c := b[0]; {
+		case c < 0x80:
+			*i = Int(c)
+			return b[1:], nil
+		case c == 0xcc:
+			*i = Int(b[1])
+			return b[2:], nil
+		case c == 0xcd:
+			*i = Int(uint16(b[1])<<8 | uint16(b[2]))
+			return b[3:], nil
+		case c == 0xce:
+			*i = Int(uint32(b[1])<<24 | uint32(b[2])<<16 | uint32(b[3])<<8 | uint32(b[4]))
+			return b[5:], nil
+		}
+	}
 	v, o, err := msgp.ReadInt64Bytes(b)
 	if err != nil {
 		return b, err
@@ -35,7 +54,15 @@ func (i Int) Msgsize() int { return msgp.Int64Size }
 
 // AppendInt appends v in msgspec's integer form (see Int).
 func AppendInt(b []byte, v int64) []byte {
-	if v >= 0 {
+	switch {
+	case v >= 0 && v < 0x80:
+		return append(b, byte(v))
+	case v >= 0 && v <= 0xffff:
+		if v <= 0xff {
+			return append(b, 0xcc, byte(v))
+		}
+		return append(b, 0xcd, byte(v>>8), byte(v))
+	case v >= 0:
 		return msgp.AppendUint64(b, uint64(v))
 	}
 	return msgp.AppendInt64(b, v)

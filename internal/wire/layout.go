@@ -34,3 +34,11 @@ func ObjectBytes(shape []int64, item int64) int64 {
 	}
 	return n
 }
+
+// ChunkObjectBytes is the size in bytes of one rank's chunk object: the one
+// formula the data path, --register-model and the bench share. hidden is
+// the per-token width on that rank (for MLA the latent width), itemSize the
+// element size of the dtype.
+func ChunkObjectBytes(numLayers, chunkSize, hidden int64, mla bool, itemSize int64) int64 {
+	return ObjectBytes(ObjectShape(numLayers, chunkSize, hidden, mla), itemSize)
+}

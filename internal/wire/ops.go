@@ -137,8 +137,10 @@ type Profile struct {
 	// ChunkSizeID is GET_CHUNK_SIZE's number: the fingerprint of the first
 	// request on every client socket.
 	ChunkSizeID int64
-	byID        map[int64]Op
-	ids         [opCount]int64
+	// Ping is the type this generation's clients declare for PING's result.
+	Ping PingType
+	byID map[int64]Op
+	ids  [opCount]int64
 }
 
 // Op maps a numeric op frame to an operation.
@@ -155,8 +157,8 @@ func (p *Profile) ID(op Op) (int64, bool) {
 	return p.ids[op], true
 }
 
-func newProfile(name string, table []Op) *Profile {
-	p := &Profile{Name: name, byID: make(map[int64]Op, len(table))}
+func newProfile(name string, ping PingType, table []Op) *Profile {
+	p := &Profile{Name: name, Ping: ping, byID: make(map[int64]Op, len(table))}
 	for i, op := range table {
 		id := int64(i + 1) // enum.auto() starts at 1
 		p.byID[id] = op
@@ -170,7 +172,7 @@ func newProfile(name string, table []Op) *Profile {
 
 // Gen2M is the mainline RequestType table of the first engine-driven release
 // line (research datapath.md 10.1).
-var Gen2M = newProfile("gen2m", []Op{
+var Gen2M = newProfile("gen2m", PingBool, []Op{
 	OpRegisterKVCache, OpUnregisterKVCache, OpStore, OpRetrieve, OpLookup,
 	OpQueryPrefetchStatus, OpQueryPrefetchLookupHits, OpFreeLookupLocks, OpEndSession,
 	OpRegisterEngineDriven, OpUnregisterEngineDriven, OpPrepareStore, OpCommitStore,
@@ -182,7 +184,7 @@ var Gen2M = newProfile("gen2m", []Op{
 
 // Gen3 is the frozen legacy-id table of the operation-name generation; the
 // late RequestType enum has the same values for 1-24.
-var Gen3 = newProfile("gen3", []Op{
+var Gen3 = newProfile("gen3", PingStatus, []Op{
 	OpRegisterKVCache, OpUnregisterKVCache, OpRegisterQCache, OpUnregisterQCache, OpStoreQ,
 	OpStore, OpRetrieve, OpLookup, OpQueryPrefetchStatus, OpWaitPrefetchStatus,
 	OpQueryPrefetchLookupHits, OpFreeLookupLocks, OpEndSession, OpRegisterEngineDriven,
@@ -192,6 +194,18 @@ var Gen3 = newProfile("gen3", []Op{
 	OpP2PLookupAndLock, OpP2PQueryLookupResults, OpP2PUnlockObjects, OpGetExperimental,
 	OpCBProtocolHandshake, OpPollKVEvents,
 })
+
+// Others returns the supported numberings other than p, in fingerprint
+// order.
+func (p *Profile) Others() []*Profile {
+	out := make([]*Profile, 0, len(profiles)-1)
+	for _, q := range profiles {
+		if q != p {
+			out = append(out, q)
+		}
+	}
+	return out
+}
 
 // profiles lists the supported numberings, in fingerprint order.
 var profiles = []*Profile{Gen2M, Gen3}

@@ -2,7 +2,6 @@ package wire
 
 import (
 	"fmt"
-	"unicode/utf8"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -102,20 +101,44 @@ func NegativeReply(op Op) []byte {
 	return Nil
 }
 
-// EncodeError is the reply to a request whose operation is unknown or whose
-// op frame cannot be decoded.
-func EncodeError(errType, msg string) []byte {
-	const maxMsg = 4096 // upstream's cap on the error text, in UTF-8 bytes
-	if len(msg) > maxMsg {
-		// Cut at a character boundary: a str with broken UTF-8 fails to
-		// decode in Python (msgpack raw=False).
-		cut := maxMsg
-		for cut > 0 && !utf8.RuneStart(msg[cut]) {
-			cut--
-		}
-		msg = msg[:cut]
+// PingType is the result type a client generation declares for PING.
+type PingType int
+
+const (
+	// PingBool: a msgpack bool, always True. The RequestType-era clients of
+	// the gen2m table decode strictly (protocols/controller.py "Returns:
+	// bool - Always True"; mq.py without the bool/int coercion), so they
+	// get nothing else.
+	PingBool PingType = iota
+	// PingStatus: a msgpack int. Clients of the frozen gen3 table declare
+	// PING as bool (transport/base.py@0ae94145), as int 1 healthy / 2
+	// untracked-must-re-register (controller.py, index id 67504672474) or
+	// as int boot token (controller.py, index id 68715968892), and decode
+	// bool and int replies through bool()/int() coercion (mq.py
+	// msgspec_decode, index id 68897429930). One int serves all three:
+	// the server's boot token (never 1 or 2) when the sender is tracked
+	// or is an untracked prober (nil instance id), PingUntracked when the
+	// named instance is not registered. A bool client reads both as True;
+	// a 1/2 client re-registers on 2 only; a boot-token client sees the
+	// token change on a restart, and on 2.
+	PingStatus
+)
+
+// PingUntracked is PING's answer to a worker whose instance is not (any
+// more) registered: upstream's PING_UNTRACKED.
+const PingUntracked = 2
+
+// EncodePing is PING's reply for a client declaring t. tracked is false
+// only for a worker instance id the server does not know (reaped, or the
+// server restarted); bootToken identifies this server process.
+func EncodePing(t PingType, tracked bool, bootToken int64) []byte {
+	if t == PingBool {
+		return True
 	}
-	return Marshal(&ErrorReply{ErrorType: errType, Message: msg})
+	if !tracked {
+		return EncodeInt(PingUntracked)
+	}
+	return EncodeInt(bootToken)
 }
 
 // AppendOptString encodes a `str | None` into a raw value.

@@ -111,12 +111,3 @@ type SessionEndInfo struct {
 	FinishReason string `msg:"finish_reason"`
 	StopTokenID  Int    `msg:"stop_token_id"`
 }
-
-// ErrorReply is the single response frame for a request whose operation the
-// server cannot identify (unknown op, undecodable op frame). It has the shape
-// of upstream's RemoteHandlerError payload so a human reading a capture
-// recognises it; no client decodes it as a success value.
-type ErrorReply struct {
-	ErrorType string `msg:"error_type"`
-	Message   string `msg:"message"`
-}

@@ -124,67 +124,6 @@ func (z *BlockAllocationRecord) Msgsize() (s int) {
 }
 
 // MarshalMsg implements msgp.Marshaler
-func (z ErrorReply) MarshalMsg(b []byte) (o []byte, err error) {
-	o = msgp.Require(b, z.Msgsize())
-	// map header, size 2
-	// string "error_type"
-	o = append(o, 0x82, 0xaa, 0x65, 0x72, 0x72, 0x6f, 0x72, 0x5f, 0x74, 0x79, 0x70, 0x65)
-	o = msgp.AppendString(o, z.ErrorType)
-	// string "message"
-	o = append(o, 0xa7, 0x6d, 0x65, 0x73, 0x73, 0x61, 0x67, 0x65)
-	o = msgp.AppendString(o, z.Message)
-	return
-}
-
-// UnmarshalMsg implements msgp.Unmarshaler
-func (z *ErrorReply) UnmarshalMsg(bts []byte) (o []byte, err error) {
-	var field []byte
-	_ = field
-	var zb0001 uint32
-	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
-	if err != nil {
-		err = msgp.WrapError(err)
-		return
-	}
-	for zb0001 > 0 {
-		zb0001--
-		field, bts, err = msgp.ReadMapKeyZC(bts)
-		if err != nil {
-			err = msgp.WrapError(err)
-			return
-		}
-		switch msgp.UnsafeString(field) {
-		case "error_type":
-			z.ErrorType, bts, err = msgp.ReadStringBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "ErrorType")
-				return
-			}
-		case "message":
-			z.Message, bts, err = msgp.ReadStringBytes(bts)
-			if err != nil {
-				err = msgp.WrapError(err, "Message")
-				return
-			}
-		default:
-			bts, err = msgp.Skip(bts)
-			if err != nil {
-				err = msgp.WrapError(err)
-				return
-			}
-		}
-	}
-	o = bts
-	return
-}
-
-// Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
-func (z ErrorReply) Msgsize() (s int) {
-	s = 1 + 11 + msgp.StringPrefixSize + len(z.ErrorType) + 8 + msgp.StringPrefixSize + len(z.Message)
-	return
-}
-
-// MarshalMsg implements msgp.Marshaler
 func (z *Key) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// map header, size 11

@@ -5,9 +5,7 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -191,7 +189,6 @@ func TestGoldenTransferReplies(t *testing.T) {
 	sameBytes(t, "prepare_retrieve_response_failed", NegativeReply(OpPrepareRetrieve))
 	sameBytes(t, "transfer_reply_rejected", NegativeReply(OpStore))
 	sameBytes(t, "transfer_reply_rejected", NegativeReply(OpRetrieve))
-	sameBytes(t, "error_reply", EncodeError("ValueError", "x"))
 
 	var rr PrepareRetrieveResponse
 	if err := Unmarshal(golden(t, "prepare_retrieve_response"), &rr); err != nil {
@@ -245,15 +242,61 @@ func TestObjectLayout(t *testing.T) {
 	if _, ok := DtypeSize("complex64"); ok {
 		t.Error("complex64 has a size")
 	}
+	if got := ChunkObjectBytes(32, 256, 1024, false, 2); got != 32<<20 {
+		t.Errorf("ChunkObjectBytes KV_2LTD = %d", got)
+	}
+	if got := ChunkObjectBytes(61, 64, 576, true, 1); got != 61*64*576 {
+		t.Errorf("ChunkObjectBytes MLA = %d", got)
+	}
 }
 
-func TestErrorReplyCutsAtCharacterBoundary(t *testing.T) {
-	msg := strings.Repeat("a", 4095) + "é" // the 2-byte é straddles the cap
-	var e ErrorReply
-	if err := Unmarshal(EncodeError("ValueError", msg), &e); err != nil {
-		t.Fatal(err)
+// TestIntFastPaths: the hand-written fast forms of Int encode and decode
+// exactly as msgp's general ones, at every size boundary, and a truncated
+// frame is an error, never a value.
+func TestIntFastPaths(t *testing.T) {
+	for _, v := range []int64{0, 1, 127, 128, 255, 256, 65535, 65536, 1<<32 - 1, 1 << 32, 1<<63 - 1, -1, -32, -33, -128, -129, -1 << 63} {
+		want := msgp.AppendInt64(nil, v)
+		if v >= 0 {
+			want = msgp.AppendUint64(nil, uint64(v))
+		}
+		got := AppendInt(nil, v)
+		if !bytes.Equal(got, want) {
+			t.Errorf("AppendInt(%d) = %x, want %x", v, got, want)
+		}
+		// Decode with trailing bytes (the fast paths need 5 bytes of input).
+		var i Int
+		rest, err := i.UnmarshalMsg(append(got, 0xc0, 0xc0, 0xc0, 0xc0))
+		if err != nil || int64(i) != v || len(rest) != 4 {
+			t.Errorf("decode %x = %d, %d left, %v", got, i, len(rest), err)
+		}
+		if len(got) > 1 {
+			if _, err := i.UnmarshalMsg(got[:len(got)-1]); err == nil {
+				t.Errorf("truncated %x decoded", got[:len(got)-1])
+			}
+		}
 	}
-	if len(e.Message) != 4095 || !utf8.ValidString(e.Message) {
-		t.Errorf("message of %d bytes, valid UTF-8 %v", len(e.Message), utf8.ValidString(e.Message))
+	var i Int
+	if _, err := i.UnmarshalMsg([]byte{0xa1, 'x', 0, 0, 0}); err == nil {
+		t.Error("a str decoded as Int")
+	}
+}
+
+// TestPingReplies: PING answers in the type each generation declares.
+func TestPingReplies(t *testing.T) {
+	const token = 1 << 40
+	if b := EncodePing(Gen2M.Ping, false, token); !bytes.Equal(b, True) {
+		t.Errorf("gen2m untracked = %x", b)
+	}
+	if b := EncodePing(Gen2M.Ping, true, token); !bytes.Equal(b, True) {
+		t.Errorf("gen2m tracked = %x", b)
+	}
+	if b := EncodePing(Gen3.Ping, true, token); !bytes.Equal(b, EncodeInt(token)) {
+		t.Errorf("gen3 tracked = %x", b)
+	}
+	if b := EncodePing(Gen3.Ping, false, token); !bytes.Equal(b, []byte{0x02}) {
+		t.Errorf("gen3 untracked = %x", b)
+	}
+	if o := Gen3.Others(); len(o) != 1 || o[0] != Gen2M {
+		t.Errorf("Gen3.Others() = %v", o)
 	}
 }

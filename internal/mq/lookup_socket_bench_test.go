@@ -1,0 +1,87 @@
+package mq_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/mq"
+	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/tokenhash"
+	"github.com/lmcache-go/lmcache/internal/wire"
+)
+
+// BenchmarkLookupSocket times what `lmcache bench` times for its long
+// lookups: LOOKUP + QUERY_PREFETCH_STATUS until ready, over the real ZMQ
+// socket, for a 32k-token prompt (chunk 256, 128 chunks, 16 of them
+// stored). It reports p50/p99 of that round trip and, as the floor measured
+// in the same run, the server's hashing of the same tokens alone
+// (hash-p50-ns). FREE_LOOKUP_LOCKS and END_SESSION of each sample are not
+// timed.
+func BenchmarkLookupSocket(b *testing.B) {
+	const chunk, tokens, stored = 256, 32768, 16
+	h := start(b, opts{mq: func(c *mq.Config) { c.ChunkSize = chunk }, eng: func(c *engine.Config) { c.L1SizeBytes = 64 << 20 }})
+	c, err := mqclient.Dial(h.endpoint, mqclient.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.GetChunkSize(); err != nil {
+		b.Fatal(err)
+	}
+	reg := &wire.RegisterPayload{InstanceID: 1, ModelName: "m", WorldSize: 1, BlockSize: 16, NumLayers: 1, HiddenDimSize: 8, DtypeStr: "float16",
+		NumPhysicalSlots: wire.Nil, EngineGroupInfos: wire.EmptyList, GroupHiddenDimSizes: wire.Nil, GroupLayoutDescs: wire.Nil}
+	if _, err := c.Register(reg); err != nil {
+		b.Fatal(err)
+	}
+	ids := prompt(3, tokens)
+	sk := &wire.Key{ModelName: "m", WorldSize: 1, WorkerID: wire.SomeInt(0), TokenIDs: ids, End: stored * chunk, RequestID: "s", NumKVReaders: 1}
+	if plan, err := c.PrepareStore(sk, 1); err != nil || len(plan.Slots) != stored {
+		b.Fatalf("PREPARE_STORE %+v %v", plan, err)
+	}
+	if ok, err := c.CommitStore(sk, 1, nil); err != nil || !ok {
+		b.Fatalf("COMMIT_STORE %v %v", ok, err)
+	}
+	hasher, err := tokenhash.New(tokenhash.Blake3, chunk)
+	if err != nil {
+		b.Fatal(err)
+	}
+	u32 := make([]uint32, tokens)
+	for i, t := range ids {
+		u32[i] = uint32(t)
+	}
+	var lat, hash []time.Duration
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		t0 := time.Now()
+		hasher.ChunkHashesU32(u32)
+		hash = append(hash, time.Since(t0))
+		k := &wire.Key{ModelName: "m", WorldSize: 1, TokenIDs: ids, End: tokens, RequestID: fmt.Sprint("l", i), NumKVReaders: 1}
+		t0 = time.Now()
+		n, err := c.LookupWait(k, 50*time.Microsecond)
+		lat = append(lat, time.Since(t0))
+		if err != nil || n != stored {
+			b.Fatalf("lookup hit %d, %v", n, err)
+		}
+		b.StopTimer()
+		if err := c.FreeLookupLocks(k, 1); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.EndSession(k.RequestID); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	pct := func(d []time.Duration, p float64) float64 {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Nanoseconds())
+	}
+	b.ReportMetric(pct(lat, 0.5), "p50-ns")
+	b.ReportMetric(pct(lat, 0.99), "p99-ns")
+	b.ReportMetric(pct(hash, 0.5), "hash-p50-ns")
+	b.ReportMetric(pct(lat, 0.5)/pct(hash, 0.5), "p50/hash")
+}
