@@ -316,6 +316,12 @@ func (e *Engine) Run(ctx context.Context) error { return e.run(ctx) }
 // Run has returned; adapters are not closed (their owner closes them).
 func (e *Engine) Close() error { return e.close() }
 
+// Leaks lists the references the L1 table still holds (read leases, pins
+// of unsettled uploads, staged writes), one line per object naming its key.
+// After Run returned and every client released what it took, it is empty;
+// tests call it before Close so that a leaked lease fails the test by name.
+func (e *Engine) Leaks() []string { return e.table.Leaks() }
+
 // Ready reports whether Run is serving (readiness probe).
 func (e *Engine) Ready() bool { return e.ready.Load() }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -90,20 +91,36 @@ func start(t *testing.T, cfg Config, adapters ...l2.Adapter) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{Engine: e, cancel: cancel, done: make(chan error, 1)}
 	go func() { h.done <- e.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
 	for !e.Ready() {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatal("engine not ready within 30 s")
+		}
 		time.Sleep(time.Millisecond)
 	}
 	return h
 }
 
+// stop cancels Run, waits for it, fails the test if any read lease, pin or
+// staged write is left (naming the keys), and closes the engine.
 func (h *harness) stop(t *testing.T) {
 	t.Helper()
 	h.cancel()
-	if err := <-h.done; err != nil {
-		t.Fatalf("Run: %v", err)
+	select {
+	case err := <-h.done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Run did not return within 2 minutes of cancel")
 	}
+	leaks := h.Leaks()
 	if err := h.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
+	}
+	if len(leaks) > 0 {
+		t.Fatalf("%d references leaked at Close:\n%s", len(leaks), strings.Join(leaks, "\n"))
 	}
 }
 
@@ -251,6 +268,7 @@ func TestAllOrNothingReserve(t *testing.T) {
 	if _, err := h.ReserveWrite("w", keys[:8], sizes[:8]); err != nil {
 		t.Fatalf("a fitting batch failed: %v", err)
 	}
+	h.AbortWrite("w", keys[:8])
 }
 
 // TestEvictionLRUNeverEvictsLocked: at the watermark the controller evicts
@@ -466,7 +484,8 @@ func TestWarmPrefetchExactlyOnce(t *testing.T) {
 		for range 8 {
 			go func() {
 				defer func() { done <- struct{}{} }()
-				for {
+				deadline := time.Now().Add(30 * time.Second)
+				for time.Now().Before(deadline) {
 					r, err := h.PollPrefetch(id)
 					if errors.Is(err, ErrNotFound) {
 						return
@@ -635,6 +654,9 @@ func TestCloseRefusedUntilRunReturns(t *testing.T) {
 	}
 	if b, ok := a.has(keys[0]); !ok || !bytes.Equal(b, pattern(keys[0], objSize)) {
 		t.Fatal("the upload in flight at shutdown did not complete intact")
+	}
+	if leaks := h.Leaks(); len(leaks) > 0 {
+		t.Fatalf("references leaked: %q", leaks)
 	}
 	if err := h.Close(); err != nil {
 		t.Fatalf("Close after Run returned: %v", err)

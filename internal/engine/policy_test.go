@@ -121,10 +121,11 @@ func TestPrefetchMaxInFlightAndTimeout(t *testing.T) {
 		close(a.gate)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		for _, id := range []string{"2", "3", "4"} {
+		for i, id := range []string{"2", "3", "4"} {
 			if r, err := h.WaitPrefetch(ctx, id); err != nil || r.PrefixChunks != 1 {
 				t.Fatalf("job %s: %+v %v", id, r, err)
 			}
+			h.ReleaseRead(id, flat(chunks("", i+2, i+3, 1)), 1)
 		}
 		if a.maxInflight.Load() != 2 {
 			t.Fatalf("max in-flight = %d, want 2", a.maxInflight.Load())
