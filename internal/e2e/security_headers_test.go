@@ -1,0 +1,130 @@
+package e2e
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// vmRSS reads a process's resident set in bytes from /proc/<pid>/status.
+func vmRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatalf("VmRSS %q: %v", v, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// TestSecurityHostileHeaders runs the real binary and opens 100
+// connections that each try to send a 7 MB header that never ends (the
+// issue's attack: 25 MB → 1.56 GB RSS before), plus 100 that send 100 KiB
+// of header and then stall. The resident set must stay under 300 MB while
+// they are open, probes must still answer, and after they close it must
+// be back under 200 MB.
+func TestSecurityHostileHeaders(t *testing.T) {
+	const (
+		flooders    = 100
+		stallers    = 100
+		floodBytes  = 7 << 20
+		stallBytes  = 100 << 10
+		peakBound   = 300 << 20
+		settleBound = 200 << 20
+	)
+	httpPort := freePort(t)
+	addr := "127.0.0.1:" + itoa(httpPort)
+	srv := start(t, "server", nil, "server", "--http-port", itoa(httpPort), "--port", itoa(freePort(t)), "--l1-size-gb", "0.0625")
+	waitFor(t, "healthcheck", healthy("http://"+addr+"/healthcheck"))
+	pid := srv.cmd.Process.Pid
+	base := vmRSS(t, pid)
+	t.Logf("RSS at start: %d MiB", base>>20)
+
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	chunk := []byte(strings.Repeat("a", 64<<10))
+	stalled := make(chan struct{}, stallers)
+	for i := range flooders + stallers {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		limit := floodBytes
+		if i >= flooders {
+			limit = stallBytes
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nX-Flood: "); err != nil {
+				return
+			}
+			for sent := 0; sent < limit; sent += len(chunk) {
+				// The server refuses the header past its limit and
+				// closes; the write then fails, which ends this sender.
+				if _, err := c.Write(chunk[:min(len(chunk), limit-sent)]); err != nil {
+					return
+				}
+			}
+			if limit == stallBytes {
+				stalled <- struct{}{}
+			}
+		}()
+	}
+	peak := base
+	sample := func() {
+		if r := vmRSS(t, pid); r > peak {
+			peak = r
+		}
+	}
+	// Sample while the senders run, then until every staller has sent its
+	// part (they hold their connection open afterwards).
+	for n := 0; n < stallers; {
+		select {
+		case <-stalled:
+			n++
+		case <-time.After(20 * time.Millisecond):
+		}
+		sample()
+	}
+	sample()
+	if !healthy("http://" + addr + "/healthcheck")() {
+		t.Error("healthcheck fails while hostile connections are open")
+	}
+	sample()
+	t.Logf("peak RSS with %d hostile connections: %d MiB", flooders+stallers, peak>>20)
+	if peak > peakBound {
+		t.Errorf("peak RSS %d MiB, bound %d MiB", peak>>20, peakBound>>20)
+	}
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	wg.Wait()
+	var after int64
+	waitFor(t, "RSS to settle", func() bool {
+		after = vmRSS(t, pid)
+		return after < settleBound
+	})
+	t.Logf("RSS after the connections closed: %d MiB", after>>20)
+	if !healthy("http://" + addr + "/healthcheck")() {
+		t.Fatal("healthcheck fails after the attack")
+	}
+}
