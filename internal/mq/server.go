@@ -423,7 +423,11 @@ func (s *Server) handle(msg [][]byte) {
 		// which saves LOOKUP's second round trip a goroutine hand-off.
 		reply(s.st.serve(s.handlerCtx, req))
 	case wire.OpRegisterKVCache, wire.OpUnregisterKVCache, wire.OpStore, wire.OpRetrieve:
-		reply(s.st.rejectLMCacheDriven(req))
+		// lmcache-driven transfers (lmdriven.go) share the peer's FIFO.
+		if !s.enqueue(p, func() { s.replyAsync(id, uid, opFrame, s.st.serveLMDriven(req)) }) {
+			s.refuseOverload(p, op, "transfer_queue_full", "transfer requests queued by this peer")
+			reply(wire.NegativeReply(op))
+		}
 	case wire.OpRegisterEngineDriven, wire.OpUnregisterEngineDriven, wire.OpPrepareStore,
 		wire.OpCommitStore, wire.OpPrepareRetrieve, wire.OpCommitRetrieve:
 		if !s.enqueue(p, func() { s.replyAsync(id, uid, opFrame, s.st.serve(s.handlerCtx, req)) }) {

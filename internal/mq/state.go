@@ -47,6 +47,8 @@ type state struct {
 	// answer can be counted in the metrics when it is consumed. Entries of
 	// jobs nobody polls are swept after the session TTL.
 	lookups map[string]lookupMeta
+	// lmd holds the lmcache-driven registrations (lmdriven.go).
+	lmd lmDriven
 }
 
 type lookupMeta struct {
@@ -181,7 +183,7 @@ func (st *state) ping(req *request, bootToken int64) []byte {
 			st.mu.Lock()
 			if r := st.regs[inst.V]; r != nil {
 				r.lastPing, r.pinged = time.Now(), true
-			} else {
+			} else if !st.lmd.touch(inst.V) {
 				tracked = false
 			}
 			st.mu.Unlock()

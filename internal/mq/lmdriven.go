@@ -1,0 +1,535 @@
+package mq
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/kvcopy"
+	"github.com/lmcache-go/lmcache/internal/kvlayout"
+	"github.com/lmcache-go/lmcache/internal/kvwrap"
+	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/wire"
+)
+
+// The lmcache-driven path (REGISTER_KV_CACHE / STORE / RETRIEVE /
+// UNREGISTER_KV_CACHE): the worker registers its paged KV cache as tensor
+// wrappers and the server copies between its blocks and L1. Only the CPU
+// shared-memory wrappers are served (internal/kvcopy); CUDA IPC wrappers
+// are refused at registration. Objects have the engine-driven layout, so
+// the two paths read each other's data.
+//
+// All four requests run on the peer's transfer FIFO, so one worker's
+// registration, stores and retrieves stay in order.
+
+// maxLMDLayers bounds the wrappers of one REGISTER_KV_CACHE.
+const maxLMDLayers = kvcopy.MaxSegments
+
+// maxBlockIDs bounds the block ids of one STORE or RETRIEVE (all groups).
+const maxBlockIDs = 1 << 20
+
+// lmDriven holds the lmcache-driven registrations by instance id. Its
+// mutex is never held while st.mu is taken.
+type lmDriven struct {
+	mu   sync.Mutex
+	regs map[int64]*lmdReg
+}
+
+// lmdReg is one registered paged KV cache (one vLLM worker).
+type lmdReg struct {
+	instance int64
+	model    string
+	world    int
+	cache    *kvcopy.Cache
+	objBytes int64
+	tag      string // the engine's write-reservation owner
+	lastSeen time.Time
+}
+
+func (l *lmDriven) get(inst int64) *lmdReg {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.regs[inst]
+	if r != nil {
+		r.lastSeen = time.Now()
+	}
+	return r
+}
+
+// touch marks an instance alive (PING) and reports whether it is known.
+func (l *lmDriven) touch(inst int64) bool { return l.get(inst) != nil }
+
+func (l *lmDriven) put(r *lmdReg) (old *lmdReg) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.regs == nil {
+		l.regs = map[int64]*lmdReg{}
+	}
+	old = l.regs[r.instance]
+	l.regs[r.instance] = r
+	return old
+}
+
+func (l *lmDriven) take(inst int64) *lmdReg {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.regs[inst]
+	delete(l.regs, inst)
+	return r
+}
+
+// slotBytes is the n bytes of L1 memory behind a slot.
+func slotBytes(pool poolBytes, sl engine.Slot, n int64) ([]byte, error) {
+	b := pool.Bytes(sl)
+	if int64(len(b)) < n {
+		return nil, fmt.Errorf("L1 object is %d bytes, this layout's are %d (stored under another layout?)", len(b), n)
+	}
+	return b[:n], nil
+}
+
+// poolBytes is the part of the engine that hands out L1 memory by slot;
+// *engine.Engine has it. The engine-driven path never needs it (the worker
+// copies), so it is not in the Engine interface.
+type poolBytes interface {
+	Bytes(s engine.Slot) []byte
+}
+
+// serveLMDriven answers one lmcache-driven request; failures become the
+// request's negative reply ([b"", false] for STORE/RETRIEVE, nil for the
+// registrations) with a rate-limited log line.
+func (st *state) serveLMDriven(req *request) []byte {
+	if st.s.cfg.TransferMode == ModeEngineDriven {
+		return st.rejectLMCacheDriven(req)
+	}
+	var resp []byte
+	var err error
+	switch req.op {
+	case wire.OpRegisterKVCache:
+		resp, err = st.lmdRegister(req)
+	case wire.OpUnregisterKVCache:
+		resp, err = st.lmdUnregister(req)
+	case wire.OpStore:
+		resp, err = st.lmdStore(req)
+	case wire.OpRetrieve:
+		resp, err = st.lmdRetrieve(req)
+	default:
+		err = fmt.Errorf("no lmcache-driven handler for %s", req.op.EnumName())
+	}
+	if err != nil {
+		if !errors.Is(err, errRefused) {
+			st.warnEvery("lmd/"+req.op.String()+"/"+req.peer.idString(), protocolWarnEvery,
+				"lmcache-driven "+req.op.EnumName()+" failed (logged at most every 10 s per peer)", "peer", req.peer.idString(), "err", err)
+		}
+		if resp == nil {
+			resp = wire.NegativeReply(req.op)
+		}
+	}
+	return resp
+}
+
+// lmdRegistration is REGISTER_KV_CACHE's decoded payload: instance_id,
+// KVCache (ext-1 wrapper pickles), model_name, world_size, then the
+// optional engine_type, layout_hints and engine_group_infos.
+type lmdRegistration struct {
+	instance int64
+	wrappers []kvwrap.Wrapper
+	model    string
+	world    int
+	reg      kvcopy.Registration
+}
+
+func decodeLMDRegister(p [][]byte) (*lmdRegistration, error) {
+	if len(p) < 4 {
+		return nil, fmt.Errorf("REGISTER_KV_CACHE with %d frames; instance_id, kv_caches, model_name and world_size are required", len(p))
+	}
+	out := &lmdRegistration{}
+	var inst, world wire.Int
+	if err := wire.Unmarshal(p[0], &inst); err != nil {
+		return nil, fmt.Errorf("decode instance_id: %w", err)
+	}
+	out.instance = int64(inst)
+	n, b, err := msgp.ReadArrayHeaderBytes(p[1])
+	if err != nil {
+		return nil, fmt.Errorf("decode kv_caches: %w", err)
+	}
+	if n == 0 || n > maxLMDLayers {
+		return nil, fmt.Errorf("kv_caches holds %d tensors (want 1..%d)", n, maxLMDLayers)
+	}
+	for i := range n {
+		ext := msgp.RawExtension{Type: 1}
+		if b, err = msgp.ReadExtensionBytes(b, &ext); err != nil {
+			return nil, fmt.Errorf("kv_caches[%d] is not a tensor wrapper (msgpack ext 1): %w", i, err)
+		}
+		w, err := kvwrap.Decode(ext.Data)
+		if err != nil {
+			return nil, fmt.Errorf("kv_caches[%d]: %w", i, err)
+		}
+		out.wrappers = append(out.wrappers, w)
+	}
+	if out.model, _, err = msgp.ReadStringBytes(p[2]); err != nil {
+		return nil, fmt.Errorf("decode model_name: %w", err)
+	}
+	if err := (objkey.Key{ModelName: out.model}).Validate(); err != nil {
+		return nil, err
+	}
+	if err := wire.Unmarshal(p[3], &world); err != nil {
+		return nil, fmt.Errorf("decode world_size: %w", err)
+	}
+	if world < 1 || world > 255 {
+		return nil, fmt.Errorf("world_size %d out of range", world)
+	}
+	out.world = int(world)
+	if len(p) > 4 {
+		// EngineType's wire form was not pinned (research datapath.md
+		// 3.3): whatever it is, its printed value names the engine.
+		v, _, err := msgp.ReadIntfBytes(p[4])
+		if err != nil {
+			return nil, fmt.Errorf("decode engine_type: %w", err)
+		}
+		if v != nil {
+			out.reg.Engine = fmt.Sprint(v)
+		}
+	}
+	if len(p) > 5 {
+		if out.reg.Hints, err = decodeLayoutHints(p[5]); err != nil {
+			return nil, err
+		}
+	}
+	if len(p) > 6 && msgp.NextType(p[6]) != msgp.NilType {
+		g, _, err := msgp.ReadArrayHeaderBytes(p[6])
+		if err != nil {
+			return nil, fmt.Errorf("decode engine_group_infos: %w", err)
+		}
+		out.reg.Groups = int(g)
+	}
+	return out, nil
+}
+
+// decodeLayoutHints reads the LayoutHints TypedDict (all keys optional).
+func decodeLayoutHints(b []byte) (kvlayout.Hints, error) {
+	var h kvlayout.Hints
+	if msgp.NextType(b) == msgp.NilType {
+		return h, nil
+	}
+	v, _, err := msgp.ReadIntfBytes(b)
+	if err != nil {
+		return h, fmt.Errorf("decode layout_hints: %w", err)
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return h, fmt.Errorf("layout_hints is %T, want a map", v)
+	}
+	if s, ok := m["kv_layout"].(string); ok {
+		h.KVLayout = s
+	}
+	h.TokensPerBlock = hintInt(m["tokens_per_block"])
+	h.NumKVHeads = hintInt(m["num_kv_heads"])
+	return h, nil
+}
+
+func hintInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return max(x, 0)
+	case uint64:
+		if x < 1<<31 {
+			return int64(x)
+		}
+	}
+	return 0
+}
+
+func (st *state) lmdRegister(req *request) ([]byte, error) {
+	d, err := decodeLMDRegister(req.payloads)
+	if err != nil {
+		return wire.Nil, err
+	}
+	chunk := int64(st.s.cfg.ChunkSize)
+	// A re-registration replaces the old mapping; the old one is closed
+	// before the new one is opened, so a re-registration of the same
+	// segments never maps them twice.
+	if old := st.lmd.take(d.instance); old != nil {
+		_ = old.cache.Close()
+	}
+	cache, err := kvcopy.Open("", d.wrappers, d.reg)
+	if err != nil {
+		return wire.Nil, fmt.Errorf("instance %d: %w", d.instance, err)
+	}
+	if _, err := cache.Layout.BlocksPerChunk(chunk); err != nil {
+		_ = cache.Close()
+		return wire.Nil, fmt.Errorf("instance %d: %w", d.instance, err)
+	}
+	if _, ok := st.s.eng.(poolBytes); !ok {
+		_ = cache.Close()
+		return wire.Nil, errors.New("the storage engine does not expose L1 memory; lmcache-driven transfers are not available")
+	}
+	l := cache.Layout
+	objBytes := l.ObjectBytes(chunk)
+	if prev, err := st.s.eng.Layout(d.model, d.world); err == nil && prev.ObjectBytes != objBytes {
+		st.log.Warn("an lmcache-driven worker's layout replaces a different one; data stored under the old size is not retrievable by this worker",
+			"model", d.model, "world_size", d.world, "old_object_bytes", prev.ObjectBytes, "object_bytes", objBytes)
+	}
+	shape := l.ObjectShape(chunk)
+	meta := map[string]any{"shape": shape, "dtype": l.Dtype, "chunk_size": st.s.cfg.ChunkSize, "num_layers": l.NumLayers,
+		"hidden_dim_size": l.Hidden(), "use_mla": l.MLA(), "format": kvFormat(l.MLA()), "transfer": "lmcache_driven", "paged_format": l.Format.String()}
+	if err := st.s.eng.RegisterLayout(engine.Layout{ModelName: d.model, WorldSize: d.world, ObjectBytes: objBytes, Meta: meta}); err != nil {
+		_ = cache.Close()
+		return wire.Nil, fmt.Errorf("register layout: %w", err)
+	}
+	r := &lmdReg{instance: d.instance, model: d.model, world: d.world, cache: cache, objBytes: objBytes,
+		tag: fmt.Sprintf("lmd-instance-%d", d.instance), lastSeen: time.Now()}
+	if old := st.lmd.put(r); old != nil { // a concurrent registration from another peer
+		_ = old.cache.Close()
+	}
+	st.log.Info("worker registered (lmcache-driven, CPU shared memory)", "instance_id", d.instance, "peer", req.peer.idString(),
+		"model", d.model, "world_size", d.world, "paged_format", l.Format.String(), "layers", l.NumLayers, "blocks", l.NumBlocks,
+		"block_size", l.BlockSize, "dtype", l.Dtype, "object_bytes", objBytes, "segments", len(cache.Segments))
+	return wire.Nil, nil
+}
+
+func (st *state) lmdUnregister(req *request) ([]byte, error) {
+	var inst wire.Int
+	if err := wire.Unmarshal(req.payloads[0], &inst); err != nil {
+		return wire.Nil, fmt.Errorf("decode instance_id: %w", err)
+	}
+	r := st.lmd.take(int64(inst))
+	if r == nil {
+		st.log.Info("UNREGISTER_KV_CACHE for an unknown instance", "instance_id", int64(inst))
+		return wire.Nil, nil
+	}
+	err := r.cache.Close()
+	st.log.Info("worker unregistered (lmcache-driven)", "instance_id", r.instance, "model", r.model, "world_size", r.world)
+	return wire.Nil, err
+}
+
+// lmdTransfer is the decoded head of STORE and RETRIEVE: key, instance_id,
+// gpu_block_ids, event_ipc_handle.
+type lmdTransfer struct {
+	key    wire.Key
+	reg    *lmdReg
+	blocks []int64
+	first  int
+	last   int
+	hashes [][]byte
+}
+
+func (st *state) lmdTransferHead(req *request) (*lmdTransfer, error) {
+	t := &lmdTransfer{}
+	if err := wire.Unmarshal(req.payloads[0], &t.key); err != nil {
+		return nil, fmt.Errorf("decode key: %w", err)
+	}
+	var inst wire.Int
+	if err := wire.Unmarshal(req.payloads[1], &inst); err != nil {
+		return nil, fmt.Errorf("decode instance_id: %w", err)
+	}
+	var err error
+	if t.blocks, err = decodeBlockIDs(req.payloads[2]); err != nil {
+		return nil, err
+	}
+	// The event handle is empty on CPU; on CUDA it would be waited on.
+	if _, _, err := msgp.ReadBytesZC(req.payloads[3]); err != nil {
+		return nil, fmt.Errorf("decode event_ipc_handle: %w", err)
+	}
+	if t.reg = st.lmd.get(int64(inst)); t.reg == nil {
+		st.warnEvery(fmt.Sprintf("lmd-unregistered/%d", int64(inst)), protocolWarnEvery,
+			"lmcache-driven transfer from an instance with no usable REGISTER_KV_CACHE; refused",
+			"op", req.op.EnumName(), "instance_id", int64(inst), "peer", req.peer.idString())
+		return nil, errRefused
+	}
+	k := &t.key
+	switch {
+	case k.ModelName != t.reg.model || int(k.WorldSize) != t.reg.world:
+		return nil, fmt.Errorf("key (%s, world_size %d) does not match the registration (%s, %d)", k.ModelName, k.WorldSize, t.reg.model, t.reg.world)
+	case !k.WorkerID.Valid || k.WorkerID.V < 0 || k.WorkerID.V >= int64(t.reg.world):
+		return nil, fmt.Errorf("worker_id %s out of range for world_size %d", k.WorkerID, t.reg.world)
+	}
+	if err := objkey.ValidateSalt(k.CacheSalt); err != nil {
+		return nil, err
+	}
+	if t.first, t.last, err = st.chunkRange(k); err != nil {
+		return nil, err
+	}
+	// All-or-nothing: every chunk of the range needs its blocks, or
+	// nothing is copied (upstream stores nothing either).
+	bpc, err := t.reg.cache.Layout.BlocksPerChunk(int64(st.s.cfg.ChunkSize))
+	if err != nil {
+		return nil, err
+	}
+	if need := int64(t.last-t.first) * bpc; int64(len(t.blocks)) < need {
+		return nil, fmt.Errorf("%d block ids for %d chunks of %d blocks", len(t.blocks), t.last-t.first, bpc)
+	}
+	if t.hashes, err = st.chunkHashes(k, t.last); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// decodeBlockIDs reads gpu_block_ids: one list per KV group, or (older
+// clients) one flat list. Only a single group is served.
+func decodeBlockIDs(b []byte) ([]int64, error) {
+	n, rest, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, fmt.Errorf("decode gpu_block_ids: %w", err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	flat := msgp.NextType(rest) != msgp.ArrayType
+	var groups [][]int64
+	read := func(cnt uint32) ([]int64, error) {
+		if cnt > maxBlockIDs {
+			return nil, fmt.Errorf("gpu_block_ids: %d ids (limit %d)", cnt, maxBlockIDs)
+		}
+		out := make([]int64, 0, cnt)
+		for range cnt {
+			var v int64
+			if v, rest, err = msgp.ReadInt64Bytes(rest); err != nil {
+				return nil, fmt.Errorf("decode gpu_block_ids: %w", err)
+			}
+			out = append(out, v)
+		}
+		return out, nil
+	}
+	if flat {
+		return read(n)
+	}
+	for range n {
+		var cnt uint32
+		if cnt, rest, err = msgp.ReadArrayHeaderBytes(rest); err != nil {
+			return nil, fmt.Errorf("decode gpu_block_ids: %w", err)
+		}
+		g, err := read(cnt)
+		if err != nil {
+			return nil, err
+		}
+		groups = append(groups, g)
+	}
+	for _, g := range groups[1:] {
+		if len(g) > 0 {
+			return nil, fmt.Errorf("%w: gpu_block_ids for %d groups", kvlayout.ErrHybrid, len(groups))
+		}
+	}
+	return groups[0], nil
+}
+
+func (st *state) lmdStore(req *request) ([]byte, error) {
+	t, err := st.lmdTransferHead(req)
+	if err != nil {
+		return nil, err
+	}
+	k, r := &t.key, t.reg
+	mask, err := k.NullChunks()
+	if err != nil {
+		return nil, err
+	}
+	var null []bool
+	if len(mask) > 0 {
+		null = mask[0]
+	}
+	keys := workerKeys(k, t.hashes, t.first, t.last)
+	idx := make([]int, 0, len(keys))
+	kept := keys[:0]
+	for i, key := range keys {
+		if i < len(null) && null[i] {
+			continue // backed only by vLLM's null block: not stored
+		}
+		kept, idx = append(kept, key), append(idx, i)
+	}
+	keys = kept
+	sizes := make([]int64, len(keys))
+	for i := range sizes {
+		sizes[i] = r.objBytes
+	}
+	slots, err := st.s.eng.ReserveWrite(r.tag, keys, sizes)
+	if err != nil {
+		return nil, fmt.Errorf("reserve %d chunks of %d bytes: %w", len(keys), r.objBytes, err)
+	}
+	pool := st.s.eng.(poolBytes)
+	var chunks []kvlayout.Chunk
+	var objs [][]byte
+	var reserved []objkey.Key
+	var fail error
+	for i, sl := range slots {
+		if !sl.Valid() {
+			continue // already stored
+		}
+		reserved = append(reserved, keys[i])
+		b, err := slotBytes(pool, sl, r.objBytes)
+		if err != nil {
+			fail = err
+		}
+		chunks = append(chunks, kvlayout.Chunk{Index: idx[i], Obj: len(objs)})
+		objs = append(objs, b)
+	}
+	if fail != nil {
+		st.s.eng.AbortWrite(r.tag, reserved)
+		return nil, fail
+	}
+	if len(reserved) == 0 {
+		return wire.Marshal(&wire.TransferReply{Handle: []byte{}, OK: true}), nil
+	}
+	plan, err := r.cache.Layout.Plan(int64(st.s.cfg.ChunkSize), t.blocks, chunks, 0)
+	if err == nil {
+		err = r.cache.Gather(plan, objs)
+	}
+	if err != nil {
+		st.s.eng.AbortWrite(r.tag, reserved)
+		return nil, fmt.Errorf("copy %d chunks: %w", len(reserved), err)
+	}
+	if n, err := st.s.eng.CommitWrite(r.tag, reserved); err != nil {
+		return nil, fmt.Errorf("commit %d chunks (%d published): %w", len(reserved), n, err)
+	}
+	return wire.Marshal(&wire.TransferReply{Handle: []byte{}, OK: true}), nil
+}
+
+func (st *state) lmdRetrieve(req *request) ([]byte, error) {
+	var skip wire.Int
+	if err := wire.Unmarshal(req.payloads[4], &skip); err != nil {
+		return nil, fmt.Errorf("decode skip_first_n_tokens: %w", err)
+	}
+	if skip < 0 {
+		return nil, fmt.Errorf("skip_first_n_tokens %d", skip)
+	}
+	t, err := st.lmdTransferHead(req)
+	if err != nil {
+		return nil, err
+	}
+	k, r := &t.key, t.reg
+	if t.first == t.last {
+		return nil, fmt.Errorf("empty retrieve range [%d, %d)", k.Start, k.End)
+	}
+	keys := workerKeys(k, t.hashes, t.first, t.last)
+	slots, err := st.s.eng.ReadSlots(keys)
+	if err != nil {
+		// Nothing was read; the lookup's locks stay until FREE_LOOKUP_LOCKS
+		// or their TTL, as on the engine-driven path.
+		return nil, fmt.Errorf("retrieve %d chunks: %w", len(keys), err)
+	}
+	pool := st.s.eng.(poolBytes)
+	chunks := make([]kvlayout.Chunk, len(slots))
+	objs := make([][]byte, len(slots))
+	for i, sl := range slots {
+		chunks[i] = kvlayout.Chunk{Index: i, Obj: i}
+		if objs[i], err = slotBytes(pool, sl, r.objBytes); err != nil {
+			break
+		}
+	}
+	var plan *kvlayout.Plan
+	if err == nil {
+		plan, err = r.cache.Layout.Plan(int64(st.s.cfg.ChunkSize), t.blocks, chunks, int64(skip))
+	}
+	if err == nil {
+		err = r.cache.Scatter(plan, objs)
+	}
+	// The read is over either way: this rank's lock on each object goes,
+	// as COMMIT_RETRIEVE releases it on the engine-driven path.
+	st.s.eng.ReleaseRead(k.RequestID, keys, 1)
+	if err != nil {
+		return nil, fmt.Errorf("copy %d chunks: %w", len(keys), err)
+	}
+	return wire.Marshal(&wire.TransferReply{Handle: []byte{}, OK: true}), nil
+}
