@@ -35,10 +35,11 @@ type wireEvent struct {
 }
 
 type wireBatch struct {
-	InstanceID *string      `json:"instance_id"`
-	Seq        *int64       `json:"seq"`
-	Tier       *string      `json:"tier"`
-	Events     *[]wireEvent `json:"events"`
+	InstanceID *string           `json:"instance_id"`
+	Seq        *int64            `json:"seq"`
+	Tier       gojson.RawMessage `json:"tier"` // raw, so null differs from absent
+
+	Events *[]wireEvent `json:"events"`
 }
 
 // fastEvent converts one fast-path event; ok is false for anything the
@@ -76,56 +77,124 @@ func fastEvent(e *wireEvent) (ledger.Event, bool) {
 // eventBufs recycles prepared-event slices between requests.
 var eventBufs = sync.Pool{New: func() any { s := make([]ledger.Event, 0, 1024); return &s }}
 
+// plainKeys reports whether the JSON text b is plain enough for the fast
+// decoder to read it exactly as the validator would: ASCII only, no raw
+// control character inside a string, and object keys without upper case or
+// escapes. goccy (like encoding/json) matches field names
+// case-insensitively, with Unicode folds (U+212A folds to k, U+017F to s),
+// where the validator is exact, so "instAnCe_id" would be read as
+// instance_id; and goccy accepts control characters in strings that JSON
+// (and the validator) reject. Real reporters send plain ASCII with
+// lower-case keys; anything else goes to the slow validator. Found by
+// FuzzEventDecoders.
+func plainKeys(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if c >= 0x80 {
+			return false
+		}
+		if c != '"' {
+			continue
+		}
+		start := i + 1
+		for i++; i < len(b) && b[i] != '"'; i++ {
+			switch c := b[i]; {
+			case c < 0x20 || c >= 0x80:
+				return false
+			case c == '\\':
+				i++
+			}
+		}
+		if i >= len(b) {
+			return true // unterminated: the decoder rejects it
+		}
+		j := i + 1
+		for j < len(b) && (b[j] == ' ' || b[j] == '\t' || b[j] == '\n' || b[j] == '\r') {
+			j++
+		}
+		if j == len(b) || b[j] != ':' {
+			continue // a string value, not a key
+		}
+		for _, c := range b[start:i] {
+			if c >= 'A' && c <= 'Z' || c == '\\' {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// fastBatch is the fast decoder's verdict on a body: ok with the decoded
+// batch, a definite rejection (err), or neither (defer to the slow
+// validator).
+type fastBatch struct {
+	ok       bool
+	err      error
+	instance string
+	seq      int64
+	events   []ledger.Event
+}
+
+// decodeFast runs the goccy fast path over body, appending prepared events
+// to buf. Decoded strings may alias body. It never applies anything.
+func decodeFast(r *http.Request, body []byte, buf []ledger.Event) fastBatch {
+	var b wireBatch
+	if !jsonContentType(r) || !plainKeys(body) || gojson.UnmarshalNoEscape(body, &b) != nil || b.InstanceID == nil || b.Seq == nil || b.Events == nil {
+		return fastBatch{events: buf}
+	}
+	if *b.Seq < 1 {
+		return fastBatch{events: buf, err: invalid(detailItem{Type: "greater_than_equal", Loc: []any{"body", "seq"}, Msg: "Input should be greater than or equal to 1", Input: *b.Seq, Ctx: map[string]any{"ge": 1}})}
+	}
+	if *b.Seq > maxSeq {
+		return fastBatch{events: buf} // the slow validator words the 422
+	}
+	// Reporters send "l2" or nothing; anything else (null, l1, a typo,
+	// an escaped string) is worded by the slow validator.
+	if b.Tier != nil && string(b.Tier) != `"l2"` {
+		return fastBatch{events: buf}
+	}
+	events := *b.Events
+	for i := range events {
+		ev, ok := fastEvent(&events[i])
+		if !ok {
+			return fastBatch{events: buf}
+		}
+		buf = append(buf, ev)
+	}
+	return fastBatch{ok: true, instance: *b.InstanceID, seq: *b.Seq, events: buf}
+}
+
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	buf, err := readPooledBody(w, r, eventsBodyLimit)
 	if err != nil {
 		return err
 	}
 	body := buf.Bytes()
-	var b wireBatch
-	if !jsonContentType(r) || gojson.UnmarshalNoEscape(body, &b) != nil || b.InstanceID == nil || b.Seq == nil || b.Events == nil {
-		n, err := s.ingestSlow(r, body)
+	bufp := eventBufs.Get().(*[]ledger.Event)
+	fb := decodeFast(r, body, (*bufp)[:0])
+	defer func() { clear(fb.events); *bufp = fb.events[:0]; eventBufs.Put(bufp) }()
+	if fb.err != nil {
+		return fb.err // buf is not recycled: the error may quote it
+	}
+	if !fb.ok {
+		// Validate the whole batch before applying anything: one bad event
+		// rejects the batch and nothing is recorded (upstream applies the
+		// events before a bad key and then answers 500).
+		instance, seq, events, err := decodeSlow(r, body)
 		if err != nil {
 			return err
 		}
-		writeRecorded(w, n)
+		s.apply(instance, seq, events)
+		bodyBufs.Put(buf)
+		writeRecorded(w, len(events))
 		return nil
 	}
-	if *b.Seq < 1 {
-		return invalid(detailItem{Type: "greater_than_equal", Loc: []any{"body", "seq"}, Msg: "Input should be greater than or equal to 1", Input: *b.Seq, Ctx: map[string]any{"ge": 1}})
-	}
-	if b.Tier != nil {
-		if err := tierCheck(*b.Tier, []any{"body", "tier"}); err != nil {
-			return err
-		}
-	}
-	events := *b.Events
-	bufp := eventBufs.Get().(*[]ledger.Event)
-	prepared := (*bufp)[:0]
-	defer func() { *bufp = prepared[:0]; eventBufs.Put(bufp) }()
-	// Validate the whole batch before applying anything: one bad event
-	// rejects the batch and nothing is recorded (upstream applies the
-	// events before a bad key and then answers 500).
-	for i := range events {
-		ev, ok := fastEvent(&events[i])
-		if !ok {
-			n, err := s.ingestSlow(r, body)
-			if err != nil {
-				return err // buf is not recycled: the error may quote it
-			}
-			bodyBufs.Put(buf)
-			writeRecorded(w, n)
-			return nil
-		}
-		prepared = append(prepared, ev)
-	}
-	s.apply(*b.InstanceID, *b.Seq, prepared)
+	s.apply(fb.instance, fb.seq, fb.events)
 	// Decoded strings may alias buf; the ledger and noteSeq cloned what they
 	// keep, and error paths (whose details may quote the body) never reach
 	// here.
-	clear(events)
 	bodyBufs.Put(buf)
-	writeRecorded(w, len(prepared))
+	writeRecorded(w, len(fb.events))
 	return nil
 }
 
@@ -213,16 +282,19 @@ func slowKey(ef *fields, i int) (objkey.Encoded, error) {
 	return k, kf.err()
 }
 
-// ingestSlow re-validates a body the fast decoder refused, producing
-// FastAPI-style detail; lax-mode inputs it accepts (e.g. "5" for an int) are
-// applied through the same path.
-func (s *Server) ingestSlow(r *http.Request, body []byte) (int, error) {
+// maxSeq is the validator's upper bound on seq.
+const maxSeq = 1 << 62
+
+// decodeSlow re-validates a body the fast decoder refused, producing
+// FastAPI-style detail; lax-mode inputs it accepts (e.g. "5" for an int)
+// are returned for the same apply path. It never applies anything.
+func decodeSlow(r *http.Request, body []byte) (string, int64, []ledger.Event, error) {
 	f, err := parseObject(r, body)
 	if err != nil {
-		return 0, err
+		return "", 0, nil, err
 	}
 	instance := f.str("instance_id", true, "")
-	seq := f.intRange("seq", true, 1, 1, 1<<62)
+	seq := f.intRange("seq", true, 1, 1, maxSeq)
 	raw, ok := f.m["events"]
 	var list []any
 	if !ok {
@@ -231,34 +303,33 @@ func (s *Server) ingestSlow(r *http.Request, body []byte) (int, error) {
 		f.fail("events", "list_type", "Input should be a valid list", raw, nil)
 	}
 	if err := f.err(); err != nil {
-		return 0, err
+		return "", 0, nil, err
 	}
 	if err := f.tier(); err != nil {
-		return 0, err
+		return "", 0, nil, err
 	}
 	prepared := make([]ledger.Event, 0, len(list))
 	for i, item := range list {
 		m, ok := item.(map[string]any)
 		if !ok {
-			return 0, invalid(detailItem{Type: "model_attributes_type", Loc: evLoc(i), Msg: "Input should be a valid dictionary or object to extract fields from", Input: item})
+			return "", 0, nil, invalid(detailItem{Type: "model_attributes_type", Loc: evLoc(i), Msg: "Input should be a valid dictionary or object to extract fields from", Input: item})
 		}
 		ef := &fields{m: m, loc: evLoc(i)}
 		se := slowEvent{typ: ef.str("type", true, "")}
 		se.bytes, _ = ef.integer("bytes", true, 0)
 		key, err := slowKey(ef, i)
 		if err != nil {
-			return 0, err
+			return "", 0, nil, err
 		}
 		se.key = key
 		if err := ef.err(); err != nil {
-			return 0, err
+			return "", 0, nil, err
 		}
 		ev, err := prepareSlowEvent(i, &se)
 		if err != nil {
-			return 0, err
+			return "", 0, nil, err
 		}
 		prepared = append(prepared, ev)
 	}
-	s.apply(instance, seq, prepared)
-	return len(prepared), nil
+	return instance, seq, prepared, nil
 }

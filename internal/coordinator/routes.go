@@ -23,8 +23,9 @@ type route struct {
 	// FastAPI, left out of the OpenAPI document.
 	Hidden bool
 	// Auth routes require the bearer token when --auth-token is set. Set by
-	// routeTable from the method: every route that changes state (all but
-	// GET) is protected; reads, probes and metrics stay open.
+	// routeTable: every route that changes state (all but GET) and the
+	// prefetch poll relay are protected; reads, probes and metrics stay
+	// open.
 	Auth   bool
 	handle func(http.ResponseWriter, *http.Request) error
 }
@@ -78,7 +79,10 @@ func (s *Server) routeTable() []route {
 		{Method: "GET", Path: "/redoc", Summary: "ReDoc", Hidden: true, handle: docsPage(redocHTML)},
 	}
 	for i := range rts {
-		rts[i].Auth = rts[i].Method != http.MethodGet
+		// The prefetch poll is a GET, but it is relayed with the MP
+		// servers' token, so leaving it open would let anyone around the
+		// servers' own authentication.
+		rts[i].Auth = rts[i].Method != http.MethodGet || strings.HasPrefix(rts[i].Path, "/cache/prefetches/")
 		if rts[i].Auth {
 			rts[i].Responses[401] = "Bearer token missing or wrong (only with --auth-token)"
 		}

@@ -14,22 +14,9 @@ import (
 // models, as an MP fleet would report them.
 func fill(n, salts int) *Ledger {
 	l := New()
-	batch := make([]Event, 0, 1000)
-	models := []string{"Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B", "mistralai/Mistral-7B", "google/gemma-2-9b"}
-	saltNames := make([]string, salts)
-	for i := range saltNames {
-		saltNames[i] = fmt.Sprintf("tenant-%05d", i)
-	}
+	batch, names := make([]Event, 0, 1000), saltNames(salts)
 	for i := 0; i < n; i++ {
-		var k Key
-		binary.LittleEndian.PutUint64(k.hash[0:], uint64(i)*0x9E3779B97F4A7C15)
-		binary.LittleEndian.PutUint64(k.hash[8:], uint64(i))
-		binary.LittleEndian.PutUint64(k.hash[16:], ^uint64(i))
-		binary.LittleEndian.PutUint64(k.hash[24:], uint64(i)*31)
-		k.hlen = 32
-		k.Model = models[i%len(models)]
-		k.Salt = saltNames[i%salts]
-		k.Rank = 16777472
+		k := distinctKey(i, names)
 		batch = append(batch, Event{Op: OpStore, Key: k, Bytes: 2 << 20})
 		if len(batch) == cap(batch) {
 			l.Apply(batch)

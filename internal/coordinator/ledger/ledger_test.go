@@ -50,7 +50,7 @@ func TestIndexMatchesMap(t *testing.T) {
 		k := key(t, h, "m", "s")
 		l.mu.Lock()
 		c, ok := l.lookupKey(&k)
-		_, _, _, found := l.findH(&c, l.hashOf(&c))
+		_, _, _, _, found := l.findH(&c, l.hashOf(&c))
 		l.mu.Unlock()
 		if !ok || !found {
 			t.Fatalf("key %s lost", h)

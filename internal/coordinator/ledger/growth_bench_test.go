@@ -1,0 +1,90 @@
+package ledger
+
+import (
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// distinctKey is the i-th of a stream of distinct keys with 32-byte hashes,
+// spread over 4 models and the given salts, as an MP fleet would report them.
+func distinctKey(i int, salts []string) Key {
+	var k Key
+	binary.LittleEndian.PutUint64(k.hash[0:], uint64(i)*0x9E3779B97F4A7C15)
+	binary.LittleEndian.PutUint64(k.hash[8:], uint64(i))
+	binary.LittleEndian.PutUint64(k.hash[16:], ^uint64(i))
+	binary.LittleEndian.PutUint64(k.hash[24:], uint64(i)*31)
+	k.hlen = 32
+	k.Model = benchModels[i%len(benchModels)]
+	k.Salt = salts[i%len(salts)]
+	k.Rank = 16777472
+	return k
+}
+
+// threadCPU is the calling thread's CPU time.
+func threadCPU(b *testing.B) time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ts.Nano())
+}
+
+var benchModels = []string{"Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B", "mistralai/Mistral-7B", "google/gemma-2-9b"}
+
+// saltNames is tenant-00000, tenant-00001, ... (n names).
+func saltNames(n int) []string {
+	s := make([]string, n)
+	for i := range s {
+		s[i] = fmt.Sprintf("tenant-%05d", i)
+	}
+	return s
+}
+
+// BenchmarkGrowthPause stores N distinct keys in 1,000-event batches (100
+// salts) into an empty ledger and times every Apply, isolating the ledger's
+// own pauses (the index doublings) from HTTP: max_batch_ms is the slowest
+// batch in wall time, max_cpu_ms and p99_cpu_ms the slowest and 99th
+// percentile in the benchmark thread's CPU time (the goroutine is locked
+// to its thread), which leaves out the time a shared machine's scheduler
+// takes the thread away but keeps page faults and GC assists. Run with
+// -benchtime 1x.
+func BenchmarkGrowthPause(b *testing.B) {
+	for _, n := range []int{1_000_000, 10_000_000, 20_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
+			const batch = 1000
+			events, salts := make([]Event, batch), saltNames(100)
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			for it := 0; it < b.N; it++ {
+				b.StopTimer()
+				l := New()
+				lat := make([]time.Duration, 0, n/batch)
+				cpu := make([]time.Duration, 0, n/batch)
+				b.StartTimer()
+				start := time.Now()
+				for base := 0; base < n; base += batch {
+					for j := range events {
+						events[j] = Event{Op: OpStore, Key: distinctKey(base+j, salts), Bytes: 2 << 20}
+					}
+					c0, t0 := threadCPU(b), time.Now()
+					l.Apply(events)
+					lat = append(lat, time.Since(t0))
+					cpu = append(cpu, threadCPU(b)-c0)
+				}
+				el := time.Since(start)
+				slices.Sort(lat)
+				slices.Sort(cpu)
+				b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1000, "max_batch_ms")
+				b.ReportMetric(float64(cpu[len(cpu)-1].Microseconds())/1000, "max_cpu_ms")
+				b.ReportMetric(float64(cpu[len(cpu)*99/100].Microseconds())/1000, "p99_cpu_ms")
+				b.ReportMetric(float64(n)/el.Seconds(), "keys/s")
+			}
+		})
+	}
+}
