@@ -120,7 +120,13 @@ func (st *state) serveLMDriven(req *request) []byte {
 		err = fmt.Errorf("no lmcache-driven handler for %s", req.op.EnumName())
 	}
 	if err != nil {
-		if !errors.Is(err, errRefused) {
+		switch {
+		case errors.Is(err, errRefused): // logged where it was decided
+		case req.op == wire.OpRegisterKVCache:
+			st.warnEvery("lmd/register/"+req.peer.idString(), protocolWarnEvery,
+				"refused REGISTER_KV_CACHE: "+err.Error()+"; its stores and retrieves are refused. The lmcache-driven path serves CPU shared-memory KV caches; for GPU KV caches "+hintEngineDriven,
+				"peer", req.peer.idString())
+		default:
 			st.warnEvery("lmd/"+req.op.String()+"/"+req.peer.idString(), protocolWarnEvery,
 				"lmcache-driven "+req.op.EnumName()+" failed (logged at most every 10 s per peer)", "peer", req.peer.idString(), "err", err)
 		}
@@ -335,9 +341,9 @@ func (st *state) lmdTransferHead(req *request) (*lmdTransfer, error) {
 		return nil, fmt.Errorf("decode event_ipc_handle: %w", err)
 	}
 	if t.reg = st.lmd.get(int64(inst)); t.reg == nil {
-		st.warnEvery(fmt.Sprintf("lmd-unregistered/%d", int64(inst)), protocolWarnEvery,
-			"lmcache-driven transfer from an instance with no usable REGISTER_KV_CACHE; refused",
-			"op", req.op.EnumName(), "instance_id", int64(inst), "peer", req.peer.idString())
+		st.warnOnce(req.peer.idString()+"/lmd/"+req.op.String(),
+			"refused "+req.op.EnumName()+": the instance has no usable REGISTER_KV_CACHE (the lmcache-driven path serves CPU shared-memory KV caches; for GPU KV caches "+hintEngineDriven+")",
+			"instance_id", int64(inst), "peer", req.peer.idString())
 		return nil, errRefused
 	}
 	k := &t.key
