@@ -58,7 +58,9 @@ func TestSecurityHostileHeaders(t *testing.T) {
 	var conns []net.Conn
 	var wg sync.WaitGroup
 	chunk := []byte(strings.Repeat("a", 64<<10))
-	stalled := make(chan struct{}, stallers)
+	// sent gets one value per sender once it has written everything it
+	// meant to or the server refused it (a failed write).
+	sent := make(chan struct{}, flooders+stallers)
 	for i := range flooders + stallers {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -74,18 +76,16 @@ func TestSecurityHostileHeaders(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { sent <- struct{}{} }()
 			if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nX-Flood: "); err != nil {
 				return
 			}
-			for sent := 0; sent < limit; sent += len(chunk) {
+			for n := 0; n < limit; n += len(chunk) {
 				// The server refuses the header past its limit and
 				// closes; the write then fails, which ends this sender.
-				if _, err := c.Write(chunk[:min(len(chunk), limit-sent)]); err != nil {
+				if _, err := c.Write(chunk[:min(len(chunk), limit-n)]); err != nil {
 					return
 				}
-			}
-			if limit == stallBytes {
-				stalled <- struct{}{}
 			}
 		}()
 	}
@@ -95,11 +95,11 @@ func TestSecurityHostileHeaders(t *testing.T) {
 			peak = r
 		}
 	}
-	// Sample while the senders run, then until every staller has sent its
-	// part (they hold their connection open afterwards).
-	for n := 0; n < stallers; {
+	// Sample while the senders run, until every one has sent all it
+	// meant to or been refused; connections stay open afterwards.
+	for n := 0; n < flooders+stallers; {
 		select {
-		case <-stalled:
+		case <-sent:
 			n++
 		case <-time.After(20 * time.Millisecond):
 		}
