@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"runtime"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -323,4 +325,69 @@ func storeReadCycle(b *testing.B, e *Engine, src, dst []byte) func() {
 		e.ReleaseRead("r", k, 1)
 		e.DeleteL1(k, false)
 	}
+}
+
+// BenchmarkLookupBudgetInterleaved is the cost of --l2-lookup-timeout-ms on
+// a lookup that asks L2: 8 chunks resident, 8 that an in-memory adapter
+// does not hold, so every lookup runs the L2 phase. Two running engines,
+// one without a budget (the baseline) and one with 200 ms, timed in the
+// same loop (alternating which goes first). Ratio = with / without.
+func BenchmarkLookupBudgetInterleaved(b *testing.B) {
+	cs := chunks("", 0, 16, 1)
+	resident := flat(cs[:8])
+	engines := make([]*Engine, 2)
+	for i, budget := range []time.Duration{0, 200 * time.Millisecond} {
+		e, err := New(Config{L1SizeBytes: 256 * objSize, L2LookupTimeout: budget}, []l2.Adapter{newFake("mem")}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := e.RegisterLayout(Layout{ModelName: "m", WorldSize: 1, ObjectBytes: objSize}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := e.Put(resident, payloads(resident)); err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- e.Run(ctx) }()
+		defer func() {
+			cancel()
+			<-done
+			e.Close()
+		}()
+		for !e.Ready() {
+			time.Sleep(time.Millisecond)
+		}
+		engines[i] = e
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	lookup := func(e *Engine) time.Duration {
+		t0 := time.Now()
+		if err := e.Prefetch(PrefetchRequest{ID: "req", Chunks: cs, Readers: 1}); err != nil {
+			b.Fatal(err)
+		}
+		r, err := e.WaitPrefetch(ctx, "req")
+		if err != nil || r.PrefixChunks != 8 {
+			b.Fatalf("lookup %+v %v", r, err)
+		}
+		e.ReleaseRead("req", resident, 1)
+		return time.Since(t0)
+	}
+	var base, budget time.Duration
+	i := 0
+	for b.Loop() {
+		if i%2 == 0 {
+			base += lookup(engines[0])
+			budget += lookup(engines[1])
+		} else {
+			budget += lookup(engines[1])
+			base += lookup(engines[0])
+		}
+		i++
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(base.Nanoseconds())/n, "nobudget-ns/lookup")
+	b.ReportMetric(float64(budget.Nanoseconds())/n, "budget-ns/lookup")
+	b.ReportMetric(float64(budget)/float64(base), "budget/nobudget")
 }
