@@ -79,7 +79,7 @@ func (s *Server) RunEvictionCycle(ctx context.Context) CycleResult {
 				if errors.Is(err, mpclient.ErrNotOK) {
 					s.metrics.dispatchNotOK.Inc()
 				}
-				s.log.Warn("eviction dispatch failed; victims will be re-planned", "instance_id", inst.InstanceID, "keys", len(batch), "err", err)
+				s.log.Warn("eviction dispatch failed; victims will be re-planned", "instance_id", inst.InstanceID, "keys", len(batch), "err", s.scrub(err))
 				s.ledger.Unmark(vs)
 				return
 			}

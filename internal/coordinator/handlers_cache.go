@@ -103,8 +103,8 @@ func (s *Server) handlePrefetch(w http.ResponseWriter, r *http.Request) error {
 		ModelName: *t.ModelName, WorldSize: int(*t.WorldSize), TokenIDs: toks, CacheSalt: *t.CacheSalt,
 	})
 	if err != nil {
-		s.log.Warn("prefetch submit failed", "instance_id", id, "err", err)
-		return withMsg(ErrUpstream, "prefetch submit to '%s' failed: %v", id, err)
+		s.log.Warn("prefetch submit failed", "instance_id", id, "err", s.scrub(err))
+		return withMsg(ErrUpstream, "prefetch submit to '%s' failed: %s", id, s.scrub(err))
 	}
 	out := prefetchResponse{InstanceID: id, Status: "submitted"}
 	if reply.RequestID != nil {
@@ -128,7 +128,7 @@ func (s *Server) handlePrefetchStatus(w http.ResponseWriter, r *http.Request) er
 	}
 	code, body, err := s.mp.PrefetchStatus(r.Context(), mpclient.BaseURL(inst.IP, inst.HTTPPort), r.PathValue("request_id"))
 	if err != nil {
-		return withMsg(ErrUpstream, "prefetch status from '%s' failed: %v", id, err)
+		return withMsg(ErrUpstream, "prefetch status from '%s' failed: %s", id, s.scrub(err))
 	}
 	// Relay the server's status and body verbatim; a non-JSON body is
 	// wrapped the way upstream does.

@@ -130,7 +130,7 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 	for {
 		page, err := s.mp.ListObjects(ctx, base, pageSize, token)
 		if err != nil {
-			s.log.Warn("startup resync stopped; keeping what was recorded", "instance_id", inst.InstanceID, "keys", total, "err", err)
+			s.log.Warn("startup resync stopped; keeping what was recorded", "instance_id", inst.InstanceID, "keys", total, "err", s.scrub(err))
 			return total
 		}
 		s.metrics.resyncPages.Inc()

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"regexp"
 	"sort"
@@ -267,4 +268,41 @@ func TestRouteProtectionDocMatchesTable(t *testing.T) {
 
 func registryInstance(ip string, port int) registry.Instance {
 	return registry.Instance{InstanceID: "mp-1", IP: ip, HTTPPort: port}
+}
+
+// TestEchoedTokenIsScrubbed: an MP server that echoes the coordinator's MP
+// token in an error reply does not get it into the coordinator's 502 body
+// or its logs.
+func TestEchoedTokenIsScrubbed(t *testing.T) {
+	mp := newMP(t)
+	mp.submitCode = 500
+	mp.submitBody = `{"detail":"bad header Bearer ` + mpToken + `"}`
+	c := startCoord(t, func(cfg *config.Config) { cfg.MPAuthToken = mpToken })
+	mp.register(c, "mp-1")
+	code, raw := c.do("POST", "/cache/prefetches", map[string]any{"instance_id": "mp-1", "model_name": "m", "world_size": 1, "token_ids": []int{1, 2, 3, 4}})
+	if code != 502 || strings.Contains(string(raw), mpToken) || !strings.Contains(string(raw), "bad header Bearer ***") {
+		t.Fatalf("502 body: %d %s", code, raw)
+	}
+	if !c.logs.has("prefetch submit failed") || strings.Contains(c.logs.String(), mpToken) {
+		t.Fatalf("log:\n%s", c.logs.String())
+	}
+}
+
+// TestHeaderBlockBounded: the coordinator's server comes from httplimit, so
+// a header block over 128 KiB is refused with 431 before any handler runs.
+func TestHeaderBlockBounded(t *testing.T) {
+	c := startCoord(t, nil)
+	req, err := http.NewRequest("GET", c.base+"/healthz", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Big", strings.Repeat("a", 200<<10))
+	resp, err := c.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("status %d, want 431", resp.StatusCode)
+	}
 }

@@ -24,8 +24,10 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
 	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
 	"github.com/lmcache-go/lmcache/internal/coordinator/statefile"
+	"github.com/lmcache-go/lmcache/internal/httplimit"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
 
@@ -159,14 +161,13 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // then shuts the listener down gracefully and waits for every goroutine it
 // started. It returns nil after a clean stop.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{
-		Handler:           s.handler,
-		IdleTimeout:       time.Duration(s.cfg.TimeoutKeepAlive) * time.Second,
-		ReadHeaderTimeout: 30 * time.Second,
-		// Requests must not see ctx's cancellation: on SIGTERM the ones
-		// in flight drain (up to drainTimeout) instead of failing.
-		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
+	// httplimit bounds header bytes, concurrent connections and slow
+	// header senders, as for `lmcache server`.
+	limits := httplimit.Limits{IdleTimeout: time.Duration(s.cfg.TimeoutKeepAlive) * time.Second}
+	srv := httplimit.NewServer(s.handler, limits, slog.NewLogLogger(s.log.Handler(), slog.LevelWarn))
+	// Requests must not see ctx's cancellation: on SIGTERM the ones in
+	// flight drain (up to drainTimeout) instead of failing.
+	srv.BaseContext = func(net.Listener) context.Context { return context.WithoutCancel(ctx) }
 	s.log.Info("MP coordinator listening on http://" + ln.Addr().String())
 	if s.cfg.AuthToken == "" && !loopback(ln.Addr()) {
 		s.log.Warn("no --auth-token set and the listener is not on loopback: anyone who can reach it can change quotas and pins, deregister servers and post usage events", "addr", ln.Addr().String())
@@ -181,7 +182,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	}
 
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- srv.Serve(httplimit.Listener(ln, limits)) }()
 
 	var err error
 	select {
@@ -208,6 +209,12 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		return nil
 	}
 	return err
+}
+
+// scrub renders err for a log line or a 502 body with the configured
+// tokens hidden, in case an MP server or a transport error ever echoes one.
+func (s *Server) scrub(err error) string {
+	return redact.Secrets(err.Error(), s.cfg.AuthToken, s.cfg.MPAuthToken)
 }
 
 // loopback reports whether addr only accepts local connections.
