@@ -233,12 +233,7 @@ func (p *Plan) Scatter(segs, objs [][]byte) error {
 // run Check; disjoint ranges may run concurrently.
 func (p *Plan) GatherRange(segs, objs [][]byte, lo, hi int) {
 	for _, r := range p.Runs[lo:hi] {
-		src, dst := segs[r.Seg], objs[r.Obj]
-		s, o := r.SegOff, r.ObjOff
-		for range r.Count {
-			copy(dst[o:o+r.Len], src[s:s+r.Len])
-			s, o = s+r.SegStep, o+r.ObjStep
-		}
+		copyRun(objs[r.Obj], r.ObjOff, r.ObjStep, segs[r.Seg], r.SegOff, r.SegStep, r.Len, r.Count)
 	}
 }
 
@@ -246,11 +241,14 @@ func (p *Plan) GatherRange(segs, objs [][]byte, lo, hi int) {
 // GatherRange).
 func (p *Plan) ScatterRange(segs, objs [][]byte, lo, hi int) {
 	for _, r := range p.Runs[lo:hi] {
-		dst, src := segs[r.Seg], objs[r.Obj]
-		s, o := r.SegOff, r.ObjOff
-		for range r.Count {
-			copy(dst[s:s+r.Len], src[o:o+r.Len])
-			s, o = s+r.SegStep, o+r.ObjStep
-		}
+		copyRun(segs[r.Seg], r.SegOff, r.SegStep, objs[r.Obj], r.ObjOff, r.ObjStep, r.Len, r.Count)
+	}
+}
+
+// copyRun does count copies of n bytes from src[so+k·ss] to dst[do+k·ds].
+func copyRun(dst []byte, do, ds int64, src []byte, so, ss int64, n, count int64) {
+	for range count {
+		copy(dst[do:do+n], src[so:so+n])
+		do, so = do+ds, so+ss
 	}
 }
