@@ -26,6 +26,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/mq"
 	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/serverconfig"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
@@ -52,6 +53,10 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	levels := loglevel.New(base, root)
 	logger := levels.Logger("lmcache")
 
+	// Error texts can quote configuration; the configured secret values
+	// are replaced before they reach the log.
+	secrets := append(redact.Collect(cfg.Groups()), cfg.HTTPAuthToken, cfg.CoordinatorAuthToken)
+	scrub := func(err error) string { return redact.Secrets(err.Error(), secrets...) }
 	s, err := newServer(ctx, cfg, levels)
 	if err != nil {
 		// Configuration that only fails when applied (adapter JSON, layouts,
@@ -59,14 +64,14 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		// for bad values, 1 for runtime failures.
 		var bad *usageError
 		if errors.As(err, &bad) {
-			fmt.Fprintf(stderr, "lmcache server: %v\n", err)
+			fmt.Fprintf(stderr, "lmcache server: %s\n", scrub(err))
 			return 2
 		}
-		logger.Error("startup failed", "err", err)
+		logger.Error("startup failed", "err", scrub(err))
 		return 1
 	}
 	if err := s.run(ctx); err != nil {
-		logger.Error("server stopped with an error", "err", err)
+		logger.Error("server stopped with an error", "err", scrub(err))
 		return 1
 	}
 	return 0
@@ -88,10 +93,12 @@ type server struct {
 	api      *httpapi.Server
 	httpLn   net.Listener
 	coord    *coordclient.Client
+	// cfgGroups is the resolved configuration, logged (redacted) at start.
+	cfgGroups map[string]map[string]any
 }
 
 func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.Registry) (*server, error) {
-	s := &server{log: levels.Logger("lmcache")}
+	s := &server{log: levels.Logger("lmcache"), cfgGroups: cfg.Groups()}
 	var root []byte
 	if cfg.HashRootHex != "" {
 		root, _ = hex.DecodeString(cfg.HashRootHex) // validated by serverconfig
@@ -258,6 +265,7 @@ func (s *server) run(ctx context.Context) error {
 	g.Go(func() error { return s.api.Serve(gctx, s.httpLn) })
 	g.Go(func() error { return s.coord.Run(gctx) })
 	s.log.Info("lmcache server started", "http", s.httpLn.Addr().String(), "zmq", s.mq.Endpoint(), "pool", s.eng.Pool().Name)
+	s.log.Debug("lmcache server configuration", "config", redact.Value(s.cfgGroups))
 	err := g.Wait()
 	stopEngine()
 	if engErr := <-engDone; err == nil && engErr != nil && !errors.Is(engErr, context.Canceled) {

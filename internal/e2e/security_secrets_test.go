@@ -116,8 +116,8 @@ func TestSecuritySecretsNeverLeave(t *testing.T) {
 
 	srv.stop(t)
 	logs := srv.output(t)
-	if !strings.Contains(logs, "run_script output") {
-		t.Fatalf("DEBUG log lacks the script output line:\n%s", tail([]byte(logs), 3000))
+	if !strings.Contains(logs, "run_script output") || !strings.Contains(logs, "lmcache server configuration") || !strings.Contains(logs, s3.Bucket) {
+		t.Fatalf("DEBUG log lacks the script output or the configuration line:\n%s", tail([]byte(logs), 3000))
 	}
 	for _, sec := range secrets {
 		for _, b := range bodies {
