@@ -120,13 +120,18 @@ func (st *state) serveLMDriven(req *request) []byte {
 		err = fmt.Errorf("no lmcache-driven handler for %s", req.op.EnumName())
 	}
 	if err != nil {
+		// Every refused or failed request is dropped work: counted under
+		// lmcache_mp_zmq_refused_requests_total{reason="lmcache_driven_*"}.
 		switch {
 		case errors.Is(err, errRefused): // logged where it was decided
+			st.s.metrics.ZMQRefused.WithLabelValues("lmcache_driven_unregistered").Inc()
 		case req.op == wire.OpRegisterKVCache:
+			st.s.metrics.ZMQRefused.WithLabelValues("lmcache_driven_registration").Inc()
 			st.warnEvery("lmd/register/"+req.peer.idString(), protocolWarnEvery,
 				"refused REGISTER_KV_CACHE: "+err.Error()+"; its stores and retrieves are refused. The lmcache-driven path serves CPU shared-memory KV caches; for GPU KV caches "+hintEngineDriven,
 				"peer", req.peer.idString())
 		default:
+			st.s.metrics.ZMQRefused.WithLabelValues("lmcache_driven_transfer").Inc()
 			st.warnEvery("lmd/"+req.op.String()+"/"+req.peer.idString(), protocolWarnEvery,
 				"lmcache-driven "+req.op.EnumName()+" failed (logged at most every 10 s per peer)", "peer", req.peer.idString(), "err", err)
 		}

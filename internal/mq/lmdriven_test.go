@@ -303,6 +303,12 @@ func TestLMCacheDrivenCPUEndToEnd(t *testing.T) {
 	if b, err := c.Call(wire.OpStore, k, wire.EncodeInt(9), blockIDs(3, 4, 7, 8), msgp.AppendBytes(nil, nil)); err != nil || !bytes.Equal(b, transferFailed) {
 		t.Fatalf("STORE after a refused registration = %x %v", b, err)
 	}
+	refused := h.srv.Metrics().ZMQRefused
+	for reason, want := range map[string]float64{"lmcache_driven_registration": 1, "lmcache_driven_transfer": 2, "lmcache_driven_unregistered": 2} {
+		if n := counterValue(refused.WithLabelValues(reason)); n != want {
+			t.Errorf("refused %s counted %v, want %v", reason, n, want)
+		}
+	}
 	if logs := h.logs.String(); !strings.Contains(logs, "refused REGISTER_KV_CACHE") || !strings.Contains(logs, "kv wrapper pickle refused") {
 		t.Fatalf("the refused pickle is not logged:\n%s", logs)
 	}
