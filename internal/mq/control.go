@@ -20,9 +20,9 @@ const maxWait = 10 * time.Minute
 // lookupKey decodes a scheduler key (and the legacy tp_size frame) and
 // returns the number of read locks per object.
 func lookupKey(req *request) (*wire.Key, int, error) {
-	var key wire.Key
-	if err := wire.Unmarshal(req.payloads[0], &key); err != nil {
-		return nil, 0, fmt.Errorf("decode key: %w", err)
+	key, err := req.decodeKey()
+	if err != nil {
+		return nil, 0, err
 	}
 	if key.WorldSize < 1 || key.WorldSize > 255 {
 		return nil, 0, fmt.Errorf("world_size %d out of range", key.WorldSize)
@@ -38,7 +38,7 @@ func lookupKey(req *request) (*wire.Key, int, error) {
 			readers = int(tp)
 		}
 	}
-	return &key, readers, nil
+	return key, readers, nil
 }
 
 // noJobFor reports whether id's last LOOKUP started no job (its answer is

@@ -567,4 +567,36 @@ type request struct {
 	op       wire.Op
 	peer     *peer
 	payloads [][]byte
+	// tokens is the pooled token-id buffer the request's key was decoded
+	// into; release returns it. No handler keeps a key's TokenIDs past
+	// its request (sessions hold their own uint32 copy).
+	tokens *[]wire.Int
+}
+
+// tokenBufs recycles key token-id buffers: a 32k-token key is 256 KiB of
+// them, decoded for every LOOKUP, FREE_LOOKUP_LOCKS, PREPARE and COMMIT.
+var tokenBufs = sync.Pool{New: func() any { return new([]wire.Int) }}
+
+// decodeKey decodes the request's first payload, an IPCCacheServerKey,
+// into a pooled token buffer.
+func (r *request) decodeKey() (*wire.Key, error) {
+	if r.tokens == nil {
+		r.tokens = tokenBufs.Get().(*[]wire.Int)
+	}
+	key := &wire.Key{TokenIDs: (*r.tokens)[:0]}
+	if err := wire.Unmarshal(r.payloads[0], key); err != nil {
+		return nil, fmt.Errorf("decode key: %w", err)
+	}
+	if cap(key.TokenIDs) > cap(*r.tokens) {
+		*r.tokens = key.TokenIDs[:0] // keep the grown buffer
+	}
+	return key, nil
+}
+
+// release returns the request's token buffer to the pool.
+func (r *request) release() {
+	if r.tokens != nil {
+		tokenBufs.Put(r.tokens)
+		r.tokens = nil
+	}
 }

@@ -219,6 +219,7 @@ func (st *state) rejectLMCacheDriven(req *request) []byte {
 // goroutine) or a control request (on its own goroutine) and turns a
 // failure into the request's negative reply.
 func (st *state) serve(ctx context.Context, req *request) []byte {
+	defer req.release()
 	var resp []byte
 	var err error
 	switch req.op {
@@ -450,9 +451,9 @@ func (st *state) unregister(req *request) ([]byte, error) {
 // workerRequest decodes the (key, instance_id) head of a transfer request
 // and checks it against the instance's registration.
 func (st *state) workerRequest(req *request) (*wire.Key, *registration, error) {
-	var key wire.Key
-	if err := wire.Unmarshal(req.payloads[0], &key); err != nil {
-		return nil, nil, fmt.Errorf("decode key: %w", err)
+	key, err := req.decodeKey()
+	if err != nil {
+		return nil, nil, err
 	}
 	var inst wire.Int
 	if err := wire.Unmarshal(req.payloads[1], &inst); err != nil {
@@ -466,20 +467,20 @@ func (st *state) workerRequest(req *request) (*wire.Key, *registration, error) {
 	st.mu.Unlock()
 	switch {
 	case r == nil:
-		st.warnEvery(fmt.Sprintf("unregistered/%d", int64(inst)), 10*time.Second,
+		st.warnEvery(fmt.Sprintf("unregistered/%d", int64(inst)), protocolWarnEvery,
 			"transfer request from an instance that is not registered (reaped or never registered); its transfers are refused until it registers again",
 			"op", req.op.EnumName(), "instance_id", int64(inst), "peer", req.peer.idString())
-		return &key, nil, errRefused
+		return key, nil, errRefused
 	case r.hybrid != "":
 		st.warnOnce(fmt.Sprintf("hybrid/%d", r.instanceID), "refused transfer for a hybrid (multi-group) model registration; "+hintEngineDriven+" with a non-hybrid model",
 			"instance_id", r.instanceID, "reason", r.hybrid)
-		return &key, nil, errRefused
+		return key, nil, errRefused
 	case key.ModelName != r.model || int(key.WorldSize) != r.world:
-		return &key, nil, fmt.Errorf("key (%s, world_size %d) does not match the registration (%s, %d)", key.ModelName, key.WorldSize, r.model, r.world)
+		return key, nil, fmt.Errorf("key (%s, world_size %d) does not match the registration (%s, %d)", key.ModelName, key.WorldSize, r.model, r.world)
 	case !key.WorkerID.Valid || key.WorkerID.V < 0 || key.WorkerID.V >= int64(r.world):
-		return &key, nil, fmt.Errorf("worker_id %s out of range for world_size %d", key.WorkerID, r.world)
+		return key, nil, fmt.Errorf("worker_id %s out of range for world_size %d", key.WorkerID, r.world)
 	}
-	return &key, r, nil
+	return key, r, nil
 }
 
 // errRefused marks a refusal that was already logged.

@@ -54,15 +54,7 @@ func (i Int) Msgsize() int { return msgp.Int64Size }
 
 // AppendInt appends v in msgspec's integer form (see Int).
 func AppendInt(b []byte, v int64) []byte {
-	switch {
-	case v >= 0 && v < 0x80:
-		return append(b, byte(v))
-	case v >= 0 && v <= 0xffff:
-		if v <= 0xff {
-			return append(b, 0xcc, byte(v))
-		}
-		return append(b, 0xcd, byte(v>>8), byte(v))
-	case v >= 0:
+	if v >= 0 {
 		return msgp.AppendUint64(b, uint64(v))
 	}
 	return msgp.AppendInt64(b, v)
