@@ -196,6 +196,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 	mqcfg.WorkerRegistrationGrace = seconds(cfg.WorkerRegistrationGrace)
 	mqcfg.SessionTTL = seconds(cfg.SessionTTLSeconds)
 	mqcfg.Metrics = metrics
+	mqcfg.Periodic = loops
 	mqcfg.MaxQueued = cfg.MaxQueuedRequests
 	if s.mq, err = mq.New(mqcfg, s.eng, levels.Logger("lmcache.mq")); err != nil {
 		return nil, &usageError{err}
