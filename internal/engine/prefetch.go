@@ -367,7 +367,12 @@ func (e *Engine) loadFrom(ctx context.Context, ai int, j *job, tag string, keys 
 	st.inflightLoads.Add(-1)
 	if err != nil {
 		st.loadFailed.Add(1)
-		j.err = err
+		// An unavailable adapter (its breaker opened, aborting the load)
+		// is a known state, as in the lookup step: the job answers with
+		// what the other tiers hold, without an error.
+		if !errors.Is(err, l2.ErrUnavailable) {
+			j.err = err
+		}
 		ok = nil
 	} else {
 		st.loadCompleted.Add(1)

@@ -43,6 +43,7 @@ func TestLookupBudgetStalledS3(t *testing.T) {
 	waitFor(t, func() bool { return h.Counters().L2[0].StoreObjects == 4 })
 	// Four L1 chunks, then one that no tier holds: the lookup must ask S3.
 	query := append(slices.Clone(resident), chunks("t", 100, 101, 1)...)
+	l1Chunks := 4 // resident chunks the lookups below lock (and release)
 	lookup := func(id string) PrefetchResult {
 		t.Helper()
 		if err := h.Prefetch(PrefetchRequest{ID: id, Chunks: query, Readers: 1}); err != nil {
@@ -54,7 +55,7 @@ func TestLookupBudgetStalledS3(t *testing.T) {
 		if err != nil {
 			t.Fatalf("lookup %s did not answer within %v (S3 op timeout %v): %v", id, waitDeadline, opTimeout, err)
 		}
-		h.ReleaseRead(id, flat(resident), 1)
+		h.ReleaseRead(id, flat(query[:r.PrefixChunks]), 1)
 		return r
 	}
 
@@ -76,12 +77,29 @@ func TestLookupBudgetStalledS3(t *testing.T) {
 		t.Fatalf("a lookup cut by its budget moved the breaker: %v", st)
 	}
 
-	// Uploads during the stall: they hang, count slow, and open the breaker.
+	// A lookup whose last chunk this server uploaded and L1 no longer
+	// holds: S3 confirms it from memory (no request), so the GET is what
+	// hangs. The uploads queued next hang too, count slow and open the
+	// breaker, which aborts the GET: the lookup answers the 3 L1 chunks.
+	if _, skipped := h.DeleteL1(flat(resident[3:]), false); skipped != 0 {
+		t.Fatalf("chunk 3 not deletable: %d skipped", skipped)
+	}
+	if err := h.Prefetch(PrefetchRequest{ID: "needs-get", Chunks: resident, Readers: 1}); err != nil {
+		t.Fatal(err)
+	}
 	pending := flat(chunks("t", 10, 20, 1))
 	h.mustPut(t, pending)
 	waitFor(t, func() bool { return a.Status()["breaker_state"] == "open" })
+	wctx, wcancel := context.WithTimeout(context.Background(), waitDeadline)
+	r, err = h.WaitPrefetch(wctx, "needs-get")
+	l1Chunks = 3
+	wcancel()
+	if err != nil || r.PrefixChunks != 3 || r.L2Keys != 0 || r.Err != nil {
+		t.Fatalf("lookup whose S3 chunk was loading when the breaker opened: %+v %v; want the 3 L1 chunks, no error", r, err)
+	}
+	h.ReleaseRead("needs-get", flat(resident[:3]), 1)
 	r = lookup("broken")
-	if c := h.Counters(); r.PrefixChunks != 4 || r.Err != nil || c.L2LookupUnavailable == 0 || c.L2[0].StoreObjects != 4 {
+	if c := h.Counters(); r.PrefixChunks != l1Chunks || r.Err != nil || c.L2LookupUnavailable == 0 || c.L2[0].StoreObjects != 4 {
 		t.Fatalf("lookup with the breaker open: %+v, counters %+v", r, c)
 	}
 
@@ -103,14 +121,18 @@ func TestLookupBudgetStalledS3(t *testing.T) {
 		t.Errorf("bucket holds %d objects, want 14", len(names))
 	}
 	// After the cool-down the next lookup is the half-open probe; its
-	// answer (a 404 for the absent chunk) closes the breaker.
+	// answer closes the breaker. Until then lookups answer from L1 (3
+	// chunks); afterwards chunk 3 comes back from S3.
 	n := 0
 	waitFor(t, func() bool {
 		n++
 		r := lookup(fmt.Sprintf("probe-%d", n))
-		if r.PrefixChunks != 4 || r.Err != nil {
+		if r.PrefixChunks < 3 || r.Err != nil {
 			t.Fatalf("lookup after thaw: %+v", r)
 		}
 		return a.Status()["breaker_state"] == "closed"
 	})
+	if r := lookup("healed"); r.PrefixChunks != 4 || r.L2Keys != 1 || r.Err != nil {
+		t.Fatalf("lookup once the breaker closed: %+v; want chunk 3 loaded from S3", r)
+	}
 }

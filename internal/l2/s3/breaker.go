@@ -51,6 +51,9 @@ type breaker struct {
 	nextID   uint64
 	trips    int64
 	slows    int64 // calls counted as slow, ever
+	// onTrip runs (under mu, so it must not call back into the breaker)
+	// each time the breaker opens from closed or half-open.
+	onTrip func()
 }
 
 func newBreaker(threshold int, cooldown time.Duration, now func() time.Time) *breaker {
@@ -100,11 +103,15 @@ func (b *breaker) endProbe(probe uint64) {
 func (b *breaker) fail() {
 	b.failures++
 	if b.state == halfOpen || b.failures >= b.threshold {
-		if b.state != open {
+		tripped := b.state != open
+		if tripped {
 			b.trips++
 		}
 		b.state = open
 		b.openedAt = b.now()
+		if tripped && b.onTrip != nil {
+			b.onTrip()
+		}
 	}
 }
 

@@ -289,3 +289,72 @@ func waitStatus(t *testing.T, a *s3.Adapter, ok func(map[string]any) bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestBreakerOpeningAbortsInFlight: a GET hanging on a stalled S3 does not
+// wait its one-minute op timeout once the breaker opens (here on three
+// other slow calls): it is aborted and fails with l2.ErrUnavailable, so a
+// lookup waiting on it can answer from L1.
+func TestBreakerOpeningAbortsInFlight(t *testing.T) {
+	o := newOutage()
+	srv := s3test.FakeWith(t, func(h http.Handler) http.Handler { o.next = h; return o })
+	t.Cleanup(func() { close(o.release) })
+	c := configFor(srv, srv.Bucket)
+	c.MaxAttempts, c.BreakerThreshold, c.BreakerCooldown = 1, 3, time.Hour
+	c.OpTimeout, c.SlowCall = time.Minute, 20*time.Millisecond
+	a := newAdapter(t, c)
+	t.Cleanup(func() { _ = a.Close() })
+	keys := l2test.Keys(t, 1, "")
+	objs := l2test.Objects(t, 1)
+	if err := a.Store(context.Background(), keys, objs); err != nil {
+		t.Fatal(err)
+	}
+	// The GET alone is one slow call, below the threshold: the breaker
+	// opens only once the lookups below hang too.
+	o.mode.Store("hang")
+	type loadResult struct {
+		ok  []bool
+		err error
+	}
+	loaded := make(chan loadResult, 1)
+	go func() {
+		ok, err := a.Load(context.Background(), keys, [][]byte{make([]byte, len(objs[0]))})
+		loaded <- loadResult{ok, err}
+	}()
+	waitRequests(t, o, 2) // the PUT above and the hanging GET
+	waitStatus(t, a, func(st map[string]any) bool { return st["slow_calls"] == int64(1) })
+	if st := a.Status(); st["breaker_state"] != "closed" {
+		t.Fatalf("one slow GET opened the breaker: %v", st)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	others := l2test.KeysFor(t, keys[0].ModelName, 3, "")
+	for i := range 3 {
+		wg.Go(func() { _, _ = a.LookupAndLock(ctx, others[i:i+1]) })
+	}
+	select {
+	case r := <-loaded:
+		if !errors.Is(r.err, l2.ErrUnavailable) || r.ok[0] {
+			t.Fatalf("aborted load = %v, %v; want not loaded and ErrUnavailable", r.ok, r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the hanging GET was not aborted when the breaker opened")
+	}
+	if st := a.Status(); st["breaker_state"] != "open" || st["breaker_trips"] != int64(1) {
+		t.Fatalf("status: %v", st)
+	}
+	cancel()
+	wg.Wait()
+}
+
+// waitRequests polls until the outage has seen n requests (30 s deadline).
+func waitRequests(t *testing.T, o *outage, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for o.requests.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests reached S3, want %d", o.requests.Load(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -51,8 +51,15 @@ type Adapter struct {
 	transport *http.Transport
 	sem       chan struct{}
 	brk       *breaker
-	book      *bookkeep.Book
-	gate      bookkeep.Gate
+	// trip is cancelled when the breaker opens, aborting every request in
+	// flight: on a stalled S3 they would otherwise each wait their whole
+	// timeout, holding up the lookups waiting on them. Replaced at once by
+	// a fresh one; guarded by tripMu.
+	tripMu     sync.Mutex
+	trip       context.Context
+	tripCancel context.CancelFunc
+	book       *bookkeep.Book
+	gate       bookkeep.Gate
 }
 
 var _ l2.Adapter = (*Adapter)(nil)
@@ -101,6 +108,8 @@ func New(ctx context.Context, cfg Config) (*Adapter, error) {
 		brk:       newBreaker(cfg.BreakerThreshold, cfg.BreakerCooldown, cfg.Now),
 		book:      bookkeep.New(cfg.MaxCapacityBytes),
 	}
+	a.trip, a.tripCancel = context.WithCancel(context.Background())
+	a.brk.onTrip = a.abortInFlight
 	a.client, err = newClient(ctx, cfg, tgt, &http.Client{Transport: tr})
 	if err != nil {
 		tr.CloseIdleConnections()
@@ -203,12 +212,35 @@ func (a *Adapter) call(ctx context.Context, slowAfter time.Duration, fn func(ctx
 	if err != nil {
 		return err
 	}
+	a.tripMu.Lock()
+	trip := a.trip
+	a.tripMu.Unlock()
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopTrip := context.AfterFunc(trip, cancel)
+	defer stopTrip()
 	t := time.AfterFunc(slowAfter, func() { a.brk.slow(probe) })
-	err = fn(ctx)
+	err = fn(cctx)
 	// Stop reports false when the timer has fired (or is firing): the call
-	// was counted as slow, so record leaves its outcome alone.
-	a.brk.record(ctx, probe, err, !t.Stop())
+	// was counted as slow, so record leaves its outcome alone; so does a
+	// call the breaker's opening aborted (it says nothing new about S3).
+	slow := !t.Stop()
+	if err != nil && trip.Err() != nil && ctx.Err() == nil {
+		err = fmt.Errorf("%w: aborted when the breaker opened (%w)", l2.ErrUnavailable, err)
+		slow = true
+	}
+	a.brk.record(ctx, probe, err, slow)
 	return err
+}
+
+// abortInFlight runs when the breaker opens (under the breaker's lock):
+// it cancels the requests in flight and arms a fresh trip context for the
+// ones admitted later.
+func (a *Adapter) abortInFlight() {
+	a.tripMu.Lock()
+	defer a.tripMu.Unlock()
+	a.tripCancel()
+	a.trip, a.tripCancel = context.WithCancel(context.Background())
 }
 
 // slowLimit is when a request moving n body bytes counts as slow: the
