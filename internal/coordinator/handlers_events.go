@@ -97,12 +97,17 @@ func plainKeys(b []byte) bool {
 			continue
 		}
 		start := i + 1
-		for i++; i < len(b) && b[i] != '"'; i++ {
-			switch c := b[i]; {
-			case c < 0x20 || c >= 0x80:
-				return false
-			case c == '\\':
-				i++
+		for i++; i < len(b); i++ {
+			// One table load per byte: the loop runs over every string byte
+			// of a batch (about a quarter of the decode's own time).
+			if k := strByte[b[i]]; k != 0 {
+				if k == badByte {
+					return false
+				}
+				if b[i] == '"' {
+					break
+				}
+				i++ // a backslash: skip the escaped byte
 			}
 		}
 		if i >= len(b) {
@@ -123,6 +128,24 @@ func plainKeys(b []byte) bool {
 	}
 	return true
 }
+
+// strByte classifies bytes inside a JSON string for plainKeys: 0 plain,
+// endByte for '"' and '\\', badByte for control and non-ASCII bytes.
+var strByte = func() (t [256]byte) {
+	for c := 0; c < 0x20; c++ {
+		t[c] = badByte
+	}
+	for c := 0x80; c < 0x100; c++ {
+		t[c] = badByte
+	}
+	t['"'], t['\\'] = endByte, endByte
+	return t
+}()
+
+const (
+	endByte = 1
+	badByte = 2
+)
 
 // fastBatch is the fast decoder's verdict on a body: ok with the decoded
 // batch, a definite rejection (err), or neither (defer to the slow

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -144,6 +145,15 @@ func BenchmarkDecodeBatch(b *testing.B) {
 		{"encoding_json", func() error { var w stdBatch; return json.Unmarshal(body, &w) }},
 		{"goccy_go_json_std_shape", func() error { var w stdBatch; return gojson.UnmarshalNoEscape(body, &w) }},
 		{"goccy_go_json_shipped_shape", func() error { var w wireBatch; return gojson.UnmarshalNoEscape(body, &w) }},
+		// What decodeFast adds in front of the goccy decode: the plain-key
+		// scan that keeps case-folded keys and control characters off the
+		// fast path.
+		{"plain_keys_scan", func() error {
+			if !plainKeys(body) {
+				return errors.New("bench body has non-plain keys")
+			}
+			return nil
+		}},
 	} {
 		b.Run(d.name, func(b *testing.B) {
 			b.ReportAllocs()
