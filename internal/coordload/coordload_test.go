@@ -1,0 +1,223 @@
+package coordload
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator"
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// startCoordinator runs a real coordinator on a loopback port until the
+// test ends and returns its base URL.
+func startCoordinator(t *testing.T) string {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Host, cfg.Port, cfg.EnableStartupResync = "127.0.0.1", 0, false
+	srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("coordinator: %v", err)
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
+type usage struct {
+	TotalGB float64 `json:"total_gb"`
+	BySalt  []struct {
+		Salt    string  `json:"cache_salt"`
+		UsageGB float64 `json:"usage_gb"`
+	} `json:"by_cache_salt"`
+}
+
+func getUsage(t *testing.T, c *http.Client, url string) usage {
+	t.Helper()
+	resp, err := c.Get(url + "/quota")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var u usage
+	if err := json.NewDecoder(resp.Body).Decode(&u); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// TestRunAgainstCoordinator drives a real coordinator over loopback: every
+// key arrives exactly once (1 GiB each, so usage in GiB counts keys), per
+// salt as key i mod salts, a rerun of the same keys changes nothing, and
+// an offset run adds new ones.
+func TestRunAgainstCoordinator(t *testing.T) {
+	url := startCoordinator(t)
+	client := NewClient(3)
+	defer client.CloseIdleConnections()
+	cfg := Config{URL: url, Keys: 5003, Batch: 100, Concurrency: 3, Salts: 5, Instances: 7, Bytes: 1 << 30, Timeout: DefaultConfig().Timeout}
+	res, err := Run(context.Background(), cfg, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Events != 5003 || res.Requests != 51 || res.Max < res.P99 || res.P99 < res.P50 || res.P50 <= 0 {
+		t.Fatalf("result %+v, want 5003 events in 51 requests with max >= p99 >= p50 > 0", res)
+	}
+	u := getUsage(t, client, url)
+	if u.TotalGB != 5003 || len(u.BySalt) != 5 {
+		t.Fatalf("usage %+v, want 5003 GiB over 5 salts", u)
+	}
+	for _, s := range u.BySalt {
+		// Keys 0..5002: salts 0-2 get 1001 keys, salts 3-4 get 1000.
+		want := 1000.0
+		if s.Salt < SaltName(3) {
+			want = 1001
+		}
+		if s.UsageGB != want {
+			t.Fatalf("salt %s: %v GiB, want %v", s.Salt, s.UsageGB, want)
+		}
+	}
+	if _, err := Run(context.Background(), cfg, client); err != nil {
+		t.Fatal(err)
+	}
+	if u := getUsage(t, client, url); u.TotalGB != 5003 {
+		t.Fatalf("after re-storing the same keys: %v GiB, want 5003", u.TotalGB)
+	}
+	cfg.Offset, cfg.Keys = 5003, 997
+	if _, err := Run(context.Background(), cfg, client); err != nil {
+		t.Fatal(err)
+	}
+	if u := getUsage(t, client, url); u.TotalGB != 6000 {
+		t.Fatalf("after 997 more keys: %v GiB, want 6000", u.TotalGB)
+	}
+}
+
+// TestRunStopsOnRejection: a refused batch or a wrong recorded count ends
+// the run with an error naming the instance and seq; only accepted events
+// are counted.
+func TestRunStopsOnRejection(t *testing.T) {
+	for _, tc := range []struct {
+		name, reply string
+		status      int
+		want        string
+	}{
+		{"422", `{"detail":[]}`, http.StatusUnprocessableEntity, "status 422"},
+		{"short count", `{"recorded":1}`, http.StatusOK, `want {"recorded": 10}`},
+		{"not json", `ok`, http.StatusOK, `want {"recorded": 10}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var bodies []string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				bodies = append(bodies, string(b))
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, tc.reply)
+			}))
+			defer srv.Close()
+			client := NewClient(1)
+			defer client.CloseIdleConnections()
+			res, err := Run(context.Background(), Config{URL: srv.URL, Keys: 100, Batch: 10, Concurrency: 1, Salts: 1, Instances: 1, Timeout: DefaultConfig().Timeout}, client)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "mp-0 seq 1") {
+				t.Fatalf("err %v, want one naming mp-0 seq 1 and %q", err, tc.want)
+			}
+			if res.Events != 0 || res.Requests != 0 || len(bodies) != 1 {
+				t.Fatalf("result %+v after %d requests, want nothing counted after 1", res, len(bodies))
+			}
+			var b wireBatch
+			if err := json.Unmarshal([]byte(bodies[0]), &b); err != nil || b.InstanceID != "mp-0" || b.Seq != 1 || b.Tier != "l2" || len(b.Events) != 10 ||
+				b.Events[3].Type != "store" || b.Events[3].Key.ChunkHashHex != ChunkHash(3) || b.Events[3].Key.CacheSalt != "tenant-0" {
+				t.Fatalf("body %s (%v)", bodies[0], err)
+			}
+		})
+	}
+}
+
+// TestInstancesKeepTheirSeqOrder: with more instances than workers each
+// instance is reported by one worker, so its seq numbers arrive 1, 2, 3...
+func TestInstancesKeepTheirSeqOrder(t *testing.T) {
+	type seen struct {
+		inst string
+		seq  int64
+	}
+	ch := make(chan seen, 200)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var b wireBatch
+		if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		ch <- seen{b.InstanceID, b.Seq}
+		_, _ = io.WriteString(w, `{"recorded":`+itoaTest(len(b.Events))+`}`)
+	}))
+	defer srv.Close()
+	client := NewClient(4)
+	defer client.CloseIdleConnections()
+	res, err := Run(context.Background(), Config{URL: srv.URL, Keys: 1000, Batch: 10, Concurrency: 4, Salts: 3, Instances: 10, Timeout: DefaultConfig().Timeout}, client)
+	if err != nil || res.Requests != 100 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	close(ch)
+	last := map[string]int64{}
+	total := 0
+	for s := range ch {
+		if s.seq != last[s.inst]+1 {
+			t.Fatalf("instance %s: seq %d after %d", s.inst, s.seq, last[s.inst])
+		}
+		last[s.inst] = s.seq
+		total++
+	}
+	if len(last) != 10 || total != 100 {
+		t.Fatalf("%d instances, %d batches; want 10, 100", len(last), total)
+	}
+}
+
+func itoaTest(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+func TestParseFlags(t *testing.T) {
+	c, err := ParseFlags([]string{"--url", "http://127.0.0.1:1", "--keys", "20000000", "--batch", "500", "--concurrency", "8", "--salts", "10", "--instances", "20", "--offset", "5"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultConfig()
+	want.URL, want.Keys, want.Batch, want.Concurrency, want.Salts, want.Instances, want.Offset = "http://127.0.0.1:1", 20_000_000, 500, 8, 10, 20, 5
+	if c != want {
+		t.Fatalf("got %+v, want %+v", c, want)
+	}
+	for _, args := range [][]string{{"--keys", "0"}, {"--batch", "0"}, {"--concurrency", "0"}, {"--salts", "0"}, {"--instances", "0"}, {"--bytes", "-1"}, {"--timeout", "0s"}, {"--offset", "-1"}, {"--url", "127.0.0.1:9300"}, {"extra"}} {
+		if _, err := ParseFlags(args, io.Discard); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}
+
+// TestChunkHashDistinct: the key stream is distinct and well-formed.
+func TestChunkHashDistinct(t *testing.T) {
+	seen := make(map[string]bool, 200_000)
+	for i := 0; i < 200_000; i++ {
+		h := ChunkHash(i)
+		if len(h) != 64 || seen[h] {
+			t.Fatalf("key %d: %q (len %d, repeat %v)", i, h, len(h), seen[h])
+		}
+		seen[h] = true
+	}
+}
