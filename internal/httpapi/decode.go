@@ -416,13 +416,22 @@ func parseTokens(h string) ([]int64, error) {
 			toks = append(toks, v)
 		}
 	}
+	if err := checkTokens(toks, HeaderTokens); err != nil {
+		return nil, err
+	}
+	return toks, nil
+}
+
+// checkTokens applies the token cap and the hasher's uint32 domain; label
+// names the field in the message.
+func checkTokens(toks []int64, label string) error {
 	if len(toks) > maxPrefetchTok {
-		return nil, errf(ErrBadRequest, "X-LMCache-Tokens: too many tokens (limit=%d)", maxPrefetchTok)
+		return errf(ErrBadRequest, "%s: too many tokens (limit=%d)", label, maxPrefetchTok)
 	}
 	for i, t := range toks {
 		if t < 0 || t > math.MaxUint32 {
-			return nil, errf(ErrBadRequest, "X-LMCache-Tokens[%d]=%d is outside the uint32 range", i, t)
+			return errf(ErrBadRequest, "%s[%d]=%d is outside the uint32 range", label, i, t)
 		}
 	}
-	return toks, nil
+	return nil
 }

@@ -56,9 +56,71 @@ func parseKVHeaders(h http.Header) (kvRequest, error) {
 	return req, nil
 }
 
+// decodeKVBody parses upstream's JSON body for /api/kv/retrieve and
+// /api/kv/lookup: {"model_name", "tokens", "cache_salt"} (plus our
+// "world_size", default 1; other fields such as protocol_version are
+// ignored). Shape errors are 422; bad values get the header form's 400s.
+func decodeKVBody(body []byte) (kvRequest, error) {
+	var in struct {
+		ModelName *string  `json:"model_name"`
+		Tokens    *[]int64 `json:"tokens"`
+		CacheSalt *string  `json:"cache_salt"`
+		WorldSize *int     `json:"world_size"`
+	}
+	if err := decodeStrict(body, &in, false); err != nil {
+		return kvRequest{}, err
+	}
+	switch {
+	case in.ModelName == nil:
+		return kvRequest{}, missing("body", "model_name")
+	case in.Tokens == nil:
+		return kvRequest{}, missing("body", "tokens")
+	}
+	req := kvRequest{model: *in.ModelName, tokens: *in.Tokens, worldSize: 1}
+	if in.CacheSalt != nil {
+		req.salt = *in.CacheSalt
+	}
+	if in.WorldSize != nil {
+		if *in.WorldSize < 1 || *in.WorldSize > 255 {
+			return req, invalid("less_than_equal", "Input should be between 1 and 255", "body", "world_size")
+		}
+		req.worldSize = *in.WorldSize
+	}
+	if req.model == "" || strings.Contains(req.model, "@") {
+		return req, errf(ErrBadRequest, "model_name must be non-empty and must not contain '@'")
+	}
+	if err := objkey.ValidateSalt(req.salt); err != nil {
+		return req, errf(ErrBadRequest, "cache_salt: %v", err)
+	}
+	if err := checkTokens(req.tokens, "tokens"); err != nil {
+		return req, err
+	}
+	return req, nil
+}
+
+// jsonBody reports whether a /api/kv read carries its request as JSON
+// (upstream's form) rather than in X-LMCache-* headers.
+func jsonBody(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), ctJSON)
+}
+
 // kvSetup resolves the engine, layout and chunk keys of a KV request.
-func (s *Server) kvSetup(r *http.Request) (Engine, engine.Layout, kvRequest, [][]objkey.Key, error) {
-	req, err := parseKVHeaders(r.Header)
+// Reads (allowBody) take the request from a JSON body when the client
+// sends one, which has room for long token lists; the header form is
+// bounded by the server's header limit (about 20,000 ids).
+func (s *Server) kvSetup(w http.ResponseWriter, r *http.Request, allowBody bool) (Engine, engine.Layout, kvRequest, [][]objkey.Key, error) {
+	var req kvRequest
+	var err error
+	if allowBody && jsonBody(r) {
+		var body []byte
+		if body, err = readBody(w, r, maxJSONBody); err == nil {
+			req, err = decodeKVBody(body)
+		}
+	} else {
+		req, err = parseKVHeaders(r.Header)
+	}
 	if err != nil {
 		return nil, engine.Layout{}, req, nil, err
 	}
@@ -75,7 +137,7 @@ func (s *Server) kvSetup(r *http.Request) (Engine, engine.Layout, kvRequest, [][
 }
 
 func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
-	e, l, _, chunks, err := s.kvSetup(r)
+	e, l, _, chunks, err := s.kvSetup(w, r, false)
 	if err != nil {
 		return err
 	}
@@ -157,7 +219,7 @@ func setHitHeaders(h http.Header, res engine.PrefetchResult, prefix, total, chun
 }
 
 func (s *Server) handleKVRetrieve(w http.ResponseWriter, r *http.Request) error {
-	e, _, req, chunks, err := s.kvSetup(r)
+	e, _, req, chunks, err := s.kvSetup(w, r, true)
 	if err != nil {
 		return err
 	}
@@ -217,7 +279,7 @@ func (s *Server) handleKVRetrieve(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Server) handleKVLookup(w http.ResponseWriter, r *http.Request) error {
-	e, _, req, chunks, err := s.kvSetup(r)
+	e, _, req, chunks, err := s.kvSetup(w, r, true)
 	if err != nil {
 		return err
 	}

@@ -94,10 +94,10 @@ func routes() []route {
 		// Bytes-level KV API.
 		{method: "POST", path: "/api/kv/store", tag: "kv", auth: authAlways, body: ctBinary, summary: "Store raw chunk objects for a token sequence (headers X-LMCache-Model, X-LMCache-Tokens, X-LMCache-Cache-Salt, X-LMCache-World-Size).",
 			statuses: st(200, "stored", 400, "bad headers, tokens, salt or body length", 409, "no layout registered", 413, "body too large", 503, notInit), h: (*Server).handleKVStore},
-		{method: "POST", path: "/api/kv/retrieve", tag: "kv", auth: authAlways, summary: "Return the longest cached prefix as bytes; hit counts in X-LMCache-* headers.",
-			produces: ctBinary, statuses: st(200, "prefix bytes", 400, "bad headers or tokens", 404, "no chunk cached", 409, "no layout registered", 503, notInit), h: (*Server).handleKVRetrieve},
-		{method: "POST", path: "/api/kv/lookup", tag: "kv", auth: authAlways, summary: "Report how much of a token sequence is cached.",
-			statuses: st(200, "hit counts", 400, "bad headers or tokens", 409, "no layout registered", 503, notInit), h: (*Server).handleKVLookup},
+		{method: "POST", path: "/api/kv/retrieve", tag: "kv", auth: authAlways, body: ctJSON, summary: "Return the longest cached prefix as bytes; hit counts in X-LMCache-* headers. The request is a JSON body {model_name, tokens, cache_salt, world_size} (upstream's form) or, without a JSON content type, the X-LMCache-* headers.",
+			produces: ctBinary, statuses: st(200, "prefix bytes", 400, "bad headers, tokens, model or salt", 404, "no chunk cached", 409, "no layout registered", 413, "body too large", 422, val, 503, notInit), h: (*Server).handleKVRetrieve},
+		{method: "POST", path: "/api/kv/lookup", tag: "kv", auth: authAlways, body: ctJSON, summary: "Report how much of a token sequence is cached (JSON body or X-LMCache-* headers, as retrieve).",
+			statuses: st(200, "hit counts", 400, "bad headers, tokens, model or salt", 409, "no layout registered", 413, "body too large", 422, val, 503, notInit), h: (*Server).handleKVLookup},
 		// Quota.
 		{method: "GET", path: "/quota", tag: "quota", shape: shapeError, auth: authAlways, summary: "Every registered cache_salt quota with live usage.", statuses: st(200, "quotas", 503, notInit), h: (*Server).handleQuotaList},
 		{method: "PUT", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, body: ctJSON, summary: "Set a cache_salt quota in GB (_default = empty salt).",
