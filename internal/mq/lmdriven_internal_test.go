@@ -1,0 +1,76 @@
+package mq
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/lmcache-go/lmcache/internal/kvlayout"
+)
+
+func ids(groups ...[]int64) []byte {
+	b := msgp.AppendArrayHeader(nil, uint32(len(groups)))
+	for _, g := range groups {
+		b = msgp.AppendArrayHeader(b, uint32(len(g)))
+		for _, v := range g {
+			b = msgp.AppendInt64(b, v)
+		}
+	}
+	return b
+}
+
+// TestDecodeBlockIDs: gpu_block_ids as one list per group (newer clients)
+// or one flat list (older ones); a second non-empty group is a hybrid
+// model and refused; oversized or malformed lists are errors.
+func TestDecodeBlockIDs(t *testing.T) {
+	flat := msgp.AppendArrayHeader(nil, 3)
+	for _, v := range []int64{4, 5, 6} {
+		flat = msgp.AppendInt64(flat, v)
+	}
+	for name, tc := range map[string]struct {
+		in   []byte
+		want []int64
+	}{
+		"one group":          {ids([]int64{7, 8, 9}), []int64{7, 8, 9}},
+		"flat":               {flat, []int64{4, 5, 6}},
+		"empty":              {msgp.AppendArrayHeader(nil, 0), nil},
+		"second group empty": {ids([]int64{1}, nil), []int64{1}},
+	} {
+		got, err := decodeBlockIDs(tc.in)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %v, %v; want %v", name, got, err, tc.want)
+		}
+	}
+	if _, err := decodeBlockIDs(ids([]int64{1}, []int64{2})); !errors.Is(err, kvlayout.ErrHybrid) {
+		t.Errorf("two non-empty groups: %v, want ErrHybrid", err)
+	}
+	huge := msgp.AppendArrayHeader(msgp.AppendArrayHeader(nil, 1), maxBlockIDs+1)
+	for name, in := range map[string][]byte{"too many ids": huge, "not a list": msgp.AppendInt(nil, 3),
+		"string id": msgp.AppendString(msgp.AppendArrayHeader(nil, 1), "x"), "truncated": ids([]int64{1, 2})[:3]} {
+		if _, err := decodeBlockIDs(in); err == nil {
+			t.Errorf("%s accepted", name)
+		}
+	}
+}
+
+// TestDecodeLayoutHints: the TypedDict's known keys are read, others and
+// nil ignored, a non-map refused.
+func TestDecodeLayoutHints(t *testing.T) {
+	m := msgp.AppendMapHeader(nil, 4)
+	m = msgp.AppendString(msgp.AppendString(m, "kv_layout"), "HND")
+	m = msgp.AppendInt(msgp.AppendString(m, "tokens_per_block"), 16)
+	m = msgp.AppendInt(msgp.AppendString(m, "num_kv_heads"), 8)
+	m = msgp.AppendInt(msgp.AppendString(m, "head_dim"), 128)
+	h, err := decodeLayoutHints(m)
+	if err != nil || h != (kvlayout.Hints{KVLayout: "HND", TokensPerBlock: 16, NumKVHeads: 8}) {
+		t.Fatalf("got %+v, %v", h, err)
+	}
+	if h, err := decodeLayoutHints(msgp.AppendNil(nil)); err != nil || h != (kvlayout.Hints{}) {
+		t.Fatalf("nil hints: %+v, %v", h, err)
+	}
+	if _, err := decodeLayoutHints(msgp.AppendInt(nil, 1)); err == nil {
+		t.Fatal("an int accepted as layout_hints")
+	}
+}
