@@ -240,13 +240,14 @@ func TestL2EventsReachCoordinator(t *testing.T) {
 	go func() { defer wg.Done(); _ = eng.Run(ctx) }()
 	defer func() {
 		// engine.Run hangs if cancelled with uploads queued; drain first.
-		deadline := time.Now().Add(10 * time.Second)
-		for busy := true; busy && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-			busy = false
+		waitFor(t, "write-behind to drain", func() bool {
 			for _, a := range eng.Counters().L2 {
-				busy = busy || a.PendingStores > 0 || a.InflightStores > 0
+				if a.PendingStores > 0 || a.InflightStores > 0 {
+					return false
+				}
 			}
-		}
+			return true
+		})
 		cancel()
 		wg.Wait()
 		_ = eng.Close()

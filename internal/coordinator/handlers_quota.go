@@ -17,6 +17,15 @@ func pathSalt(r *http.Request) string {
 	return s
 }
 
+// positiveZero turns -0.0 into 0.0 so neither a reply nor a log line shows
+// "-0" for a limit of zero.
+func positiveZero(v float64) float64 {
+	if v == 0 {
+		return 0
+	}
+	return v
+}
+
 // limitGB validates a GiB limit: negative is a field error (422, as
 // upstream's Pydantic ge=0), non-finite is 400 (upstream crashes with 500).
 func limitGB(f *fields, name string, v float64) (int64, error) {
@@ -57,6 +66,7 @@ func (s *Server) handlePutQuotaConfig(w http.ResponseWriter, r *http.Request) er
 	if err != nil {
 		return err
 	}
+	v = positiveZero(v)
 	s.quotas.SetDefault(&b)
 	s.persist()
 	s.log.Info("default quota limit set", "default_limit_gb", v)
@@ -94,6 +104,7 @@ func (s *Server) handlePutQuota(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	v = positiveZero(v)
 	s.quotas.Set(salt, b)
 	s.persist()
 	s.log.Info("quota set", "cache_salt", salt, "limit_gb", v)
