@@ -22,6 +22,7 @@ type metrics struct {
 	dispatchFailures                        prometheus.Counter
 	dispatchNotOK                           prometheus.Counter
 	seqTrackerResets                        prometheus.Counter
+	resyncSkipped                           prometheus.Counter
 	resyncPages                             prometheus.Counter
 	resyncKeys                              prometheus.Counter
 	seqGaps                                 prometheus.Counter
@@ -46,7 +47,8 @@ func newMetrics(s *Server) *metrics {
 	m.seqRegressions = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_regressions_total", Help: "Event batches whose seq did not advance (reporter restart or replay); still applied."})
 	m.dispatchNotOK = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_dispatch_not_ok_total", Help: "DELETE /cache/objects requests answered 2xx with \"ok\": false; also counted in eviction_dispatch_failures_total and re-planned."})
 	m.seqTrackerResets = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_tracker_resets_total", Help: "Times the per-instance seq tracker was cleared because it held too many instance ids (gaps right after a reset go uncounted)."})
-	reg.MustRegister(m.seqGaps, m.seqRegressions, m.dispatchNotOK, m.seqTrackerResets)
+	m.resyncSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_entries_skipped_total", Help: "GET /cache/objects entries the startup resync could not use (malformed key or size); not recorded."})
+	reg.MustRegister(m.seqGaps, m.seqRegressions, m.dispatchNotOK, m.seqTrackerResets, m.resyncSkipped)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "state_file_corrupt", Help: "1 when the --state-file could not be parsed at startup and was moved aside (the coordinator started with empty quotas and pins)."},
 		func() float64 {
 			if s.stateCorrupt {

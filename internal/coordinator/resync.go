@@ -146,7 +146,8 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 			s.metrics.resyncKeys.Inc()
 		}
 		if skipped > 0 {
-			s.log.Debug("startup resync skipped malformed entries", "count", skipped)
+			s.metrics.resyncSkipped.Add(float64(skipped))
+			s.log.Warn("startup resync skipped malformed entries", "count", skipped, "instance_id", inst.InstanceID)
 		}
 		if page.NextPageToken == nil {
 			return total

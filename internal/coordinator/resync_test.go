@@ -91,6 +91,10 @@ func TestStartupResyncSkipsMalformedAndKeepsPartial(t *testing.T) {
 	if q := mp.queries()[0]; q != "page_size=1000" {
 		t.Fatalf("default page size query %s", q)
 	}
+	// The five unusable entries of page one are counted, not silently lost.
+	if _, raw := c.do("GET", "/metrics", nil); !strings.Contains(string(raw), "lmcache_coordinator_resync_entries_skipped_total 5\n") {
+		t.Fatal("skipped entries not counted as 5")
+	}
 }
 
 // TestStartupResyncStopsOnRepeatedToken: a server that hands back the
