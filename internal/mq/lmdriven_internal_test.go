@@ -74,3 +74,24 @@ func TestDecodeLayoutHints(t *testing.T) {
 		t.Fatal("an int accepted as layout_hints")
 	}
 }
+
+// FuzzLMDFrames: REGISTER_KV_CACHE's kv_caches and layout_hints frames
+// and STORE's gpu_block_ids never panic the decoders, whatever they hold.
+//
+//	go test -run '^$' -fuzz FuzzLMDFrames -fuzztime 30s ./internal/mq/
+func FuzzLMDFrames(f *testing.F) {
+	f.Add(ids([]int64{1, 2}), msgp.AppendMapHeader(nil, 0))
+	f.Add(msgp.AppendArrayHeader(nil, 1), msgp.AppendNil(nil))
+	ext, _ := msgp.AppendExtension(msgp.AppendArrayHeader(nil, 1), &msgp.RawExtension{Type: 1, Data: []byte{0x80, 4, 'N', '.'}})
+	f.Add(ext, msgp.AppendString(nil, "x"))
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		frames := [][]byte{msgp.AppendInt(nil, 1), a, msgp.AppendString(nil, "m"), msgp.AppendInt(nil, 1), msgp.AppendNil(nil), b, a}
+		if d, err := decodeLMDRegister(frames); err == nil && (len(d.wrappers) == 0 || len(d.wrappers) > maxLMDLayers) {
+			t.Fatalf("decoded %d wrappers", len(d.wrappers))
+		}
+		if got, err := decodeBlockIDs(a); err == nil && len(got) > maxBlockIDs {
+			t.Fatalf("decoded %d block ids", len(got))
+		}
+		_, _ = decodeLayoutHints(b)
+	})
+}
