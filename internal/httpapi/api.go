@@ -153,6 +153,10 @@ type Options struct {
 	Environ func() []string
 	// MaxKVBodyBytes caps POST /api/kv/store bodies (default 1 GiB).
 	MaxKVBodyBytes int64
+	// BodyReadTimeout is the time a client has to send a request body,
+	// per started 16 MiB the route allows; past it the request is 408.
+	// Default 30 s.
+	BodyReadTimeout time.Duration
 	// Logger receives request and error logs; nil discards.
 	Logger *slog.Logger
 }
@@ -216,6 +220,9 @@ func New(opts Options) (*Server, error) {
 	s.loops = opts.Periodic
 	if s.loops == nil {
 		s.loops = periodic.NewRegistry()
+	}
+	if s.opts.BodyReadTimeout <= 0 {
+		s.opts.BodyReadTimeout = defaultBodyReadTimeout
 	}
 	if s.opts.MaxKVBodyBytes <= 0 {
 		s.opts.MaxKVBodyBytes = 1 << 30

@@ -21,6 +21,7 @@ var (
 	ErrBadRequest     = errors.New("bad request")
 	ErrUnauthorized   = errors.New("unauthorized")
 	ErrForbidden      = errors.New("forbidden")
+	ErrTimeout        = errors.New("request timeout")
 	ErrNotFound       = errors.New("not found")
 	ErrConflict       = errors.New("conflict")
 	ErrTooLarge       = errors.New("request body too large")
@@ -48,6 +49,8 @@ func statusOf(err error) int {
 		return http.StatusUnauthorized
 	case errors.Is(err, ErrForbidden):
 		return http.StatusForbidden
+	case errors.Is(err, ErrTimeout):
+		return http.StatusRequestTimeout
 	case errors.Is(err, ErrTooLarge):
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrUnsupported), errors.Is(err, l2.ErrListUnsupported):

@@ -68,7 +68,7 @@ func (s *Server) handleListObjects(w http.ResponseWriter, r *http.Request) error
 }
 
 func (s *Server) handleDeleteObjects(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(w, r, maxJSONBody)
+	body, err := s.readBody(w, r, maxJSONBody)
 	if err != nil {
 		return err
 	}
@@ -181,7 +181,7 @@ func (s *Server) layoutFor(e Engine, model string, worldSize int) (engine.Layout
 }
 
 func (s *Server) handleSubmitPrefetch(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(w, r, maxJSONBody)
+	body, err := s.readBody(w, r, maxJSONBody)
 	if err != nil {
 		return err
 	}
@@ -239,7 +239,7 @@ func (s *Server) handlePollPrefetch(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *Server) handleClear(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(w, r, maxSmallBody)
+	body, err := s.readBody(w, r, maxSmallBody)
 	if err != nil {
 		return err
 	}
@@ -258,7 +258,7 @@ func (s *Server) handleClear(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handleChecksums(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(w, r, maxJSONBody)
+	body, err := s.readBody(w, r, maxJSONBody)
 	if err != nil {
 		return err
 	}

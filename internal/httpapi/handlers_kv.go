@@ -115,7 +115,7 @@ func (s *Server) kvSetup(w http.ResponseWriter, r *http.Request, allowBody bool)
 	var err error
 	if allowBody && jsonBody(r) {
 		var body []byte
-		if body, err = readBody(w, r, maxJSONBody); err == nil {
+		if body, err = s.readBody(w, r, maxJSONBody); err == nil {
 			req, err = decodeKVBody(body)
 		}
 	} else {
@@ -158,7 +158,7 @@ func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
 	if want > s.opts.MaxKVBodyBytes {
 		return errf(ErrTooLarge, "store of %d bytes exceeds the %d-byte limit", want, s.opts.MaxKVBodyBytes)
 	}
-	body, err := readBody(w, r, want+1)
+	body, err := s.readBody(w, r, want+1)
 	if err != nil {
 		return err
 	}

@@ -33,7 +33,7 @@ func (s *Server) handleQuotaList(w http.ResponseWriter, _ *http.Request) error {
 
 func (s *Server) handleQuotaPut(w http.ResponseWriter, r *http.Request) error {
 	seg := r.PathValue("cache_salt")
-	body, err := readBody(w, r, maxSmallBody)
+	body, err := s.readBody(w, r, maxSmallBody)
 	if err != nil {
 		return err
 	}
@@ -315,7 +315,7 @@ func (s *Server) handleReconfigure(w http.ResponseWriter, r *http.Request) error
 	if backend == "" || op == "" {
 		return errf(ErrBadRequest, "backend and operation must be non-empty")
 	}
-	body, err := readBody(w, r, maxSmallBody)
+	body, err := s.readBody(w, r, maxSmallBody)
 	if err != nil {
 		return err
 	}

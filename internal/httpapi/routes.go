@@ -156,6 +156,13 @@ func routes() []route {
 			rs[i].statuses[401] = unauth
 		}
 	}
+	// Every route that reads a JSON or binary body bounds the time the
+	// client has to send it.
+	for i := range rs {
+		if rs[i].body == ctJSON || rs[i].body == ctBinary {
+			rs[i].statuses[408] = "request body not received within the read deadline"
+		}
+	}
 	return rs
 }
 
@@ -310,13 +317,15 @@ type RouteInfo struct {
 	// ErrorShape is the error body convention: "detail" ({"detail": ...}),
 	// "error" ({"error": ...}) or "text" (text/plain).
 	ErrorShape string
+	// Body is the request body's content type ("" = none).
+	Body string
 }
 
 // Routes lists every route the server serves.
 func Routes() []RouteInfo {
 	var out []RouteInfo
 	for _, rt := range routes() {
-		ri := RouteInfo{Method: rt.method, Path: rt.path, Pattern: rt.muxPattern(), Auth: authNames[rt.auth], ErrorShape: [...]string{"detail", "error", "text"}[rt.shape]}
+		ri := RouteInfo{Method: rt.method, Path: rt.path, Pattern: rt.muxPattern(), Auth: authNames[rt.auth], ErrorShape: [...]string{"detail", "error", "text"}[rt.shape], Body: rt.body}
 		for c := range rt.statuses {
 			ri.Statuses = append(ri.Statuses, c)
 		}
