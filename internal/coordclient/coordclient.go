@@ -164,6 +164,9 @@ type Batch struct {
 type Client struct {
 	cfg  Config
 	base string
+	// logURL is base with any userinfo password masked: the only form
+	// that goes into log lines.
+	logURL string
 	hc   *http.Client
 	log  *slog.Logger
 
@@ -210,6 +213,7 @@ func New(cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("coordinator client: http port %d out of range", cfg.HTTPPort)
 		}
 		c.base = strings.TrimRight(cfg.URL, "/")
+		c.logURL = strings.TrimRight(u.Redacted(), "/")
 	}
 	id := cfg.InstanceID
 	if id == "" {
@@ -293,7 +297,7 @@ func (c *Client) registrarCycle(ctx context.Context) (periodic.Summary, error) {
 		if ctx.Err() != nil {
 			return periodic.Summary{Message: "stopping"}, nil
 		}
-		c.log.Warn("coordinator unreachable; will retry", "url", c.base, "err", err)
+		c.log.Warn("coordinator unreachable; will retry", "url", c.logURL, "err", err)
 		return periodic.Summary{}, err
 	}
 	return periodic.Summary{Message: "instance_id=" + c.InstanceID()}, nil
@@ -359,7 +363,7 @@ func (c *Client) register(ctx context.Context) error {
 	if c.cfg.Metrics != nil {
 		c.cfg.Metrics.CoordRegistrations.Inc()
 	}
-	c.log.Info("registered with coordinator", "url", c.base, "instance_id", id, "re_registered", resp.ReRegistered)
+	c.log.Info("registered with coordinator", "url", c.logURL, "instance_id", id, "re_registered", resp.ReRegistered)
 	return nil
 }
 

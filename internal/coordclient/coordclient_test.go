@@ -493,3 +493,54 @@ func TestAuthTokenSentToCoordinator(t *testing.T) {
 		t.Fatalf("deregistration with the token failed: %+v", l)
 	}
 }
+
+// lockedBuf is a log sink safe for the client's goroutines.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestURLPasswordNeverLogged: a coordinator URL with userinfo is logged
+// with the password masked, on success and on failure.
+func TestURLPasswordNeverLogged(t *testing.T) {
+	ln := listen(t)
+	base := startCoordinator(t, ln)
+	var logs lockedBuf
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	withPass := strings.Replace(base, "http://", "http://ops:pw-s3cret@", 1)
+	c, err := coordclient.New(coordclient.Config{URL: withPass, HTTPPort: 8080, InstanceID: "mp-u", HeartbeatInterval: 20 * time.Millisecond, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	waitFor(t, "registration", c.Registered)
+	dead := listen(t)
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	reg := periodic.NewRegistry()
+	d, err := coordclient.New(coordclient.Config{URL: "http://ops:pw-s3cret@" + deadAddr, HTTPPort: 8080, HeartbeatInterval: 20 * time.Millisecond, Periodic: reg, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, d)
+	waitFor(t, "a failed attempt", func() bool { st, _ := reg.Get(coordclient.LoopRegistrar); return st.FailedRuns >= 1 })
+	out := logs.String()
+	if !strings.Contains(out, "registered with coordinator") || !strings.Contains(out, "coordinator unreachable") {
+		t.Fatalf("expected both log lines:\n%s", out)
+	}
+	if strings.Contains(out, "pw-s3cret") || !strings.Contains(out, "ops:xxxxx@") {
+		t.Fatalf("password not masked:\n%s", out)
+	}
+}
