@@ -167,8 +167,8 @@ type Client struct {
 	// logURL is base with any userinfo password masked: the only form
 	// that goes into log lines.
 	logURL string
-	hc   *http.Client
-	log  *slog.Logger
+	hc     *http.Client
+	log    *slog.Logger
 
 	id         atomic.Pointer[string] // current instance id (desired, then assigned)
 	registered atomic.Bool
