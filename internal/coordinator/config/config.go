@@ -182,7 +182,7 @@ func fieldsTable() []field {
 			check: func(c Config) string { return rangeInt(c.MetricsTopSalts, 0, 10000) }},
 		{flag: "inflight-ttl", env: "INFLIGHT_TTL", kind: "float", usage: "seconds dispatched eviction victims are not re-sent while their delete events are awaited", f: func(c *Config) *float64 { return &c.InflightTTL },
 			check: func(c Config) string { return ge0(c.InflightTTL) }},
-		{flag: "auth-token", env: "AUTH_TOKEN", kind: "secret", usage: "bearer token required on every mutating route and POST /quota/events (empty: no authentication, as upstream)", s: func(c *Config) *string { return &c.AuthToken }},
+		{flag: "auth-token", env: "AUTH_TOKEN", kind: "secret", usage: "bearer token required on every mutating route (POST /quota/events included) and the prefetch relay (empty: no authentication, as upstream)", s: func(c *Config) *string { return &c.AuthToken }},
 		{flag: "mp-auth-token", env: "MP_AUTH_TOKEN", kind: "secret", usage: "bearer token sent to the MP servers (their --http-auth-token) on eviction, resync and prefetch calls", s: func(c *Config) *string { return &c.MPAuthToken }},
 		{flag: "log-level", env: "LOG_LEVEL", kind: "string", usage: "log level: debug, info, warn or error", s: func(c *Config) *string { return &c.LogLevel },
 			check: func(c Config) string {
