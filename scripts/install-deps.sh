@@ -6,7 +6,8 @@
 #   scripts/install-deps.sh          # build deps only (libzmq for cgo)
 #   scripts/install-deps.sh test     # plus test deps: staticcheck, versitygw,
 #                                    # Debian python3-zmq/msgpack for interop,
-#                                    # prometheus (promtool) for deploy/
+#                                    # prometheus (promtool) for deploy/,
+#                                    # etcd-server for internal/leader
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,8 @@ if [[ "$mode" == "test" ]]; then
 	pkgs+=(python3 python3-zmq python3-msgpack)
 	# promtool (Debian ships it in prometheus) checks deploy/prometheus rules.
 	pkgs+=(prometheus)
+	# /usr/bin/etcd: internal/leader's tests start a three-member etcd cluster.
+	pkgs+=(etcd-server)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
