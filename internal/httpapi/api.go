@@ -21,6 +21,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/lmcache-go/lmcache/internal/buildinfo"
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/httplimit"
@@ -175,6 +177,10 @@ type Server struct {
 
 	regMu sync.Mutex // serializes static layout registration in SetEngine
 
+	// scriptFailures counts /run_script runs that failed, by reason (a
+	// refused run, busy, is dropped work).
+	scriptFailures *prometheus.CounterVec
+
 	// secrets are the configured secret values (the auth token, keys in
 	// the adapter JSON), scrubbed from error messages and script output.
 	secrets []string
@@ -212,6 +218,17 @@ func New(opts Options) (*Server, error) {
 	s.metrics = opts.Metrics
 	if s.metrics == nil {
 		s.metrics = mpmetrics.New(opts.InstanceID, nil)
+	}
+	s.scriptFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lmcache_mp_run_script_failures_total",
+		Help: "POST /run_script runs that failed, by reason: memory_limit, deadline, output_limit, busy (refused: too many running), import_not_allowed, sandbox, error (the script raised).",
+	}, []string{"reason"})
+	if err := s.metrics.Registry().Register(s.scriptFailures); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return nil, fmt.Errorf("httpapi: register metrics: %w", err)
+		}
+		s.scriptFailures = are.ExistingCollector.(*prometheus.CounterVec)
 	}
 	s.levels = opts.LogLevels
 	if s.levels == nil {

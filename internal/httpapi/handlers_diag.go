@@ -260,6 +260,7 @@ func (s *Server) handleRunScript(w http.ResponseWriter, r *http.Request) error {
 		s.log.Debug("run_script output", "file", hdr.Filename, "printed", s.scrub(res.Printed))
 	}
 	if err != nil {
+		s.scriptFailures.WithLabelValues(scriptFailureReason(err)).Inc()
 		msg := s.scrub(err.Error())
 		s.log.Debug("run_script failed", "file", hdr.Filename, "err", msg)
 		writeText(w, http.StatusInternalServerError, "Error executing script: "+msg)
@@ -267,6 +268,26 @@ func (s *Server) handleRunScript(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeText(w, http.StatusOK, s.scrub(res.Text))
 	return nil
+}
+
+// scriptFailureReason is the reason label of
+// lmcache_mp_run_script_failures_total.
+func scriptFailureReason(err error) string {
+	switch {
+	case errors.Is(err, script.ErrMemoryLimit):
+		return "memory_limit"
+	case errors.Is(err, script.ErrDeadline):
+		return "deadline"
+	case errors.Is(err, script.ErrOutputLimit):
+		return "output_limit"
+	case errors.Is(err, script.ErrBusy):
+		return "busy"
+	case errors.Is(err, script.ErrImportNotAllowed):
+		return "import_not_allowed"
+	case errors.Is(err, script.ErrSandbox):
+		return "sandbox"
+	}
+	return "error"
 }
 
 // scriptApp is the read-only "app" a script sees: snapshots of version,

@@ -25,4 +25,13 @@ func TestRunScriptMemoryLimit(t *testing.T) {
 	if strings.Contains(string(r.body), "goroutine") {
 		t.Fatalf("runtime dump leaked into the reply: %s", r.body)
 	}
+	// The failure is counted by reason.
+	form, ct = scriptForm(t, "script", `load("os", "os")`)
+	e.expect(500, "POST", "/run_script", form, map[string]string{"Content-Type": ct})
+	metrics := string(e.expect(200, "GET", "/metrics", nil).body)
+	for _, want := range []string{`lmcache_mp_run_script_failures_total{reason="memory_limit"} 1`, `lmcache_mp_run_script_failures_total{reason="import_not_allowed"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 }

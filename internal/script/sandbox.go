@@ -77,6 +77,8 @@ func (r response) result(cfg Config) (Result, error) {
 			return Result{Printed: r.Printed}, fmt.Errorf("%w: %s", ErrImportNotAllowed, msg)
 		case "output":
 			return Result{}, fmt.Errorf("%w (%d bytes)", ErrOutputLimit, cfg.MaxOutput)
+		case "deadline":
+			return Result{Printed: cut(r.Printed, cfg.MaxOutput)}, fmt.Errorf("%w: %s", ErrDeadline, msg)
 		}
 		return Result{Printed: cut(r.Printed, cfg.MaxOutput)}, errors.New(msg)
 	}
@@ -197,7 +199,8 @@ func execute(req request) response {
 	}
 	th.SetMaxExecutionSteps(req.MaxSteps)
 	// The timer is the only other goroutine; the process exits right after.
-	timer := time.AfterFunc(req.Timeout, func() { th.Cancel(fmt.Sprintf("deadline exceeded: script ran past %v", req.Timeout)) })
+	deadlineMsg := fmt.Sprintf("script ran past %v", req.Timeout)
+	timer := time.AfterFunc(req.Timeout, func() { th.Cancel(deadlineMsg) })
 	defer timer.Stop()
 	opts := &syntax.FileOptions{Set: true, While: true, TopLevelControl: true, GlobalReassign: true, Recursion: true}
 	globals, err := starlark.ExecFileOptions(opts, th, req.Filename, req.Src, starlark.StringDict{"app": app})
@@ -212,8 +215,11 @@ func execute(req request) response {
 			msg = ee.Backtrace()
 		}
 		kind := ""
-		if importErr && strings.Contains(msg, "is not allowed") {
+		switch {
+		case importErr && strings.Contains(msg, "is not allowed"):
 			kind = "import"
+		case strings.Contains(msg, deadlineMsg):
+			kind = "deadline"
 		}
 		return response{Printed: printed, Error: cut(msg, req.MaxOutput), Kind: kind}
 	}

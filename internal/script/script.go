@@ -56,6 +56,8 @@ var (
 	// ErrMemoryLimit: the script's process ran out of its memory budget
 	// (or stack) and was stopped.
 	ErrMemoryLimit = errors.New("script memory limit exceeded")
+	// ErrDeadline: the script ran past its wall-clock limit.
+	ErrDeadline = errors.New("deadline exceeded")
 	// ErrBusy: MaxConcurrent scripts were running for the whole deadline.
 	ErrBusy = errors.New("too many scripts running")
 	// ErrSandbox: the sandbox process could not be started or died for
@@ -176,7 +178,7 @@ func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) 
 	case parent.Err() != nil:
 		return Result{}, fmt.Errorf("script cancelled: %w", parent.Err())
 	case kctx.Err() != nil:
-		return Result{}, fmt.Errorf("deadline exceeded: script ran past %v", cfg.Timeout)
+		return Result{}, fmt.Errorf("%w: script ran past %v", ErrDeadline, cfg.Timeout)
 	case strings.Contains(errText, "out of memory"), strings.Contains(errText, "cannot allocate memory"), strings.Contains(errText, "failed to allocate"),
 		strings.Contains(errText, "stack exceeds"), strings.Contains(errText, "stack overflow"):
 		return Result{}, fmt.Errorf("%w (%d MiB)", ErrMemoryLimit, cfg.MemoryBytes>>20)

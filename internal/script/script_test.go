@@ -37,7 +37,7 @@ result = json.encode([1, 2])`)
 	if _, err := Run(ctx, Config{MaxSteps: 1000}, "a.star", "for i in range(100000):\n  pass"); err == nil || !strings.Contains(err.Error(), "too many steps") {
 		t.Fatalf("steps: %v", err)
 	}
-	if _, err := Run(ctx, Config{MaxSteps: 1 << 40, Timeout: 50 * time.Millisecond}, "a.star", "while True:\n  pass"); err == nil || !strings.Contains(err.Error(), "deadline") {
+	if _, err := Run(ctx, Config{MaxSteps: 1 << 40, Timeout: 50 * time.Millisecond}, "a.star", "while True:\n  pass"); !errors.Is(err, ErrDeadline) || !strings.Contains(err.Error(), "script ran past 50ms") {
 		t.Fatalf("deadline: %v", err)
 	}
 	if _, err := Run(ctx, Config{MaxOutput: 10}, "a.star", "for i in range(100):\n  print('xxxxx')"); !errors.Is(err, ErrOutputLimit) {
