@@ -88,6 +88,9 @@ func (st *state) startPrefetch(key *wire.Key, readers int) (bool, error) {
 	}
 	world := int(key.WorldSize)
 	flat := objectKeys(key.ModelName, world, key.CacheSalt, hashes[first:last], -1)
+	if len(flat) != (last-first)*world {
+		return false, fmt.Errorf("no object keys for (%s, %q)", key.ModelName, key.CacheSalt) // lookupKey validated both; defensive
+	}
 	chunks := make([][]objkey.Key, last-first)
 	for i := range chunks {
 		chunks[i] = flat[i*world : (i+1)*world : (i+1)*world]

@@ -218,6 +218,8 @@ func TestMalformedFrames(t *testing.T) {
 		{"prepare_store with a str key", [][]byte{uid, op(wire.OpPrepareStore), msgp.AppendString(nil, "k"), wire.EncodeInt(1)}, wire.NegativeReply(wire.OpPrepareStore)},
 		{"prepare_retrieve with trailing bytes", [][]byte{uid, op(wire.OpPrepareRetrieve), {0x80, 0x01}, wire.EncodeInt(1)}, wire.NegativeReply(wire.OpPrepareRetrieve)},
 		{"commit_store data as int", [][]byte{uid, op(wire.OpCommitStore), wire.Marshal(key("m", 1, 0, nil, 0, 0, "r")), wire.EncodeInt(1), wire.EncodeInt(5)}, wire.False},
+		{"prepare_retrieve with a bad salt", [][]byte{uid, op(wire.OpPrepareRetrieve), wire.Marshal(saltKey("a@b")), wire.EncodeInt(1)}, wire.NegativeReply(wire.OpPrepareRetrieve)},
+		{"prepare_store with a bad salt", [][]byte{uid, op(wire.OpPrepareStore), wire.Marshal(saltKey("a/b")), wire.EncodeInt(1)}, wire.NegativeReply(wire.OpPrepareStore)},
 		{"commit_retrieve unknown instance", [][]byte{uid, op(wire.OpCommitRetrieve), wire.Marshal(key("m", 1, 0, nil, 0, 0, "r")), wire.EncodeInt(9)}, wire.False},
 		{"lookup with garbage key", [][]byte{uid, op(wire.OpLookup), {0xc1}, wire.EncodeInt(1)}, wire.Nil},
 		{"query with int request id", [][]byte{uid, op(wire.OpQueryPrefetchStatus), wire.EncodeInt(3)}, wire.EncodeInt(0)},
@@ -411,4 +413,11 @@ func TestAbandonedTransfersAreDropped(t *testing.T) {
 	if !w.retrieve(tokens, 0, 2*testChunk, "r2", d) {
 		t.Fatal("retrieve after the drop failed")
 	}
+}
+
+// saltKey is a one-chunk worker key with the given cache_salt.
+func saltKey(salt string) *wire.Key {
+	k := key("m", 1, 0, prompt(1, testChunk), 0, testChunk, "r")
+	k.CacheSalt = salt
+	return k
 }

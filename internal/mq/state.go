@@ -455,6 +455,11 @@ func (st *state) workerRequest(req *request) (*wire.Key, *registration, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// objkey.FanOut refuses keys with a bad salt; refuse the request
+	// before any key is built.
+	if err := objkey.ValidateSalt(key.CacheSalt); err != nil {
+		return nil, nil, err
+	}
 	var inst wire.Int
 	if err := wire.Unmarshal(req.payloads[1], &inst); err != nil {
 		return nil, nil, fmt.Errorf("decode instance_id: %w", err)
