@@ -363,7 +363,13 @@ func (e *Engine) loadFrom(ctx context.Context, ai int, j *job, tag string, keys 
 	e.st.l2LoadSub.Add(1)
 	e.st.l2LoadSubObj.addKeys(keys, 1)
 	st.inflightLoads.Add(1)
-	ok, err := e.adapters[ai].Load(ctx, keys, dst)
+	lctx := ctx
+	if j.req.Readers > 0 && !j.req.Sparse {
+		// A lookup is waiting: an adapter call that stalls past its
+		// slow-call limit is abandoned rather than awaited to its timeout.
+		lctx = l2.WithFailSlow(ctx)
+	}
+	ok, err := e.adapters[ai].Load(lctx, keys, dst)
 	st.inflightLoads.Add(-1)
 	if err != nil {
 		st.loadFailed.Add(1)

@@ -28,7 +28,7 @@ func TestLookupBudgetStalledS3(t *testing.T) {
 	cfg.AccessKeyID, cfg.SecretAccessKey = srv.AccessKey, srv.SecretKey
 	const opTimeout, waitDeadline = 40 * time.Second, 20 * time.Second
 	cfg.MaxAttempts, cfg.OpTimeout = 1, opTimeout
-	cfg.SlowCall, cfg.BreakerCooldown = 300*time.Millisecond, 200*time.Millisecond
+	cfg.SlowCall, cfg.BreakerCooldown = time.Second, 200*time.Millisecond
 	a, err := s3.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -41,6 +41,17 @@ func TestLookupBudgetStalledS3(t *testing.T) {
 	resident := chunks("t", 0, 4, 1)
 	h.mustPut(t, flat(resident))
 	waitFor(t, func() bool { return h.Counters().L2[0].StoreObjects == 4 })
+	// A loaded machine may have made a setup upload slow; a fresh answer
+	// from the healthy S3 (a 404) clears the breaker's count.
+	absent := flat(chunks("t", 200, 201, 1))
+	waitFor(t, func() bool {
+		hits, err := a.LookupAndLock(context.Background(), absent)
+		if err == nil && hits[0] {
+			t.Fatal("absent key found")
+		}
+		st := a.Status()
+		return st["breaker_state"] == "closed" && st["connection_failures"] == 0
+	})
 	// Four L1 chunks, then one that no tier holds: the lookup must ask S3.
 	query := append(slices.Clone(resident), chunks("t", 100, 101, 1)...)
 	l1Chunks := 4 // resident chunks the lookups below lock (and release)
@@ -77,27 +88,25 @@ func TestLookupBudgetStalledS3(t *testing.T) {
 		t.Fatalf("a lookup cut by its budget moved the breaker: %v", st)
 	}
 
-	// A lookup whose last chunk this server uploaded and L1 no longer
-	// holds: S3 confirms it from memory (no request), so the GET is what
-	// hangs. The uploads queued next hang too, count slow and open the
-	// breaker, which aborts the GET: the lookup answers the 3 L1 chunks.
+	// A lookup whose chunk 3 this server uploaded and L1 no longer holds:
+	// S3 confirms it from memory (no request), so the GET is what hangs.
+	// A lookup's loads are made fail-slow: the GET is abandoned at its
+	// slow-call limit and the lookup answers the 3 L1 chunks, no error.
 	if _, skipped := h.DeleteL1(flat(resident[3:]), false); skipped != 0 {
 		t.Fatalf("chunk 3 not deletable: %d skipped", skipped)
 	}
-	if err := h.Prefetch(PrefetchRequest{ID: "needs-get", Chunks: resident, Readers: 1}); err != nil {
-		t.Fatal(err)
+	l1Chunks = 3
+	if r := lookup("needs-get"); r.PrefixChunks != 3 || r.L2Keys != 0 || r.Err != nil || h.Counters().L2[0].LoadFailed != 1 {
+		t.Fatalf("lookup whose S3 chunk hangs in its GET: %+v, L2 %+v; want the 3 L1 chunks, no error, 1 failed load", r, h.Counters().L2[0])
 	}
+	if st := a.Status(); st["breaker_state"] != "closed" || st["slow_calls"].(int64) < 1 {
+		t.Fatalf("after one abandoned GET: %v", st)
+	}
+
+	// Uploads during the stall: they hang, count slow, and open the breaker.
 	pending := flat(chunks("t", 10, 20, 1))
 	h.mustPut(t, pending)
 	waitFor(t, func() bool { return a.Status()["breaker_state"] == "open" })
-	wctx, wcancel := context.WithTimeout(context.Background(), waitDeadline)
-	r, err = h.WaitPrefetch(wctx, "needs-get")
-	l1Chunks = 3
-	wcancel()
-	if err != nil || r.PrefixChunks != 3 || r.L2Keys != 0 || r.Err != nil {
-		t.Fatalf("lookup whose S3 chunk was loading when the breaker opened: %+v %v; want the 3 L1 chunks, no error", r, err)
-	}
-	h.ReleaseRead("needs-get", flat(resident[:3]), 1)
 	r = lookup("broken")
 	if c := h.Counters(); r.PrefixChunks != l1Chunks || r.Err != nil || c.L2LookupUnavailable == 0 || c.L2[0].StoreObjects != 4 {
 		t.Fatalf("lookup with the breaker open: %+v, counters %+v", r, c)

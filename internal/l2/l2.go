@@ -10,6 +10,7 @@ package l2
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
@@ -20,6 +21,27 @@ var ErrListUnsupported = errors.New("adapter does not support listing")
 
 // ErrUnavailable is returned while an adapter is circuit-broken or closed.
 var ErrUnavailable = errors.New("adapter unavailable")
+
+// ErrSlow wraps ErrUnavailable: a call made under WithFailSlow ran past
+// the adapter's slow-call limit and was abandoned.
+var ErrSlow = fmt.Errorf("%w: call abandoned as slow", ErrUnavailable)
+
+type failSlowKey struct{}
+
+// WithFailSlow marks ctx so that an adapter with a slow-call limit (s3)
+// abandons a call of this context that runs past it, failing it with
+// ErrSlow, instead of waiting its full timeout. The engine sets it on a
+// lookup's loads: someone is waiting for the answer, and a stalled S3 must
+// not hold it for the op timeout. Write-behind and warm prefetch do not.
+func WithFailSlow(ctx context.Context) context.Context {
+	return context.WithValue(ctx, failSlowKey{}, true)
+}
+
+// FailSlow reports whether ctx was marked by WithFailSlow.
+func FailSlow(ctx context.Context) bool {
+	v, _ := ctx.Value(failSlowKey{}).(bool)
+	return v
+}
 
 // Adapter is one L2 tier.
 type Adapter interface {

@@ -10,6 +10,7 @@
 package s3test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -57,9 +58,51 @@ type Server struct {
 
 // Freeze stops the versitygw process with SIGSTOP: its sockets stay open
 // and accept connections, but nothing is answered, which is what a stalled
-// (not dead) S3 looks like. Thaw resumes it; a frozen server is still
-// killed by the test's cleanup.
-func (s *Server) Freeze() error { return s.signal(syscall.SIGSTOP) }
+// (not dead) S3 looks like. It returns once every thread of the process is
+// stopped (kill returns before that), so no request sent afterwards is
+// answered. Thaw resumes it; a frozen server is still killed by the test's
+// cleanup.
+func (s *Server) Freeze() error {
+	if err := s.signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		stopped, err := allStopped(s.proc.Pid)
+		if err != nil || stopped {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("s3test: versitygw (pid %d) not stopped 10 s after SIGSTOP", s.proc.Pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allStopped reports whether every thread of pid is in state T (stopped),
+// read from /proc/<pid>/task/*/stat.
+func allStopped(pid int) (bool, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return false, fmt.Errorf("s3test: %w", err)
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		if err != nil {
+			return false, nil // a thread that just exited; look again
+		}
+		// The state follows the parenthesised command name.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			return false, fmt.Errorf("s3test: unexpected %s/%s/stat: %q", dir, task.Name(), b)
+		}
+		if st := b[i+2]; st != 'T' && st != 't' {
+			return false, nil
+		}
+	}
+	return true, nil
+}
 
 // Thaw resumes a frozen versitygw with SIGCONT.
 func (s *Server) Thaw() error { return s.signal(syscall.SIGCONT) }

@@ -310,6 +310,7 @@ func TestBreakerOpeningAbortsInFlight(t *testing.T) {
 	}
 	// The GET alone is one slow call, below the threshold: the breaker
 	// opens only once the lookups below hang too.
+	slowBefore := a.Status()["slow_calls"].(int64) // the PUT may have been slow on a loaded machine
 	o.mode.Store("hang")
 	type loadResult struct {
 		ok  []bool
@@ -321,7 +322,7 @@ func TestBreakerOpeningAbortsInFlight(t *testing.T) {
 		loaded <- loadResult{ok, err}
 	}()
 	waitRequests(t, o, 2) // the PUT above and the hanging GET
-	waitStatus(t, a, func(st map[string]any) bool { return st["slow_calls"] == int64(1) })
+	waitStatus(t, a, func(st map[string]any) bool { return st["slow_calls"] == slowBefore+1 })
 	if st := a.Status(); st["breaker_state"] != "closed" {
 		t.Fatalf("one slow GET opened the breaker: %v", st)
 	}
@@ -356,5 +357,36 @@ func waitRequests(t *testing.T, o *outage, n int64) {
 			t.Fatalf("%d requests reached S3, want %d", o.requests.Load(), n)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestFailSlowAbandonsCall: under l2.WithFailSlow (a lookup's loads) a GET
+// hanging on a stalled S3 is abandoned at its slow-call limit with
+// l2.ErrSlow (which wraps ErrUnavailable) instead of waiting the one-minute
+// op timeout; it counts as one slow call, below the breaker threshold.
+func TestFailSlowAbandonsCall(t *testing.T) {
+	o := newOutage()
+	srv := s3test.FakeWith(t, func(h http.Handler) http.Handler { o.next = h; return o })
+	t.Cleanup(func() { close(o.release) })
+	c := configFor(srv, srv.Bucket)
+	c.MaxAttempts, c.BreakerThreshold = 1, 3
+	c.OpTimeout, c.SlowCall = time.Minute, 20*time.Millisecond
+	a := newAdapter(t, c)
+	t.Cleanup(func() { _ = a.Close() })
+	keys := l2test.Keys(t, 1, "")
+	objs := l2test.Objects(t, 1)
+	if err := a.Store(context.Background(), keys, objs); err != nil {
+		t.Fatal(err)
+	}
+	slowBefore := a.Status()["slow_calls"].(int64) // the PUT may have been slow on a loaded machine
+	o.mode.Store("hang")
+	ctx, cancel := context.WithTimeout(l2.WithFailSlow(context.Background()), 30*time.Second)
+	defer cancel()
+	ok, err := a.Load(ctx, keys, [][]byte{make([]byte, len(objs[0]))})
+	if !errors.Is(err, l2.ErrSlow) || !errors.Is(err, l2.ErrUnavailable) || ok[0] || ctx.Err() != nil {
+		t.Fatalf("fail-slow load on a stalled S3 = %v, %v (ctx %v); want ErrSlow before the deadline", ok, err, ctx.Err())
+	}
+	if st := a.Status(); st["slow_calls"] != slowBefore+1 || st["breaker_state"] != "closed" {
+		t.Fatalf("status: %v (slow calls before the stall: %d)", st, slowBefore)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -219,13 +220,25 @@ func (a *Adapter) call(ctx context.Context, slowAfter time.Duration, fn func(ctx
 	defer cancel()
 	stopTrip := context.AfterFunc(trip, cancel)
 	defer stopTrip()
-	t := time.AfterFunc(slowAfter, func() { a.brk.slow(probe) })
+	failSlow := l2.FailSlow(ctx)
+	var abandoned atomic.Bool
+	t := time.AfterFunc(slowAfter, func() {
+		if failSlow {
+			abandoned.Store(true)
+			cancel()
+		}
+		a.brk.slow(probe)
+	})
 	err = fn(cctx)
 	// Stop reports false when the timer has fired (or is firing): the call
 	// was counted as slow, so record leaves its outcome alone; so does a
 	// call the breaker's opening aborted (it says nothing new about S3).
 	slow := !t.Stop()
-	if err != nil && trip.Err() != nil && ctx.Err() == nil {
+	switch {
+	case err == nil || ctx.Err() != nil:
+	case abandoned.Load():
+		err = fmt.Errorf("s3: %w after %v (%w)", l2.ErrSlow, slowAfter, err)
+	case trip.Err() != nil:
 		err = fmt.Errorf("%w: aborted when the breaker opened (%w)", l2.ErrUnavailable, err)
 		slow = true
 	}
