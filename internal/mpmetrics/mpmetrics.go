@@ -56,7 +56,7 @@ type Metrics struct {
 	// "Data path"). Refused is labelled {reason}: control_queue_full,
 	// transfer_queue_full, wrong_wire_profile; DroppedReplies {reason}:
 	// peer_gone, peer_not_reading, send_failed, handoff_failed; Malformed
-	// {kind}: frames, op_frame, unknown_op, payload_count.
+	// {kind}: frames, op_frame, unknown_op, payload_count, payload.
 	ZMQRefused             *prometheus.CounterVec
 	ZMQDroppedReplies      *prometheus.CounterVec
 	ZMQMalformed           *prometheus.CounterVec
