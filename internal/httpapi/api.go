@@ -12,6 +12,7 @@ package httpapi
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -177,6 +178,9 @@ type Server struct {
 
 	regMu sync.Mutex // serializes static layout registration in SetEngine
 
+	// tokenDigest is sha256(AuthToken), what requests are compared with.
+	tokenDigest [sha256.Size]byte
+
 	// scriptFailures counts /run_script runs that failed, by reason (a
 	// refused run, busy, is dropped work).
 	scriptFailures *prometheus.CounterVec
@@ -250,6 +254,7 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	s.secrets = append(redact.Collect(opts.Config), opts.AuthToken)
+	s.tokenDigest = sha256.Sum256([]byte(opts.AuthToken))
 	s.handler = s.buildMux()
 	if opts.Engine != nil {
 		if err := s.SetEngine(opts.Engine); err != nil {

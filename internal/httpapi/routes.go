@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
 	"net"
@@ -293,14 +294,17 @@ func (s *Server) needsAuth(rt route, r *http.Request) bool {
 	return false
 }
 
-// authorized compares the bearer token in constant time.
+// authorized compares the bearer token in constant time. Both sides are
+// hashed first: ConstantTimeCompare returns at once on a length mismatch,
+// which would tell a prober the token's length.
 func (s *Server) authorized(r *http.Request) bool {
 	h := r.Header.Get("Authorization")
 	tok, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok {
 		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.opts.AuthToken)) == 1
+	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+	return subtle.ConstantTimeCompare(got[:], s.tokenDigest[:]) == 1
 }
 
 // RouteInfo describes one route of the table (for documentation and
