@@ -12,6 +12,7 @@ package redact
 import (
 	"bytes"
 	"encoding/json"
+	"net/url"
 	"regexp"
 	"strings"
 )
@@ -104,8 +105,19 @@ func Value(v any) any {
 }
 
 // String redacts a string that may hold a JSON document (an --l2-adapter
-// value); any other string is returned unchanged.
+// value) or a URL with a password (postgres://user:pw@host); any other
+// string is returned unchanged.
 func String(s string) string {
+	if strings.Contains(s, "://") && strings.Contains(s, "@") {
+		if u, err := url.Parse(strings.TrimSpace(s)); err == nil && u.User != nil {
+			if _, has := u.User.Password(); has {
+				// url.URL would percent-escape the marker's "*"s, so a
+				// placeholder password is swapped for it in the text.
+				u.User = url.UserPassword(u.User.Username(), "x")
+				return strings.Replace(u.String(), ":x@", ":"+Marker+"@", 1)
+			}
+		}
+	}
 	t := strings.TrimSpace(s)
 	if len(t) < 2 || (t[0] != '{' && t[0] != '[') {
 		return s

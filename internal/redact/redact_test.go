@@ -100,3 +100,16 @@ func TestCollect(t *testing.T) {
 		t.Fatalf("Secrets left a value: %s", msg)
 	}
 }
+
+func TestURLPassword(t *testing.T) {
+	if got := redact.String("postgres://app:hunter2@db:5432/x?sslmode=off"); got != "postgres://app:"+redact.Marker+"@db:5432/x?sslmode=off" {
+		t.Fatalf("String(url) = %q", got)
+	}
+	if got := redact.String("http://host:9000/bucket"); got != "http://host:9000/bucket" {
+		t.Fatalf("plain URL changed: %q", got)
+	}
+	env := redact.Env([]string{"DATABASE_URL=redis://:pw1@cache:6379/0"})
+	if strings.Contains(env[0], "pw1") {
+		t.Fatalf("Env = %q", env)
+	}
+}
