@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -122,9 +123,10 @@ func TestWedgedLoopShowsInPeriodicHealth(t *testing.T) {
 		h := get()
 		return !h.Healthy && len(h.Unhealthy) == 1 && h.Unhealthy[0].Name == coordinator.LoopEviction
 	})
-	if th := c.threads()[coordinator.LoopHealthSweep]; !th.IsActive {
-		t.Fatalf("the health sweep should still be active: %+v", th)
-	}
+	// The sweep keeps ticking meanwhile (polled: on a loaded machine it may
+	// itself be late for a moment).
+	sweepRuns := c.threads()[coordinator.LoopHealthSweep].TotalRuns
+	waitFor(t, "the health sweep to keep running", func() bool { return c.threads()[coordinator.LoopHealthSweep].TotalRuns > sweepRuns })
 	rel()
 	waitFor(t, "health to recover", func() bool { return get().Healthy })
 }
@@ -147,7 +149,9 @@ func TestInFlightRequestDrainsOnStop(t *testing.T) {
 		}
 		inner.ServeHTTP(w, r)
 	})
-	srv, err := newServer(testConfig())
+	// A generous drain deadline: this test is about the request not being
+	// cancelled, not about how fast a loaded machine answers it.
+	srv, err := coordinator.New(testConfig(), coordinator.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), coordinator.WithDrainTimeout(2*time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
