@@ -221,16 +221,8 @@ func TestCallerCancelDoesNotTrip(t *testing.T) {
 // is counted slow and reopens the breaker; once S3 answers again a probe
 // closes it.
 func TestBreakerOpensOnSlowCalls(t *testing.T) {
-	o := newOutage()
-	srv := s3test.FakeWith(t, func(h http.Handler) http.Handler { o.next = h; return o })
-	t.Cleanup(func() { close(o.release) })
 	clk := &clock{now: time.Unix(1_700_000_000, 0)}
-	c := configFor(srv, srv.Bucket)
-	c.MaxAttempts, c.BreakerThreshold, c.BreakerCooldown = 1, 3, 10*time.Second
-	c.OpTimeout, c.SlowCall = time.Minute, 20*time.Millisecond
-	c.Now = clk.Now
-	a := newAdapter(t, c)
-	t.Cleanup(func() { _ = a.Close() })
+	a, o := stallSetup(t, func(c *s3.Config) { c.BreakerCooldown, c.Now = 10*time.Second, clk.Now })
 	keys := l2test.Keys(t, 1, "")
 
 	o.mode.Store("hang")
@@ -295,19 +287,8 @@ func waitStatus(t *testing.T, a *s3.Adapter, ok func(map[string]any) bool) {
 // other slow calls): it is aborted and fails with l2.ErrUnavailable, so a
 // lookup waiting on it can answer from L1.
 func TestBreakerOpeningAbortsInFlight(t *testing.T) {
-	o := newOutage()
-	srv := s3test.FakeWith(t, func(h http.Handler) http.Handler { o.next = h; return o })
-	t.Cleanup(func() { close(o.release) })
-	c := configFor(srv, srv.Bucket)
-	c.MaxAttempts, c.BreakerThreshold, c.BreakerCooldown = 1, 3, time.Hour
-	c.OpTimeout, c.SlowCall = time.Minute, 20*time.Millisecond
-	a := newAdapter(t, c)
-	t.Cleanup(func() { _ = a.Close() })
-	keys := l2test.Keys(t, 1, "")
-	objs := l2test.Objects(t, 1)
-	if err := a.Store(context.Background(), keys, objs); err != nil {
-		t.Fatal(err)
-	}
+	a, o := stallSetup(t, func(c *s3.Config) { c.BreakerCooldown = time.Hour })
+	keys, objs := storeOne(t, a)
 	// The GET alone is one slow call, below the threshold: the breaker
 	// opens only once the lookups below hang too.
 	slowBefore := a.Status()["slow_calls"].(int64) // the PUT may have been slow on a loaded machine
@@ -365,19 +346,8 @@ func waitRequests(t *testing.T, o *outage, n int64) {
 // l2.ErrSlow (which wraps ErrUnavailable) instead of waiting the one-minute
 // op timeout; it counts as one slow call, below the breaker threshold.
 func TestFailSlowAbandonsCall(t *testing.T) {
-	o := newOutage()
-	srv := s3test.FakeWith(t, func(h http.Handler) http.Handler { o.next = h; return o })
-	t.Cleanup(func() { close(o.release) })
-	c := configFor(srv, srv.Bucket)
-	c.MaxAttempts, c.BreakerThreshold = 1, 3
-	c.OpTimeout, c.SlowCall = time.Minute, 20*time.Millisecond
-	a := newAdapter(t, c)
-	t.Cleanup(func() { _ = a.Close() })
-	keys := l2test.Keys(t, 1, "")
-	objs := l2test.Objects(t, 1)
-	if err := a.Store(context.Background(), keys, objs); err != nil {
-		t.Fatal(err)
-	}
+	a, o := stallSetup(t, nil)
+	keys, objs := storeOne(t, a)
 	slowBefore := a.Status()["slow_calls"].(int64) // the PUT may have been slow on a loaded machine
 	o.mode.Store("hang")
 	ctx, cancel := context.WithTimeout(l2.WithFailSlow(context.Background()), 30*time.Second)
@@ -389,4 +359,35 @@ func TestFailSlowAbandonsCall(t *testing.T) {
 	if st := a.Status(); st["slow_calls"] != slowBefore+1 || st["breaker_state"] != "closed" {
 		t.Fatalf("status: %v (slow calls before the stall: %d)", st, slowBefore)
 	}
+}
+
+// stallSetup is an adapter in front of an outage for the slow-call tests:
+// one SDK attempt, threshold 3, a one-minute op timeout (longer than any
+// wait in them) and a 200 ms slow-call limit (a healthy call on a loaded
+// machine stays below it); mut adjusts the config.
+func stallSetup(t *testing.T, mut func(*s3.Config)) (*s3.Adapter, *outage) {
+	t.Helper()
+	o := newOutage()
+	srv := s3test.FakeWith(t, func(h http.Handler) http.Handler { o.next = h; return o })
+	t.Cleanup(func() { close(o.release) })
+	c := configFor(srv, srv.Bucket)
+	c.MaxAttempts, c.BreakerThreshold = 1, 3
+	c.OpTimeout, c.SlowCall = time.Minute, 200*time.Millisecond
+	if mut != nil {
+		mut(&c)
+	}
+	a := newAdapter(t, c)
+	t.Cleanup(func() { _ = a.Close() })
+	return a, o
+}
+
+// storeOne stores one object while S3 is healthy.
+func storeOne(t *testing.T, a *s3.Adapter) ([]objkey.Key, [][]byte) {
+	t.Helper()
+	keys := l2test.Keys(t, 1, "")
+	objs := l2test.Objects(t, 1)
+	if err := a.Store(context.Background(), keys, objs); err != nil {
+		t.Fatal(err)
+	}
+	return keys, objs
 }
