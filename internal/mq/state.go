@@ -289,7 +289,7 @@ func (st *state) register(req *request) ([]byte, error) {
 		return registerError(err.Error()), err
 	}
 	shape := wire.ObjectShape(int64(p.NumLayers), int64(st.s.cfg.ChunkSize), int64(p.HiddenDimSize), p.UseMLA)
-	objBytes := wire.ObjectBytes(shape, itemSize)
+	objBytes := wire.ChunkObjectBytes(int64(p.NumLayers), int64(st.s.cfg.ChunkSize), int64(p.HiddenDimSize), p.UseMLA, itemSize)
 	pool := st.s.eng.Pool()
 	if pool.Name == "" {
 		st.warnOnce("noshm", "a worker registered but the L1 pool is not shared memory; set --shm-name (it will fall back to the pickle transfer, which is refused)")
