@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
 	"strconv"
@@ -109,10 +110,13 @@ func (s *Server) Routes() []RouteInfo {
 }
 
 // authorized reports whether r carries the configured bearer token. The
-// comparison is constant-time so the token cannot be guessed byte by byte.
+// SHA-256 digests are compared in constant time, so neither the token's
+// bytes nor its length can be guessed from response timing
+// (subtle.ConstantTimeCompare returns early on a length mismatch).
 func (s *Server) authorized(r *http.Request) bool {
 	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.cfg.AuthToken)) == 1
+	got, want := sha256.Sum256([]byte(strings.TrimSpace(tok))), sha256.Sum256([]byte(s.cfg.AuthToken))
+	return ok && subtle.ConstantTimeCompare(got[:], want[:]) == 1
 }
 
 func (s *Server) buildHandler() http.Handler {
