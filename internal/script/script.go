@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.starlark.net/starlark"
@@ -179,12 +180,29 @@ func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) 
 		return Result{}, fmt.Errorf("script cancelled: %w", parent.Err())
 	case kctx.Err() != nil:
 		return Result{}, fmt.Errorf("%w: script ran past %v", ErrDeadline, cfg.Timeout)
-	case strings.Contains(errText, "out of memory"), strings.Contains(errText, "cannot allocate memory"), strings.Contains(errText, "failed to allocate"),
-		strings.Contains(errText, "stack exceeds"), strings.Contains(errText, "stack overflow"):
+	case outOfMemory(errText, cmd.ProcessState, cfg.MemoryBytes):
 		return Result{}, fmt.Errorf("%w (%d MiB)", ErrMemoryLimit, cfg.MemoryBytes>>20)
 	}
 	first, _, _ := strings.Cut(strings.TrimSpace(errText), "\n")
 	return Result{}, fmt.Errorf("%w: %v: %s", ErrSandbox, runErr, cut(first, 200))
+}
+
+// outOfMemory reports whether a sandbox died of its memory limit: the Go
+// runtime (or the race detector) says so, the stack limit was hit, or it
+// crashed with a fault after growing to a large part of the budget (Go's
+// GC can fault instead of reporting when an allocation of its own fails
+// under the limit).
+func outOfMemory(stderr string, ps *os.ProcessState, budget int64) bool {
+	for _, s := range []string{"out of memory", "cannot allocate memory", "failed to allocate", "stack exceeds", "stack overflow"} {
+		if strings.Contains(stderr, s) {
+			return true
+		}
+	}
+	if !strings.Contains(stderr, "SIGSEGV") || ps == nil {
+		return false
+	}
+	ru, ok := ps.SysUsage().(*syscall.Rusage)
+	return ok && ru.Maxrss<<10 >= budget/4 // Maxrss is in KiB
 }
 
 func (c Config) withDefaults() Config {
