@@ -140,9 +140,18 @@ func TestFleetFromManifests(t *testing.T) {
 	})
 
 	// The data path has run (bench above), so the lookup, L1 and L2
-	// families have samples; Go client vectors appear only once used.
-	serverNames := metricNames(t, f.serverHTTP+"/metrics")
+	// families have samples; Go client vectors appear only once used. The
+	// coordinator's per-salt usage appears once the server's L2 store
+	// events (flushed every second) have arrived.
 	coordNames := metricNames(t, f.coordHTTP+"/metrics")
+	for deadline := time.Now().Add(time.Minute); !coordNames["lmcache_coordinator_salt_usage_bytes"]; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the coordinator exports no per-salt usage a minute after the bench: %v", coordNames)
+		}
+		time.Sleep(100 * time.Millisecond)
+		coordNames = metricNames(t, f.coordHTTP+"/metrics")
+	}
+	serverNames := metricNames(t, f.serverHTTP+"/metrics")
 	exported := map[string]bool{}
 	for n := range serverNames {
 		exported[n] = true

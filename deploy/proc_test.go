@@ -99,11 +99,18 @@ func freePort(t *testing.T) int {
 // proc is one running lmcache process. exec's Cancel/WaitDelay do the
 // clean stop: SIGTERM at cleanup, SIGKILL (and a failure) 30s later.
 type proc struct {
+	log  string // stdout and stderr
 	done chan struct{}
 	err  error // read after done is closed
 }
 
 func start(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	return startEnv(t, name, nil, args...)
+}
+
+// startEnv is start with extra environment variables.
+func startEnv(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
 	bin, _ := lmcacheBin(t)
 	logPath := filepath.Join(t.TempDir(), name+".log")
@@ -115,19 +122,22 @@ func start(t *testing.T, name string, args ...string) *proc {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 30 * time.Second
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		stop()
 		f.Close()
 		t.Fatal(err)
 	}
-	p := &proc{done: make(chan struct{})}
+	p := &proc{log: logPath, done: make(chan struct{})}
 	go func() { p.err = cmd.Wait(); f.Close(); close(p.done) }()
 	t.Cleanup(func() {
 		stop()
 		<-p.done
-		if p.err != nil {
-			t.Errorf("%s: %v (want a clean exit on SIGTERM)", name, p.err)
+		// Wait reports the cancellation itself; the exit status says
+		// whether the stop was clean.
+		if !cmd.ProcessState.Success() {
+			t.Errorf("%s: %v, %v (want a clean exit on SIGTERM)", name, p.err, cmd.ProcessState)
 		}
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
