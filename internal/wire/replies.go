@@ -105,10 +105,11 @@ func NegativeReply(op Op) []byte {
 type PingType int
 
 const (
-	// PingBool: a msgpack bool, always True. The RequestType-era clients of
-	// the gen2m table decode strictly (protocols/controller.py "Returns:
-	// bool - Always True"; mq.py without the bool/int coercion), so they
-	// get nothing else.
+	// PingBool: a msgpack bool, always True, which gen2m-table clients
+	// declare (protocols/controller.py "Returns: bool - Always True").
+	// Whether that era's mq.py coerces bool/int replies was not
+	// established (the strict decoders read are Gen-0), and a bool is
+	// safe either way, so they get nothing else.
 	PingBool PingType = iota
 	// PingStatus: a msgpack int. Clients of the frozen gen3 table declare
 	// PING as bool (transport/base.py@0ae94145), as int 1 healthy / 2
