@@ -190,6 +190,20 @@ func TestGrowthWorkPerCallBounded(t *testing.T) {
 	if want := 400_000 - (400_000+6)/7; l.Stats().Keys != want {
 		t.Fatalf("%d keys, want %d", l.Stats().Keys, want)
 	}
+	// The big tables are mapped from the kernel. The last migration (of
+	// 1<<19 slots) has had 63,926 of the 65,536 calls it needs (6,783 stores after the one that started it, 57,143 deletes), so the old
+	// table is mid-way, its migrated chunks handed back to the kernel:
+	// every key is still found and no deleted one is.
+	if l.indexSlab == nil || l.old == nil || l.oldSlab == nil || l.migDone != 63_926*migrateStep {
+		t.Fatalf("index slab %v, old slab %v, %d old slots migrated", l.indexSlab != nil, l.oldSlab != nil, l.migDone)
+	}
+	for i := 0; i < 400_000; i++ {
+		k := key(t, fmt.Sprintf("%08x", i), "m", "s")
+		c, _ := l.lookupKey(&k)
+		if _, _, _, _, ok := l.findH(&c, l.hashOf(&c)); ok != (i%7 != 0) {
+			t.Fatalf("key %d found=%v", i, ok)
+		}
+	}
 }
 
 // TestFreedEntriesReused: deleted entries are reused through the free list
