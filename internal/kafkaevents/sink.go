@@ -1,0 +1,204 @@
+package kafkaevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Sink defaults, as upstream's KafkaCacheEventSink sets them.
+const (
+	// DefaultDeliveryTimeout is --coordinator-kafka-delivery-timeout's
+	// default: how long the producer retries a record before dropping it.
+	DefaultDeliveryTimeout = 300 * time.Second
+	// MaxBufferedBytes caps what the producer holds (upstream's
+	// queue.buffering.max.kbytes of 64 MiB).
+	MaxBufferedBytes = 64 << 20
+	// CloseFlushTimeout bounds how long Close waits for queued records.
+	CloseFlushTimeout = 10 * time.Second
+	sinkClientID      = "lmcache-cache-events"
+)
+
+// ErrRefused is returned by Publish when the producer buffer is full or the
+// sink is closed: the refused batch and the rest of the list are dropped
+// (counted in DroppedBatches), leaving a seq gap the coordinator sees.
+var ErrRefused = errors.New("kafka producer refused cache-event batches")
+
+// SinkConfig configures a Sink.
+type SinkConfig struct {
+	// Brokers are the bootstrap servers (--coordinator-kafka-bootstrap-servers).
+	Brokers []string
+	// Topic defaults to DefaultTopic (--coordinator-kafka-topic).
+	Topic string
+	// DeliveryTimeout defaults to DefaultDeliveryTimeout
+	// (--coordinator-kafka-delivery-timeout).
+	DeliveryTimeout time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Sink publishes cache-event batches to Kafka, one record per batch keyed by
+// instance_id. Publish does not wait for the broker; the idempotent producer
+// retries in order until DeliveryTimeout, then drops the record and counts it.
+// Safe for concurrent use; the client's goroutines stop in Close.
+type Sink struct {
+	cl      *kgo.Client
+	log     *slog.Logger
+	topic   string
+	closed  atomic.Bool
+	dropped atomic.Int64
+	sent    atomic.Int64
+}
+
+// ParseBrokers splits a comma-separated bootstrap-servers value, the form
+// upstream's flags take. It refuses an empty list or an empty element.
+func ParseBrokers(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, errors.New("kafka bootstrap servers must be non-empty")
+	}
+	var out []string
+	for _, b := range strings.Split(s, ",") {
+		b = strings.TrimSpace(b)
+		if b == "" {
+			return nil, fmt.Errorf("kafka bootstrap servers %q has an empty element", s)
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// librdkafkaPartition is librdkafka's default "consistent_random" partitioner
+// for keyed records (CRC-32 of the key, modulo the partition count), which
+// upstream's confluent-kafka producer uses. Matching it keeps one instance's
+// records on the same partition whichever implementation produced them, so
+// the per-instance order survives a Python/Go swap on one topic.
+func librdkafkaPartition(key []byte, n int) int {
+	return int(crc32.ChecksumIEEE(key) % uint32(n))
+}
+
+// NewSink connects a producer. It does not wait for the brokers: records
+// queue until they are reachable or DeliveryTimeout passes.
+func NewSink(cfg SinkConfig) (*Sink, error) {
+	if len(cfg.Brokers) == 0 {
+		return nil, errors.New("kafkaevents: sink needs bootstrap servers")
+	}
+	if cfg.Topic == "" {
+		cfg.Topic = DefaultTopic
+	}
+	if cfg.DeliveryTimeout <= 0 {
+		cfg.DeliveryTimeout = DefaultDeliveryTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ClientID(sinkClientID),
+		kgo.DefaultProduceTopic(cfg.Topic),
+		// franz-go's producer is idempotent unless DisableIdempotentWrite
+		// is given; idempotence requires acks=all.
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
+		kgo.MaxBufferedBytes(MaxBufferedBytes),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(librdkafkaPartition)),
+		// librdkafka's producer asks for topic auto-creation by default.
+		kgo.AllowAutoTopicCreation(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("kafkaevents: new producer: %w", err)
+	}
+	return &Sink{cl: cl, log: cfg.Logger, topic: cfg.Topic}, nil
+}
+
+// Publish validates every batch, then queues one record per batch in list
+// order. A list with an invalid batch is refused whole before anything is
+// queued. Delivery failures are reported later through DroppedBatches.
+func (s *Sink) Publish(ctx context.Context, batches []Batch) error {
+	values := make([][]byte, len(batches))
+	for i, b := range batches {
+		if err := b.Validate(); err != nil {
+			return fmt.Errorf("kafkaevents: batch %d: %w", i, err)
+		}
+		v, err := Encode(b)
+		if err != nil {
+			return err
+		}
+		values[i] = v
+	}
+	for i, v := range values {
+		if s.closed.Load() || s.cl.BufferedProduceBytes()+int64(len(v)) > MaxBufferedBytes {
+			n := int64(len(values) - i)
+			s.dropped.Add(n)
+			return fmt.Errorf("%w: %d of %d for topic %q (buffer full or sink closed)", ErrRefused, n, len(values), s.topic)
+		}
+		rec := &kgo.Record{Key: []byte(batches[i].InstanceID), Value: v}
+		s.cl.TryProduce(ctx, rec, s.delivered)
+	}
+	return nil
+}
+
+func (s *Sink) delivered(r *kgo.Record, err error) {
+	if err == nil {
+		s.sent.Add(1)
+		return
+	}
+	n := s.dropped.Add(1)
+	s.log.Warn("kafka did not deliver a cache-event record", "instance_id", string(r.Key),
+		"topic", r.Topic, "dropped_total", n, "err", err)
+}
+
+// Flush waits until every queued record was delivered or dropped, or ctx ends.
+func (s *Sink) Flush(ctx context.Context) error {
+	if err := s.cl.Flush(ctx); err != nil {
+		return fmt.Errorf("kafkaevents: flush: %w", err)
+	}
+	return nil
+}
+
+// DroppedBatches counts batches refused by Publish or never delivered.
+func (s *Sink) DroppedBatches() int64 { return s.dropped.Load() }
+
+// DeliveredBatches counts batches the brokers acknowledged.
+func (s *Sink) DeliveredBatches() int64 { return s.sent.Load() }
+
+// Collectors exposes the sink's counters as Prometheus metrics for the
+// caller to register.
+func (s *Sink) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lmcache_mp_coordinator_kafka_batches_dropped_total",
+			Help: "Cache-event batches the Kafka sink refused (buffer full, closed) or could not deliver within the delivery timeout."},
+			func() float64 { return float64(s.dropped.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lmcache_mp_coordinator_kafka_batches_delivered_total",
+			Help: "Cache-event batches the Kafka brokers acknowledged."},
+			func() float64 { return float64(s.sent.Load()) }),
+	}
+}
+
+// Close flushes queued records for at most CloseFlushTimeout, then closes the
+// producer. Records still queued after that are dropped, counted and logged.
+func (s *Sink) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), CloseFlushTimeout)
+	defer cancel()
+	ferr := s.cl.Flush(ctx)
+	if ferr != nil {
+		s.log.Warn("kafka cache-event records remained queued at shutdown",
+			"buffered_records", s.cl.BufferedProduceRecords(), "err", ferr)
+	}
+	// Close fails what is still buffered; delivered counts those as drops.
+	s.cl.Close()
+	if ferr != nil {
+		return fmt.Errorf("kafkaevents: close: %w", ferr)
+	}
+	return nil
+}
