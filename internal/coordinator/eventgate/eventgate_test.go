@@ -1,0 +1,129 @@
+package eventgate
+
+import (
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestOfferRules walks upstream's admission table: first batch admitted,
+// replay duplicate, gap admitted and flagged, higher incarnation fences,
+// lower incarnation stale.
+func TestOfferRules(t *testing.T) {
+	g := New(0)
+	var applied, fenced int
+	apply := func() { applied++ }
+	fence := func() { fenced++ }
+	steps := []struct {
+		inc, seq int64
+		want     Outcome
+	}{
+		{7, 1, Outcome{Verdict: Admitted}},
+		{7, 2, Outcome{Verdict: Admitted}},
+		{7, 2, Outcome{Verdict: Duplicate}},
+		{7, 1, Outcome{Verdict: Duplicate}},
+		{7, 5, Outcome{Verdict: Admitted, Gap: true}},
+		{8, 1, Outcome{Verdict: Admitted, Fenced: true}},
+		{7, 6, Outcome{Verdict: Stale}},
+		{8, 1, Outcome{Verdict: Duplicate}},
+		{8, 2, Outcome{Verdict: Admitted}},
+	}
+	for i, s := range steps {
+		if got := g.Offer("mp-1", s.inc, s.seq, fence, apply); got != s.want {
+			t.Fatalf("step %d (inc %d seq %d) = %+v, want %+v", i, s.inc, s.seq, got, s.want)
+		}
+	}
+	if applied != 5 || fenced != 1 {
+		t.Fatalf("applied %d fenced %d, want 5 and 1", applied, fenced)
+	}
+	st, legacy := g.Stats("mp-1")
+	want := StreamStats{Incarnation: 8, LastSeq: 2, GapDetected: false, Applied: 5, Duplicates: 3, Stale: 1, Gaps: 1, Fences: 1}
+	if legacy != nil || st == nil || *st != want {
+		t.Fatalf("stats = %+v legacy %+v, want %+v", st, legacy, want)
+	}
+}
+
+// TestFirstBatchPastOneIsGap: a fresh cursor starts at 0, so a stream first
+// seen at seq 3 has lost two batches (upstream flags it the same way).
+func TestFirstBatchPastOneIsGap(t *testing.T) {
+	g := New(0)
+	if got := g.Offer("a", 0, 3, nil, nil); got != (Outcome{Verdict: Admitted, Gap: true}) {
+		t.Fatalf("got %+v", got)
+	}
+	if st, _ := g.Stats("a"); !st.GapDetected || st.LastSeq != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestObserveNeverDrops: the spec-era door counts replays and gaps but
+// applies every batch.
+func TestObserveNeverDrops(t *testing.T) {
+	g := New(0)
+	applied := 0
+	apply := func() { applied++ }
+	want := []Outcome{{}, {Replay: true}, {Gap: true}, {Replay: true}, {}}
+	for i, seq := range []int64{1, 1, 4, 1, 2} {
+		if got := g.Observe("s", seq, apply); got != want[i] {
+			t.Fatalf("batch %d seq %d = %+v, want %+v", i, seq, got, want[i])
+		}
+	}
+	if applied != 5 {
+		t.Fatalf("applied %d, want 5", applied)
+	}
+	gated, legacy := g.Stats("s")
+	if gated != nil || legacy == nil || legacy.Duplicates != 2 || legacy.Gaps != 1 || legacy.LastSeq != 2 {
+		t.Fatalf("stats gated %+v legacy %+v", gated, legacy)
+	}
+}
+
+// TestDoorsAreSeparate: the same emitter's /quota/events seq never makes
+// its /events batch a duplicate.
+func TestDoorsAreSeparate(t *testing.T) {
+	g := New(0)
+	g.Observe("x", 9, nil)
+	if got := g.Offer("x", 1, 1, nil, nil); got.Verdict != Admitted {
+		t.Fatalf("got %+v", got)
+	}
+}
+
+// TestBoundResets: past the bound the cursor map is cleared and the reset
+// reported; the forgotten stream's next batch is admitted afresh.
+func TestBoundResets(t *testing.T) {
+	g := New(2)
+	g.Offer("a", 1, 1, nil, nil)
+	g.Offer("b", 1, 1, nil, nil)
+	if got := g.Offer("c", 1, 1, nil, nil); !got.Reset || got.Verdict != Admitted {
+		t.Fatalf("third stream = %+v", got)
+	}
+	if st, _ := g.Stats("a"); st != nil {
+		t.Fatalf("a survived the reset: %+v", st)
+	}
+	if got := g.Offer("c", 1, 1, nil, nil); got.Verdict != Duplicate || got.Reset {
+		t.Fatalf("c after reset = %+v", got)
+	}
+}
+
+// TestConcurrentOffersApplyOnce: racing replays of one batch apply it once.
+func TestConcurrentOffersApplyOnce(t *testing.T) {
+	g := New(0)
+	var mu sync.Mutex
+	applied := 0
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.Offer("r", 3, 1, nil, func() { mu.Lock(); applied++; mu.Unlock() })
+		}()
+	}
+	wg.Wait()
+	if applied != 1 {
+		t.Fatalf("applied %d times", applied)
+	}
+	if st, _ := g.Stats("r"); st.Duplicates != 15 {
+		t.Fatalf("duplicates %d", st.Duplicates)
+	}
+}
