@@ -47,7 +47,7 @@ func NewTimeline(samples []Sample, bucket time.Duration) Timeline {
 		end = max(end, s.At)
 	}
 	if bucket <= 0 {
-		bucket = max(end/40, 10*time.Millisecond)
+		bucket = max(end/40, 10*time.Millisecond).Round(time.Millisecond) // a readable title
 	}
 	n := int(end/bucket) + 1
 	type acc struct {
@@ -125,6 +125,10 @@ func Chart(w io.Writer, t Timeline) error {
 		SeriesStoreP50, t.StoreP50Ms, SeriesRetrieveP50, t.RetrieveP50Ms); err != nil {
 		return err
 	}
+	// One time axis for both panels, so a latency spike lines up with the
+	// throughput dip it causes.
+	lp.X.Min, lp.X.Max = min(tp.X.Min, lp.X.Min), max(tp.X.Max, lp.X.Max)
+	tp.X.Min, tp.X.Max = lp.X.Min, lp.X.Max
 	for _, p := range []*plot.Plot{tp, lp} {
 		p.Legend.Top = true
 		p.Add(plotter.NewGrid())
