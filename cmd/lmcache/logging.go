@@ -72,18 +72,13 @@ const (
 	ansiSource = "\x1b[3m"
 )
 
-func upstreamColor(l slog.Level) string {
-	switch {
-	case l >= loglevel.LevelCritical:
-		return "\x1b[31;1m"
-	case l >= slog.LevelError:
-		return "\x1b[31;20m"
-	case l >= slog.LevelWarn:
-		return "\x1b[33;20m"
-	case l >= slog.LevelInfo:
-		return "\x1b[32;20m"
-	}
-	return "\x1b[1m"
+// upstreamColors maps upstream's level names to CustomFormatter's colours.
+var upstreamColors = map[string]string{
+	"CRITICAL": "\x1b[31;1m",
+	"ERROR":    "\x1b[31;20m",
+	"WARNING":  "\x1b[33;20m",
+	"INFO":     "\x1b[32;20m",
+	"DEBUG":    "\x1b[1m",
 }
 
 // upstreamHandler writes upstream's line shape:
@@ -114,7 +109,8 @@ func (h *upstreamHandler) Enabled(context.Context, slog.Level) bool { return tru
 
 func (h *upstreamHandler) Handle(_ context.Context, r slog.Record) error {
 	var b strings.Builder
-	b.WriteString(upstreamColor(r.Level))
+	name := loglevel.Name(r.Level)
+	b.WriteString(upstreamColors[name])
 	b.WriteByte('[')
 	t := r.Time
 	if t.IsZero() {
@@ -122,7 +118,7 @@ func (h *upstreamHandler) Handle(_ context.Context, r slog.Record) error {
 	}
 	t = t.In(h.loc)
 	b.WriteString(t.Format("2006-01-02 15:04:05"))
-	fmt.Fprintf(&b, ",%03d] LMCache %s:", t.Nanosecond()/1e6, loglevel.Name(r.Level))
+	fmt.Fprintf(&b, ",%03d] LMCache %s:", t.Nanosecond()/1e6, name)
 	b.WriteString(ansiReset)
 	b.WriteByte(' ')
 	b.WriteString(r.Message)
