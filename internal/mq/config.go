@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/kvevents"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
@@ -82,6 +83,10 @@ type Config struct {
 	// 100000). A peer that lets it fill loses replies (logged), others do
 	// not wait for it.
 	SendHWM int
+	// KVEvents, if set, records the chunks store requests bind for KV-aware
+	// routers and serves POLL_KV_EVENTS and the kv_events capability
+	// (kvevents.go); nil serves neither.
+	KVEvents *kvevents.Recorder
 }
 
 // Defaults returns the upstream defaults.

@@ -413,7 +413,9 @@ func (s *Server) handle(msg [][]byte) {
 	case wire.OpNoop:
 		reply(wire.OK)
 	case wire.OpGetExperimental:
-		reply(wire.EmptyList)
+		reply(s.getExperimental())
+	case wire.OpPollKVEvents:
+		reply(s.pollKVEvents(req))
 	case wire.OpPing:
 		reply(s.st.ping(req, s.bootToken))
 	case wire.OpReportBlockAllocation:

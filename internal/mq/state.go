@@ -644,6 +644,7 @@ func (st *state) prepareStore(req *request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	st.s.bindKVTokens(key, hashes, first, last)
 	// Chunks backed only by vLLM's null block are not stored.
 	var null []bool
 	if len(mask) > 0 {

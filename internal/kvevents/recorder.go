@@ -1,0 +1,212 @@
+package kvevents
+
+import (
+	"sync"
+
+	"github.com/lmcache-go/lmcache/internal/objkey"
+)
+
+// bindingCacheSize bounds the chunk hash -> tokens bindings kept between a
+// store request being hashed and its chunks landing in L1 or L2 (the L2
+// write-behind may land long after).
+const bindingCacheSize = 65536
+
+// binding is one chunk's content and chain position.
+type binding struct {
+	tokens []uint32
+	parent []byte
+}
+
+// Drops names the reasons a recorder drops an event, for the
+// lmcache_mp_kv_events_dropped_total counter.
+const (
+	// DropUnbound: a stored chunk whose tokens the recorder never saw (an
+	// HTTP /api/kv store, an L2 load of a chunk stored before a restart,
+	// or a binding trimmed from the bounded cache): a router indexes
+	// stored blocks by their tokens, so none is published.
+	DropUnbound = "unbound_store"
+	// DropSalted: a chunk of a request with a cache_salt. vLLM folds the
+	// salt into its block hashes, so a router can never match such a
+	// chunk; publishing it would only mislead (two tenants' chunks share
+	// one hash here).
+	DropSalted = "salted"
+	// DropQueueFull: the publisher's queue was full; the batch is lost to
+	// subscribers (the POLL_KV_EVENTS log still has it).
+	DropQueueFull = "publisher_queue_full"
+	// DropLogOverflow: the log discarded its oldest record; a poller that
+	// had not read it is told lost.
+	DropLogOverflow = "log_overflow"
+)
+
+// Recorder turns storage events into log records and published batches.
+// It implements the engine's KV event sink; every method is safe for
+// concurrent use and never blocks on I/O.
+type Recorder struct {
+	log       *Log       // nil: POLL_KV_EVENTS disabled
+	pub       *Publisher // nil: no native publisher
+	blockSize int
+	dropped   func(reason string, n int)
+
+	// mu orders the log and the publisher: records get their sequence
+	// numbers and batches their place in the queue in the same order.
+	mu      sync.Mutex
+	binds   map[string]binding
+	order   []string // insertion order of binds, for trimming
+	unbound int64
+}
+
+// NewRecorder builds a recorder feeding log and pub (either may be nil).
+// blockSize is the chunk size in tokens; dropped counts dropped events by
+// reason (nil: not counted).
+func NewRecorder(log *Log, pub *Publisher, blockSize int, dropped func(reason string, n int)) *Recorder {
+	if dropped == nil {
+		dropped = func(string, int) {}
+	}
+	return &Recorder{log: log, pub: pub, blockSize: blockSize, dropped: dropped, binds: map[string]binding{}}
+}
+
+// Log is the POLL_KV_EVENTS log, nil when disabled.
+func (r *Recorder) Log() *Log {
+	if r == nil {
+		return nil
+	}
+	return r.log
+}
+
+// Enabled reports whether anything consumes the events (bindings are only
+// worth recording then).
+func (r *Recorder) Enabled() bool { return r != nil && (r.log != nil || r.pub != nil) }
+
+// Unbound is the number of stored chunks skipped for want of a binding.
+func (r *Recorder) Unbound() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.unbound
+}
+
+// Bind records the tokens and parent hash of chunks a store request is
+// about to write: hashes[i] covers tokens[i]; parent is the hash of the
+// chunk before hashes[0] (nil when hashes[0] starts the sequence). The
+// slices are copied.
+func (r *Recorder) Bind(parent []byte, hashes [][]byte, tokens [][]uint32) {
+	if !r.Enabled() {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, h := range hashes {
+		b := binding{tokens: append([]uint32(nil), tokens[i]...)}
+		if i == 0 {
+			if parent != nil {
+				b.parent = append([]byte(nil), parent...)
+			}
+		} else {
+			b.parent = append([]byte(nil), hashes[i-1]...)
+		}
+		if _, ok := r.binds[string(h)]; !ok {
+			r.order = append(r.order, string(h))
+		}
+		r.binds[string(h)] = b
+	}
+	if len(r.binds) <= bindingCacheSize {
+		return
+	}
+	// Trim to half in one go so trimming stays rare; the oldest go first.
+	cut := len(r.order) - bindingCacheSize/2
+	for _, h := range r.order[:cut] {
+		delete(r.binds, h)
+	}
+	r.order = append([]string(nil), r.order[cut:]...)
+}
+
+// Stored records that keys now reside in medium: one record per distinct
+// (model, chunk) however many ranks and object groups carry it, since a
+// router tracks chunks, not shards.
+func (r *Recorder) Stored(medium string, keys []objkey.Key) {
+	if !r.Enabled() || len(keys) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := map[[2]string]bool{}
+	var events []Record
+	for _, k := range keys {
+		id := [2]string{k.ModelName, k.ChunkHash}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if k.CacheSalt != "" {
+			r.dropped(DropSalted, 1)
+			continue
+		}
+		b, ok := r.binds[k.ChunkHash]
+		if !ok {
+			r.unbound++
+			r.dropped(DropUnbound, 1)
+			continue
+		}
+		rec := Record{Kind: KindStored, Medium: medium, Model: k.ModelName, Hashes: [][]byte{[]byte(k.ChunkHash)},
+			Parent: b.parent, Tokens: b.tokens, BlockSize: r.blockSize}
+		events = append(events, r.append(rec))
+	}
+	r.publish(events)
+}
+
+// Removed records that keys left medium: one record per model. A clear is
+// announced this way too, never as AllBlocksCleared, which a router would
+// apply to the GPU tier as well.
+func (r *Recorder) Removed(medium string, keys []objkey.Key) {
+	if !r.Enabled() || len(keys) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := map[[2]string]bool{}
+	byModel := map[string][][]byte{}
+	var models []string
+	for _, k := range keys {
+		id := [2]string{k.ModelName, k.ChunkHash}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if k.CacheSalt != "" {
+			r.dropped(DropSalted, 1)
+			continue
+		}
+		if _, ok := byModel[k.ModelName]; !ok {
+			models = append(models, k.ModelName)
+		}
+		byModel[k.ModelName] = append(byModel[k.ModelName], []byte(k.ChunkHash))
+	}
+	events := make([]Record, 0, len(models))
+	for _, m := range models {
+		events = append(events, r.append(Record{Kind: KindRemoved, Medium: medium, Model: m, Hashes: byModel[m], BlockSize: r.blockSize}))
+	}
+	r.publish(events)
+}
+
+// append adds rec to the log (if any) and returns it with its sequence
+// number. Called with mu held.
+func (r *Recorder) append(rec Record) Record {
+	if r.log != nil {
+		var discarded bool
+		rec.Seq, discarded = r.log.Append(rec)
+		if discarded {
+			r.dropped(DropLogOverflow, 1)
+		}
+	}
+	return rec
+}
+
+// publish queues one batch of events. Called with mu held, so batches
+// queue in sequence order.
+func (r *Recorder) publish(events []Record) {
+	if r.pub == nil || len(events) == 0 {
+		return
+	}
+	if !r.pub.Publish(events) {
+		r.dropped(DropQueueFull, len(events))
+	}
+}
