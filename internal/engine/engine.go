@@ -62,7 +62,7 @@ type Engine struct {
 	stopped atomic.Bool // Run's ctx ended; no new background work
 	exited  atomic.Bool // Run returned: no goroutine of it touches the pool
 
-	st stats
+	st liveStats
 
 	layoutMu sync.RWMutex
 	layoutsM map[layoutKey]Layout

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -207,7 +208,8 @@ func (s *Server) kvProbe(r *http.Request, e Engine, chunks [][]objkey.Key) (engi
 }
 
 func (s *Server) recordLookup(req kvRequest, chunks int, res engine.PrefetchResult) {
-	s.metrics.RecordLookup(req.model, req.salt, s.hasher.ChunkSize(), chunks, res)
+	s.metrics.RecordLookup(req.model, req.salt, s.hasher.ChunkSize(), chunks,
+		mpmetrics.LookupResult{PrefixChunks: res.PrefixChunks, L1Keys: res.L1Keys, L2Keys: res.L2Keys})
 }
 
 func setHitHeaders(h http.Header, res engine.PrefetchResult, prefix, total, chunkSize int) {

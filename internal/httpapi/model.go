@@ -63,16 +63,14 @@ func ParseRegisterModel(s string, chunkSize int) (engine.Layout, error) {
 		if !dtOK {
 			return engine.Layout{}, fmt.Errorf("--register-model: unknown dtype %q", m.Dtype)
 		}
-		width, tensors := int64(m.HiddenSize), int64(2)
-		if m.IsMLA {
-			tensors = 1
-		} else {
+		width := int64(m.HiddenSize)
+		if !m.IsMLA {
 			if m.HiddenSize%m.WorldSize != 0 {
 				return engine.Layout{}, fmt.Errorf("--register-model: hidden_size %d is not divisible by world_size %d", m.HiddenSize, m.WorldSize)
 			}
 			width /= int64(m.WorldSize)
 		}
-		size = tensors * int64(m.NumLayers) * int64(chunkSize) * width * elem
+		size = wire.ChunkObjectBytes(int64(m.NumLayers), int64(chunkSize), width, m.IsMLA, elem)
 	}
 	return engine.Layout{
 		ModelName:   m.ModelName,

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics/stats"
 )
 
 // Namespace prefixes every LMCache metric, as upstream's "lmcache_mp." meter
@@ -27,7 +27,7 @@ const Namespace = "lmcache_mp"
 
 // Source returns the engine's counters; nil (or a nil func) means no engine
 // yet, and only the metrics this package owns are exported.
-type Source func() engine.Counters
+type Source func() stats.Counters
 
 // Metrics owns the private registry.
 type Metrics struct {
@@ -63,6 +63,11 @@ type Metrics struct {
 	ZMQReapedWorkers       *Counter
 	ZMQAbandonedTransfers  *Counter
 	ZMQProfileRefusedPeers *Counter
+
+	// KV events for KV-aware routers (internal/kvevents): events dropped,
+	// labelled {reason}: unbound_store, salted, publisher_queue_full,
+	// log_overflow.
+	KVEventsDropped *prometheus.CounterVec
 
 	vecs     []interface{ Reset() }
 	resets   []*Counter
@@ -107,6 +112,8 @@ func New(instanceID string, src Source) *Metrics {
 	m.ZMQReapedWorkers = c(Namespace+"_zmq_reaped_workers_total", "Worker registrations dropped by the reaper after going silent.")
 	m.ZMQAbandonedTransfers = c(Namespace+"_zmq_abandoned_transfers_total", "PREPARE_STORE/PREPARE_RETRIEVE whose COMMIT never came, dropped (staged writes aborted, read locks released).")
 	m.ZMQProfileRefusedPeers = c(Namespace+"_zmq_wire_profile_refused_peers_total", "Client connections refused because their first request fingerprints a wire profile other than the forced --wire-profile.")
+
+	m.KVEventsDropped = cv(Namespace+"_kv_events_dropped_total", "KV events for KV-aware routers that were not delivered: stored chunks without known tokens (unbound_store), salted chunks (salted), batches the publisher queue had no room for (publisher_queue_full), log records discarded before every poller read them (log_overflow).", "reason")
 
 	m.engine = &engineCollector{src: src}
 	m.reg.MustRegister(m.engine)
@@ -178,11 +185,11 @@ func (c *Counter) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, c.Value())
 }
 
-// engineCollector exports engine.Counters snapshots.
+// engineCollector exports stats.Counters snapshots of the engine.
 type engineCollector struct {
 	mu   sync.Mutex
 	src  Source
-	base *engine.Counters
+	base *stats.Counters
 }
 
 func (e *engineCollector) setSource(s Source) {
@@ -255,7 +262,7 @@ func (e *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	c := src()
-	var b engine.Counters
+	var b stats.Counters
 	if base != nil {
 		b = *base
 	}
@@ -308,7 +315,7 @@ func (e *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	salted(dL2EvictedObj, c.L2EvictedObj, b.L2EvictedObj)
 	seen := map[string]bool{}
 	for i, a := range c.L2 {
-		var ob engine.L2Counters
+		var ob stats.L2Counters
 		if i < len(b.L2) {
 			ob = b.L2[i]
 		}
@@ -336,10 +343,19 @@ func sortedKeys(m map[string]int64) []string {
 	return out
 }
 
+// LookupResult is what RecordLookup needs of the engine's answer to a
+// lookup (engine.PrefetchResult's fields of the same names).
+type LookupResult struct {
+	// PrefixChunks is the leading run of chunks that hit.
+	PrefixChunks int
+	// L1Keys were already resident; L2Keys were loaded from L2.
+	L1Keys, L2Keys int
+}
+
 // RecordLookup counts one finished lookup, from the vLLM data path or the
 // HTTP KV API alike: requestedChunks whole chunks were asked for and res is
 // the engine's answer.
-func (m *Metrics) RecordLookup(model, salt string, chunkSize, requestedChunks int, res engine.PrefetchResult) {
+func (m *Metrics) RecordLookup(model, salt string, chunkSize, requestedChunks int, res LookupResult) {
 	m.Lookups.WithLabelValues(model, salt).Inc()
 	m.LookupRequestedTokens.WithLabelValues(model, salt).Add(float64(requestedChunks * chunkSize))
 	m.LookupHitTokens.WithLabelValues(model, salt).Add(float64(res.PrefixChunks * chunkSize))

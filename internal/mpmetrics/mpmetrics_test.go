@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics/stats"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -22,11 +22,11 @@ func scrape(t *testing.T, m *Metrics) string {
 }
 
 func TestEngineCountersRebaseOnReset(t *testing.T) {
-	c := engine.Counters{
+	c := stats.Counters{
 		L1UsedBytes: 512, L1TotalBytes: 1024, L1Write: map[string]int64{"a": 5},
-		L1EvictionLoopTicks: 7, L2: []engine.L2Counters{{Index: 0, TypeName: "s3", StoreCompleted: 3, UsageBytes: 99}, {Index: 1, TypeName: "s3", StoreCompleted: 1}},
+		L1EvictionLoopTicks: 7, L2: []stats.L2Counters{{Index: 0, TypeName: "s3", StoreCompleted: 3, UsageBytes: 99}, {Index: 1, TypeName: "s3", StoreCompleted: 1}},
 	}
-	m := New("i-1", func() engine.Counters { return c })
+	m := New("i-1", func() stats.Counters { return c })
 	body := scrape(t, m)
 	for _, want := range []string{
 		"lmcache_mp_l1_usage_ratio 0.5", `lmcache_mp_l1_write_chunks_total{cache_salt="a"} 5`, "lmcache_mp_l1_eviction_loop_ticks_total 7",
@@ -59,8 +59,8 @@ func TestEngineCountersRebaseOnReset(t *testing.T) {
 // TestLookupTimeoutMetric: lookups answered without L2 because the lookup
 // budget ran out are exported as l2_prefetch_failure{reason=lookup_timeout}.
 func TestLookupTimeoutMetric(t *testing.T) {
-	c := engine.Counters{L2LookupTimeouts: 4, L2LookupUnavailable: 2, L2PrefetchFailOOM: 1}
-	m := New("i-1", func() engine.Counters { return c })
+	c := stats.Counters{L2LookupTimeouts: 4, L2LookupUnavailable: 2, L2PrefetchFailOOM: 1}
+	m := New("i-1", func() stats.Counters { return c })
 	body := scrape(t, m)
 	for _, want := range []string{`lmcache_mp_l2_prefetch_failure_total{reason="lookup_timeout"} 4`, `lmcache_mp_l2_prefetch_failure_total{reason="l1_oom"} 1`, `lmcache_mp_l2_prefetch_failure_total{reason="adapter_unavailable"} 2`} {
 		if !strings.Contains(body, want+"\n") {

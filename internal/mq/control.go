@@ -10,6 +10,7 @@ import (
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
@@ -118,7 +119,8 @@ func (st *state) consumed(id string, res engine.PrefetchResult) {
 	delete(st.lookups, id)
 	st.mu.Unlock()
 	if ok {
-		st.s.cfg.Metrics.RecordLookup(m.model, m.salt, st.s.hasher.ChunkSize(), m.chunks, res)
+		st.s.cfg.Metrics.RecordLookup(m.model, m.salt, st.s.hasher.ChunkSize(), m.chunks,
+			mpmetrics.LookupResult{PrefixChunks: res.PrefixChunks, L1Keys: res.L1Keys, L2Keys: res.L2Keys})
 	}
 }
 
