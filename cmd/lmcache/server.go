@@ -238,6 +238,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		Metrics:              metrics,
 		Periodic:             loops,
 		StatusExtra:          s.mq.Status,
+		KVBlocks:             s.mq,
 		LogLevels:            levels,
 		EnvShowSecrets:       cfg.EnvShowSecret,
 		Logger:               levels.Logger("lmcache.http"),

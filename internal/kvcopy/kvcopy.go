@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -43,6 +44,14 @@ var (
 	// truncated or replaced its segment).
 	ErrFault = errors.New("kv cache segment fault during copy")
 )
+
+// openMaps counts the segment mappings this process holds (all caches).
+var openMaps atomic.Int64
+
+// OpenMappings is the number of shared-memory segment mappings currently
+// held by all caches; tests use it to prove unregister, reaping and
+// shutdown unmap everything.
+func OpenMappings() int64 { return openMaps.Load() }
 
 // Registration is what a REGISTER_KV_CACHE carried besides the tensors.
 type Registration struct {
@@ -118,6 +127,7 @@ func Open(dir string, ws []kvwrap.Wrapper, reg Registration) (_ *Cache, err erro
 			return nil, err
 		}
 		c.maps = append(c.maps, m)
+		openMaps.Add(1)
 	}
 	ts := make([]kvlayout.Tensor, len(ws))
 	for i, w := range ws {
@@ -211,8 +221,42 @@ func (c *Cache) unmap() error {
 	for _, m := range c.maps {
 		if err := unix.Munmap(m); err != nil {
 			errs = append(errs, err)
+			continue
 		}
+		openMaps.Add(-1)
 	}
 	c.maps = nil
 	return errors.Join(errs...)
+}
+
+// Block returns a copy of block id of layer li (K rows then V rows, as
+// stored; see kvlayout.Layout.BlockExtents).
+func (c *Cache) Block(li int, id int64) (_ []byte, err error) {
+	ext, err := c.Layout.BlockExtents(li, id)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrFault, r)
+		}
+	}()
+	var n int64
+	for _, e := range ext {
+		if e.Seg >= len(c.maps) || e.Off < 0 || e.Off+e.Len > int64(len(c.maps[e.Seg])) {
+			return nil, fmt.Errorf("%w: block %d of layer %d lies outside its segment", ErrSegment, id, li)
+		}
+		n += e.Len
+	}
+	out := make([]byte, 0, n)
+	for _, e := range ext {
+		out = append(out, c.maps[e.Seg][e.Off:e.Off+e.Len]...)
+	}
+	return out, nil
 }

@@ -295,3 +295,42 @@ func resolveHND(in Input, s []int64) (bool, error) {
 	}
 	return false, fmt.Errorf("%w: kv_layout hint %q", ErrUnsupported, h.KVLayout)
 }
+
+// Extent is a byte range of one memory segment.
+type Extent struct {
+	Seg      int
+	Off, Len int64
+}
+
+// BlockExtents is where block id of layer li lives: one byte range per
+// K and V (one for MLA), in that order, each the block's rows exactly as
+// stored. POST /cache/checksums hashes these bytes. Fused K/V and
+// cross-layer formats are refused with ErrUnsupported, as upstream's
+// endpoint declines them, and so is a block whose rows are not packed.
+func (l *Layout) BlockExtents(li int, id int64) ([]Extent, error) {
+	switch l.Format {
+	case FormatFusedNHD, FormatFusedHND, FormatCrossLayerNHD, FormatCrossLayerHND:
+		return nil, fmt.Errorf("%w: %s blocks are not addressable one layer at a time", ErrUnsupported, l.Format)
+	}
+	if li < 0 || li >= len(l.layers) {
+		return nil, fmt.Errorf("%w: layer %d of %d", ErrBadRequest, li, len(l.layers))
+	}
+	if id < 0 || id >= l.NumBlocks {
+		return nil, fmt.Errorf("%w: block id %d outside [0, %d)", ErrBadRequest, id, l.NumBlocks)
+	}
+	elems := l.BlockSize * l.NumHeads * l.HeadSize
+	span := (l.BlockSize-1)*l.sT + (l.NumHeads-1)*l.sH + (l.HeadSize-1)*l.sD + 1
+	if span != elems || min(l.sT, l.sH, l.sD) < 0 {
+		return nil, fmt.Errorf("%w: %s block rows are not packed (strides %d/%d/%d)", ErrUnsupported, l.Format, l.sT, l.sH, l.sD)
+	}
+	nkv := int64(2)
+	if l.MLA() {
+		nkv = 1
+	}
+	la := l.layers[li]
+	out := make([]Extent, 0, nkv)
+	for kv := range nkv {
+		out = append(out, Extent{Seg: la.seg, Off: la.base + (kv*l.sKV+id*l.sB)*l.ItemSize, Len: elems * l.ItemSize})
+	}
+	return out, nil
+}

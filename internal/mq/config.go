@@ -143,9 +143,7 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	switch c.TransferMode {
-	case ModeAuto, ModeEngineDriven:
-	case ModeLMCacheDriven:
-		return fmt.Errorf("--supported-transfer-mode lmcache_driven needs GPU IPC, which this server does not implement; use engine_driven (and LMCACHE_MP_TRANSFER_MODE=engine_driven in vLLM)")
+	case ModeAuto, ModeEngineDriven, ModeLMCacheDriven:
 	default:
 		return fmt.Errorf("--supported-transfer-mode %q: want auto, engine_driven or lmcache_driven", c.TransferMode)
 	}

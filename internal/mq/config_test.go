@@ -20,7 +20,6 @@ func TestConfigValidation(t *testing.T) {
 	h := start(t, opts{})
 	for _, c := range []mq.Config{
 		{TransferMode: "gpu"},
-		{TransferMode: mq.ModeLMCacheDriven},
 		{WireProfile: "gen1"},
 		{Port: 70000},
 		{ChunkSize: -1},

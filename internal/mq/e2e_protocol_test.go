@@ -81,9 +81,6 @@ func TestWireProfileForced(t *testing.T) {
 	if _, err := mq.New(mq.Config{WireProfile: "gen9"}, h.eng, nil); err == nil {
 		t.Error("New accepted --wire-profile gen9")
 	}
-	if _, err := mq.New(mq.Config{TransferMode: mq.ModeLMCacheDriven}, h.eng, nil); err == nil || !strings.Contains(err.Error(), "engine_driven") {
-		t.Errorf("New with lmcache_driven: %v", err)
-	}
 }
 
 func TestArgumentCountsAcrossVersions(t *testing.T) {

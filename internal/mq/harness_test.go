@@ -62,6 +62,8 @@ type harness struct {
 	logs     *logBuf
 	// clientOpts are the options worker dials with (default: gen3).
 	clientOpts mqclient.Options
+	// stop ends the server's Run and waits for it (idempotent).
+	stop func()
 }
 
 var shmSeq atomic.Int64
@@ -107,11 +109,17 @@ func start(t testing.TB, o opts) *harness {
 			t.Errorf("Run: %v", err)
 		}
 	}()
+	stop := sync.OnceFunc(func() { cancel(); wg.Wait() })
 	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
+		stop()
+		// Every read lease, upload pin and staged write a test took must be
+		// gone once the server has stopped; name the keys that are not.
+		leaks := eng.Leaks()
 		if err := eng.Close(); err != nil {
 			t.Errorf("engine close: %v", err)
+		}
+		if len(leaks) > 0 {
+			t.Errorf("%d engine references leaked at close:\n%s", len(leaks), strings.Join(leaks, "\n"))
 		}
 		if t.Failed() {
 			t.Logf("server log:\n%s", logs.String())
@@ -121,7 +129,7 @@ func start(t testing.TB, o opts) *harness {
 	if dir == "" {
 		dir = "/dev/shm"
 	}
-	return &harness{t: t, srv: srv, eng: eng, endpoint: srv.Endpoint(), shmDir: dir, logs: logs}
+	return &harness{t: t, srv: srv, eng: eng, endpoint: srv.Endpoint(), shmDir: dir, logs: logs, stop: stop}
 }
 
 func (h *harness) dial(o mqclient.Options) *mqclient.Client {

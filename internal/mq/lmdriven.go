@@ -1,14 +1,17 @@
 package mq
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/kvcopy"
 	"github.com/lmcache-go/lmcache/internal/kvlayout"
 	"github.com/lmcache-go/lmcache/internal/kvwrap"
@@ -48,6 +51,7 @@ type lmdReg struct {
 	objBytes int64
 	tag      string // the engine's write-reservation owner
 	lastSeen time.Time
+	pinged   bool // a PING named this instance (reaped after WorkerReapTimeout, else after the grace)
 }
 
 func (l *lmDriven) get(inst int64) *lmdReg {
@@ -60,8 +64,86 @@ func (l *lmDriven) get(inst int64) *lmdReg {
 	return r
 }
 
+// peek returns the registration of inst without marking it alive (an
+// operator's read is no sign of the worker).
+func (l *lmDriven) peek(inst int64) *lmdReg {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.regs[inst]
+}
+
 // touch marks an instance alive (PING) and reports whether it is known.
-func (l *lmDriven) touch(inst int64) bool { return l.get(inst) != nil }
+func (l *lmDriven) touch(inst int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.regs[inst]
+	if r != nil {
+		r.lastSeen, r.pinged = time.Now(), true
+	}
+	return r != nil
+}
+
+// takeSilent removes and returns the registrations silent for longer
+// than their limit (reapAfter once pinged, grace before; 0 disables).
+func (l *lmDriven) takeSilent(now time.Time, reapAfter, grace time.Duration) []*lmdReg {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []*lmdReg
+	for id, r := range l.regs {
+		limit := grace
+		if r.pinged {
+			limit = reapAfter
+		}
+		if limit > 0 && now.Sub(r.lastSeen) > limit {
+			out = append(out, r)
+			delete(l.regs, id)
+		}
+	}
+	return out
+}
+
+// closeAll unmaps every registration (server stop). A copy in progress
+// finishes first: Cache.Close waits for it.
+func (l *lmDriven) closeAll() error {
+	l.mu.Lock()
+	regs := l.regs
+	l.regs = nil
+	l.mu.Unlock()
+	var errs []error
+	for _, r := range regs {
+		if err := r.cache.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("instance %d: %w", r.instance, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// snapshot lists the registrations for /status, sorted by instance id.
+func (l *lmDriven) snapshot() []*lmdReg {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]*lmdReg, 0, len(l.regs))
+	for _, r := range l.regs {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b *lmdReg) int { return cmp.Compare(a.instance, b.instance) })
+	return out
+}
+
+// reapLMDriven unmaps lmcache-driven registrations whose worker went
+// silent; each is counted in lmcache_mp_zmq_reaped_workers_total.
+func (st *state) reapLMDriven(now time.Time) int {
+	cfg := st.s.cfg
+	regs := st.lmd.takeSilent(now, cfg.WorkerReapTimeout, cfg.WorkerRegistrationGrace)
+	for _, r := range regs {
+		st.s.metrics.ZMQReapedWorkers.Inc()
+		err := r.cache.Close()
+		st.log.Warn("reaped a silent lmcache-driven worker and unmapped its KV cache (counted in lmcache_mp_zmq_reaped_workers_total)",
+			"instance_id", r.instance, "model", r.model, "world_size", r.world, "silent_for", now.Sub(r.lastSeen).Round(time.Millisecond),
+			"had_pinged", r.pinged, "unmap_err", err)
+	}
+	return len(regs)
+}
 
 func (l *lmDriven) put(r *lmdReg) (old *lmdReg) {
 	l.mu.Lock()
@@ -103,7 +185,7 @@ type poolBytes interface {
 // registrations) with a rate-limited log line.
 func (st *state) serveLMDriven(req *request) []byte {
 	if st.s.cfg.TransferMode == ModeEngineDriven {
-		return st.rejectLMCacheDriven(req)
+		return st.refuseTransferMode(req, ModeLMCacheDriven)
 	}
 	var resp []byte
 	var err error
@@ -140,6 +222,32 @@ func (st *state) serveLMDriven(req *request) []byte {
 		}
 	}
 	return resp
+}
+
+// engineDrivenOp reports whether op belongs to the engine-driven path.
+func engineDrivenOp(op wire.Op) bool {
+	switch op {
+	case wire.OpRegisterEngineDriven, wire.OpUnregisterEngineDriven, wire.OpPrepareStore,
+		wire.OpCommitStore, wire.OpPrepareRetrieve, wire.OpCommitRetrieve:
+		return true
+	}
+	return false
+}
+
+// refuseTransferMode answers an operation of the path that
+// --supported-transfer-mode leaves out (the worker's mode, workerMode,
+// disagrees with the server's): its negative reply, one WARN line per
+// peer, and lmcache_mp_zmq_refused_requests_total{reason="transfer_mode"}
+// per request. Upstream raises in the handler, so the worker gets no
+// reply and its start-up times out; a negative reply fails it at once.
+func (st *state) refuseTransferMode(req *request, workerMode string) []byte {
+	st.s.metrics.ZMQRefused.WithLabelValues("transfer_mode").Inc()
+	st.warnOnce(req.peer.idString()+"/transfer_mode",
+		"refused "+req.op.EnumName()+": the worker uses the "+workerMode+" transfer mode but this server runs --supported-transfer-mode "+
+			st.s.cfg.TransferMode+"; every such request is refused (counted in lmcache_mp_zmq_refused_requests_total{reason=\"transfer_mode\"}). "+
+			"Start the server with --supported-transfer-mode auto (serves both) or "+workerMode+", or set LMCACHE_MP_TRANSFER_MODE="+st.s.cfg.TransferMode+" in vLLM's environment",
+		"peer", req.peer.idString(), "op", req.op.EnumName(), "server_mode", st.s.cfg.TransferMode, "worker_mode", workerMode)
+	return wire.NegativeReply(req.op)
 }
 
 // lmdRegistration is REGISTER_KV_CACHE's decoded payload: instance_id,
@@ -544,3 +652,85 @@ func (st *state) lmdRetrieve(req *request) ([]byte, error) {
 	}
 	return wire.Marshal(&wire.TransferReply{Handle: []byte{}, OK: true}), nil
 }
+
+// lmdStatus adds the lmcache-driven registrations to GET /status as
+// upstream's transfer module reports its cache contexts: each instance
+// id joins registered_gpu_ids and gets a cache_context_meta entry (keyed
+// by the id as a string) with its model, world size and kv_cache_layout.
+func (st *state) lmdStatus(out map[string]any, ids []int64) []int64 {
+	meta := map[string]any{}
+	for _, r := range st.lmd.snapshot() {
+		ids = append(ids, r.instance)
+		l := r.cache.Layout
+		nkv := int64(2)
+		if l.MLA() {
+			nkv = 1
+		}
+		layers := make([]int64, l.NumLayers)
+		for i := range layers {
+			layers[i] = int64(i)
+		}
+		meta[fmt.Sprint(r.instance)] = map[string]any{
+			"model_name": r.model,
+			"world_size": r.world,
+			"transfer":   ModeLMCacheDriven,
+			"kv_cache_layout": map[string]any{
+				"num_layers":           l.NumLayers,
+				"num_blocks":           l.NumBlocks,
+				"cache_size_per_token": nkv * l.NumLayers * l.Hidden() * l.ItemSize,
+				"kernel_groups": []map[string]any{{
+					"kernel_group_idx": 0, "engine_group_idx": 0, "object_group_idx": 0,
+					"num_layers": l.NumLayers, "layer_indices": layers,
+					"tokens_per_block": l.BlockSize, "slots_per_block": l.BlockSize,
+					"dtype": "torch." + l.Dtype, "is_mla": l.MLA(), "engine_kv_format": l.Format.String(),
+					"num_kv_heads": l.NumHeads, "head_size": l.HeadSize,
+				}},
+			},
+		}
+	}
+	out["cache_context_meta"] = meta
+	slices.Sort(ids)
+	return ids
+}
+
+// statusError carries the HTTP status an httpapi handler answers with
+// (httpapi reads it through its HTTPStatus method).
+type statusError struct {
+	code int
+	err  error
+}
+
+func (e *statusError) Error() string   { return e.err.Error() }
+func (e *statusError) Unwrap() error   { return e.err }
+func (e *statusError) HTTPStatus() int { return e.code }
+
+// KVBlockLayer is one layer of an lmcache-driven worker's registered KV
+// cache, read block by block for POST /cache/checksums.
+type KVBlockLayer struct {
+	cache *kvcopy.Cache
+	layer int
+}
+
+// Block returns a copy of block id (K rows then V rows, as stored).
+func (l KVBlockLayer) Block(id int) ([]byte, error) { return l.cache.Block(l.layer, int64(id)) }
+
+// KVLayers returns the layers of the lmcache-driven registration
+// instanceID (httpapi.KVBlockReader, for POST /cache/checksums). An
+// unknown instance is a 404 (HTTPStatus), a format that cannot be read
+// block-wise a 501.
+func (s *Server) KVLayers(instanceID int) ([]httpapi.KVLayer, error) {
+	r := s.st.lmd.peek(int64(instanceID))
+	if r == nil {
+		return nil, &statusError{404, fmt.Errorf("instance_id %d has no lmcache-driven registration", instanceID)}
+	}
+	if _, err := r.cache.Layout.BlockExtents(0, 0); err != nil && errors.Is(err, kvlayout.ErrUnsupported) {
+		return nil, &statusError{501, err}
+	}
+	out := make([]httpapi.KVLayer, r.cache.Layout.NumLayers)
+	for i := range out {
+		out[i] = KVBlockLayer{cache: r.cache, layer: i}
+	}
+	return out, nil
+}
+
+var _ httpapi.KVBlockReader = (*Server)(nil)

@@ -252,6 +252,10 @@ func (s *Server) run(ctx context.Context) error {
 	defer func() {
 		cancel()
 		s.wg.Wait() // handlers see hctx cancelled and finish
+		// No handler runs any more: unmap the lmcache-driven KV caches.
+		if err := s.st.lmd.closeAll(); err != nil {
+			s.log.Warn("unmapping lmcache-driven KV caches at stop", "err", err)
+		}
 		s.closeSockets()
 	}()
 	for _, l := range s.st.loops() {

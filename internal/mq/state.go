@@ -8,7 +8,6 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
@@ -208,18 +207,14 @@ func (st *state) reportBlockAllocation(req *request) []byte {
 	return wire.Nil
 }
 
-func (st *state) rejectLMCacheDriven(req *request) []byte {
-	st.warnOnce(req.peer.idString()+"/"+req.op.String(),
-		"refused "+req.op.EnumName()+": the lmcache-driven (GPU IPC) transfer is not supported by this server; "+hintEngineDriven,
-		"peer", req.peer.idString())
-	return wire.NegativeReply(req.op)
-}
-
 // serve runs the handler of a transfer request (on its peer's FIFO
 // goroutine) or a control request (on its own goroutine) and turns a
 // failure into the request's negative reply.
 func (st *state) serve(ctx context.Context, req *request) []byte {
 	defer req.release()
+	if engineDrivenOp(req.op) && st.s.cfg.TransferMode == ModeLMCacheDriven {
+		return st.refuseTransferMode(req, ModeEngineDriven)
+	}
 	var resp []byte
 	var err error
 	switch req.op {
@@ -868,6 +863,7 @@ func (st *state) reap(now time.Time) (reapedN, abandoned int) {
 		st.log.Warn("reaped a silent worker registration (counted in lmcache_mp_zmq_reaped_workers_total)", "instance_id", r.instanceID, "model", r.model,
 			"world_size", r.world, "silent_for", now.Sub(r.lastPing).Round(time.Millisecond), "had_pinged", r.pinged, "dropped_transfers", n)
 	}
+	lmd := st.reapLMDriven(now)
 	// A PREPARE whose COMMIT never came (a worker that failed between the
 	// two but stays registered) would otherwise stay pending, and keep its
 	// reservation or read lock, until the worker unregisters.
@@ -876,12 +872,13 @@ func (st *state) reap(now time.Time) (reapedN, abandoned int) {
 		abandoned += n
 		st.log.Warn("dropped transfers whose COMMIT never came (counted in lmcache_mp_zmq_abandoned_transfers_total)", "count", n, "older_than", cfg.SessionTTL)
 	}
-	return len(reaped), abandoned
+	return len(reaped) + lmd, abandoned
 }
 
 // Status is the data path's part of GET /status: upstream's
-// active_sessions and registered_gpu_ids (here: the instance ids of the
-// registered engine-driven workers), plus transfers and lookups in flight.
+// active_sessions, registered_gpu_ids (here: the instance ids of the
+// registered workers of both paths) and cache_context_meta (the
+// lmcache-driven contexts), plus transfers and lookups in flight.
 func (s *Server) Status() map[string]any {
 	st := s.st
 	st.mu.Lock()
@@ -890,11 +887,11 @@ func (s *Server) Status() map[string]any {
 	for id := range st.regs {
 		ids = append(ids, id)
 	}
-	slices.Sort(ids)
-	return map[string]any{
-		"active_sessions":    len(st.sessions),
-		"registered_gpu_ids": ids,
-		"pending_transfers":  len(st.writes) + len(st.reads),
-		"pending_lookups":    len(st.lookups),
+	out := map[string]any{
+		"active_sessions":   len(st.sessions),
+		"pending_transfers": len(st.writes) + len(st.reads),
+		"pending_lookups":   len(st.lookups),
 	}
+	out["registered_gpu_ids"] = st.lmdStatus(out, ids)
+	return out
 }

@@ -168,7 +168,7 @@ func (c *Config) register() *registry {
 		return nil
 	}
 	r.str(&c.EngineType, "engine-type", "engine_type", mp, "", "default", "engine type: default (blend is not supported)").validate = oneOf(&c.EngineType, "default")
-	r.str(&c.SupportedTransferMode, "supported-transfer-mode", "supported_transfer_mode", mp, "", "auto", "auto, engine_driven or lmcache_driven; this server serves engine_driven (auto behaves as engine_driven)").validate = oneOf(&c.SupportedTransferMode, "auto", "engine_driven", "lmcache_driven")
+	r.str(&c.SupportedTransferMode, "supported-transfer-mode", "supported_transfer_mode", mp, "", "auto", "auto (serves both paths), engine_driven (the worker copies through the shared L1 pool) or lmcache_driven (the server copies from the worker's registered KV cache: CPU shared-memory KV caches); a worker of the other mode is refused with one log line and lmcache_mp_zmq_refused_requests_total{reason=\"transfer_mode\"}").validate = oneOf(&c.SupportedTransferMode, "auto", "engine_driven", "lmcache_driven")
 	r.str(&c.WireProfile, "wire-profile", "wire_profile", mp, "", "auto", "ZMQ RequestType numbering: auto (per connection), gen2m or gen3").validate = oneOf(&c.WireProfile, "auto", "gen2m", "gen3")
 	r.str(&c.Transport, "transport", "transport", mp, "", "zmq", "request transport (only zmq)").validate = oneOf(&c.Transport, "zmq")
 	r.str(&c.SHMName, "shm-name", "shm_name", mp, "", "", "name of the L1 shared-memory pool under /dev/shm (prefixed lmcache_l1_pool_); empty: private memory")
