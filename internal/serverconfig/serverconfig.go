@@ -44,6 +44,16 @@ type Config struct {
 	SessionTTLSeconds        float64
 	MaxQueuedRequests        int
 	SeparateObjectGroups     bool
+	// KV events for KV-aware routers (internal/kvevents): upstream's
+	// POLL_KV_EVENTS log size, and the native vLLM-format publisher named
+	// as vLLM's --kv-events-config names its fields (empty endpoint: off).
+	KVEventLogSize         int
+	KVEventsEndpoint       string
+	KVEventsReplayEndpoint string
+	KVEventsTopic          string
+	KVEventsBufferSteps    int
+	KVEventsHWM            int
+	KVEventsMaxQueueSize   int
 
 	// http group.
 	HTTPHost      string
@@ -191,6 +201,13 @@ func (c *Config) register() *registry {
 	r.float(&c.SessionTTLSeconds, "session-ttl-seconds", "session_ttl_seconds", mp, "", 600, "drop lookup sessions idle this long").validate = positiveFinite(&c.SessionTTLSeconds)
 	r.intv(&c.MaxQueuedRequests, "max-queued-requests", "max_queued_requests", mp, "", 4096, "ZMQ requests that may wait for a handler; past it a request is refused at once").validate = atLeast(&c.MaxQueuedRequests, 1)
 	r.boolPair(&c.SeparateObjectGroups, "separate-object-groups", "separate_object_groups", mp, "", false, "store hybrid-model object groups separately")
+	r.intv(&c.KVEventLogSize, "kv-event-log-size", "kv_event_log_size", mp, "", 32768, "cache-event records kept for POLL_KV_EVENTS (workers republish them to KV-aware routers); 0 disables the channel and its kv_events capability").validate = atLeast(&c.KVEventLogSize, 0)
+	r.str(&c.KVEventsEndpoint, "kv-events-endpoint", "kv_events_endpoint", mp, "", "", "ZMQ PUB address of the native vLLM-format KV events publisher (bound when it has * or :: or is ipc:// or inproc://, else connected, as vLLM); empty: off")
+	r.str(&c.KVEventsReplayEndpoint, "kv-events-replay-endpoint", "kv_events_replay_endpoint", mp, "", "", "ZMQ ROUTER address (bound) that resends retained KV event batches from a requested sequence; empty: no replay")
+	r.str(&c.KVEventsTopic, "kv-events-topic", "kv_events_topic", mp, "", "", "topic frame of every published KV event batch")
+	r.intv(&c.KVEventsBufferSteps, "kv-events-buffer-steps", "kv_events_buffer_steps", mp, "", 10000, "published KV event batches kept for replay").validate = atLeast(&c.KVEventsBufferSteps, 1)
+	r.intv(&c.KVEventsHWM, "kv-events-hwm", "kv_events_hwm", mp, "", 100000, "send high-water mark of the KV events PUB socket").validate = atLeast(&c.KVEventsHWM, 0)
+	r.intv(&c.KVEventsMaxQueueSize, "kv-events-max-queue-size", "kv_events_max_queue_size", mp, "", 100000, "KV event batches waiting to be published; past it a batch is dropped and counted in lmcache_mp_kv_events_dropped_total{reason=\"publisher_queue_full\"}").validate = atLeast(&c.KVEventsMaxQueueSize, 1)
 
 	// http
 	r.str(&c.HTTPHost, "http-host", "http_host", h, "", "127.0.0.1", "host the HTTP API binds (upstream's older default was 0.0.0.0)")
