@@ -1,0 +1,401 @@
+// Package leader elects one active coordinator among several (active/standby)
+// on an etcd lease, with go.etcd.io/etcd/client/v3's concurrency election.
+//
+// A leader's authority is bounded in time, not just by etcd's verdict: every
+// successful lease renewal, sent at t, makes Leading() true until
+// t + RenewDeadline, and RenewDeadline < TTL. etcd cannot expire the lease
+// before t + TTL (the server starts the TTL no earlier than it received the
+// renewal), so a leader that cannot renew stops acting at least
+// TTL - RenewDeadline before any standby can be elected. The election key's
+// create revision is the fencing token: it grows with every new leader, so
+// it goes into every action the leader takes (eviction dispatch logs and
+// metrics) and a stale one is recognisable.
+package leader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+)
+
+// Defaults.
+const (
+	// DefaultPrefix is the election's key prefix.
+	DefaultPrefix = "/lmcache/coordinator/leader"
+	// DefaultTTL is the lease TTL.
+	DefaultTTL = 10 * time.Second
+	// MinTTL is the shortest TTL accepted (etcd rounds leases up to about
+	// 1.5 election timeouts; below 2 s a renewal has no slack).
+	MinTTL = 2 * time.Second
+	// DefaultDialTimeout bounds NewClient's first connection.
+	DefaultDialTimeout = 5 * time.Second
+)
+
+// Config configures an Elector.
+type Config struct {
+	// Client is the etcd client, owned by the caller (closed after Run
+	// returns).
+	Client *clientv3.Client
+	// ID is stored as the election value: this coordinator's identity.
+	ID string
+	// Prefix defaults to DefaultPrefix.
+	Prefix string
+	// TTL is the lease TTL, whole seconds, at least MinTTL; DefaultTTL if 0.
+	TTL time.Duration
+	// RenewDeadline is how long a renewal keeps Leading() true; it must be
+	// below TTL. Default: two thirds of TTL. Renewals are sent every
+	// RenewDeadline/3.
+	RenewDeadline time.Duration
+	// OnChange, if set, is called from Run's goroutine on every change of
+	// leadership, in order. It must return quickly.
+	OnChange func(Status)
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Status is a leadership change.
+type Status struct {
+	Leading bool
+	// Revision is the fencing token of the term that began or ended.
+	Revision int64
+	// Key is the election key of that term.
+	Key string
+	// At is when the change took effect. For a lost term it is the moment
+	// Leading() turned false (the renew deadline), which may precede the
+	// callback.
+	At time.Time
+}
+
+// Elector campaigns for leadership and holds it while its lease renews.
+type Elector struct {
+	cfg Config
+	log *slog.Logger
+
+	mu         sync.Mutex
+	leading    bool
+	rev        int64
+	key        string
+	validUntil time.Time // last renewal sent + RenewDeadline
+
+	renewals    atomic.Int64
+	transitions atomic.Int64
+}
+
+var errLost = errors.New("leadership lost")
+
+var rpcLeaseNotFound = rpctypes.ErrLeaseNotFound
+
+// NewClient connects an etcd client with the given endpoints, logging
+// through a no-op zap logger (the Elector logs what matters through slog).
+func NewClient(endpoints []string, dialTimeout time.Duration) (*clientv3.Client, error) {
+	if len(endpoints) == 0 {
+		return nil, errors.New("leader: no etcd endpoints")
+	}
+	if dialTimeout <= 0 {
+		dialTimeout = DefaultDialTimeout
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: dialTimeout, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("leader: etcd client: %w", err)
+	}
+	return cli, nil
+}
+
+// New validates cfg.
+func New(cfg Config) (*Elector, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("leader: Config.Client is required")
+	}
+	if cfg.ID == "" {
+		return nil, errors.New("leader: Config.ID is required")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.TTL < MinTTL || cfg.TTL%time.Second != 0 {
+		return nil, fmt.Errorf("leader: TTL %v must be whole seconds and at least %v", cfg.TTL, MinTTL)
+	}
+	if cfg.RenewDeadline == 0 {
+		cfg.RenewDeadline = cfg.TTL * 2 / 3
+	}
+	if cfg.RenewDeadline <= 0 || cfg.RenewDeadline >= cfg.TTL {
+		return nil, fmt.Errorf("leader: RenewDeadline %v must be positive and below TTL %v", cfg.RenewDeadline, cfg.TTL)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Elector{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Leading reports whether this elector may act as leader now. It turns false
+// by itself once the last renewal is RenewDeadline old, before the lease can
+// expire.
+func (e *Elector) Leading() bool {
+	_, ok := e.Fence()
+	return ok
+}
+
+// Fence returns the current term's fencing token and whether this elector is
+// leading; a caller stamps the token on an action it takes only when ok.
+func (e *Elector) Fence() (revision int64, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.leading || !time.Now().Before(e.validUntil) {
+		return 0, false
+	}
+	return e.rev, true
+}
+
+// Revision is the fencing token while leading, 0 otherwise.
+func (e *Elector) Revision() int64 {
+	rev, _ := e.Fence()
+	return rev
+}
+
+// Renewals counts successful lease renewals.
+func (e *Elector) Renewals() int64 { return e.renewals.Load() }
+
+// Collectors exposes leadership as Prometheus metrics for the caller to
+// register.
+func (e *Elector) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lmcache_coordinator_leader",
+			Help: "1 while this coordinator holds the etcd leadership lease and may dispatch, else 0."},
+			func() float64 {
+				if e.Leading() {
+					return 1
+				}
+				return 0
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lmcache_coordinator_leader_revision",
+			Help: "Fencing token (etcd create revision of the election key) of the current term, 0 when not leading."},
+			func() float64 { return float64(e.Revision()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lmcache_coordinator_leader_transitions_total",
+			Help: "Times this coordinator became or stopped being leader."},
+			func() float64 { return float64(e.transitions.Load()) }),
+	}
+}
+
+// Run campaigns until ctx is cancelled, holding leadership while the lease
+// renews and campaigning again after a loss. On cancellation a leader
+// resigns (its key is deleted, so a standby takes over at once) and Run
+// returns nil.
+func (e *Elector) Run(ctx context.Context) error {
+	backoff := min(e.cfg.TTL/4, time.Second)
+	for {
+		err := e.term(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		e.log.Warn("leader election term ended; campaigning again", "id", e.cfg.ID, "err", err, "backoff", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// term runs one lease: grant, campaign, hold until lost or ctx ends.
+func (e *Elector) term(ctx context.Context) error {
+	cli := e.cfg.Client
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	sent := time.Now()
+	gctx, gcancel := context.WithTimeout(tctx, e.cfg.RenewDeadline)
+	grant, err := cli.Grant(gctx, int64(e.cfg.TTL/time.Second))
+	gcancel()
+	if err != nil {
+		return fmt.Errorf("grant lease: %w", err)
+	}
+	lease := grant.ID
+	e.setValid(sent)
+	// Revoke on every way out: a resigning or demoted leader's key goes
+	// with its lease, and a standby's queued key stops blocking nobody.
+	defer e.revoke(lease)
+
+	sess, err := concurrency.NewSession(cli, concurrency.WithLease(lease), concurrency.WithContext(tctx))
+	if err != nil {
+		return fmt.Errorf("session: %w", err)
+	}
+	lost := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // owned by this term; stops with tctx
+		defer wg.Done()
+		e.renew(tctx, lease, lost)
+	}()
+	defer wg.Wait()
+	defer cancel()
+
+	elect := concurrency.NewElection(sess, e.cfg.Prefix)
+	if err := elect.Campaign(tctx, e.cfg.ID); err != nil {
+		return fmt.Errorf("campaign: %w", err)
+	}
+	rev, key := elect.Rev(), elect.Key()
+	if !e.become(rev, key) {
+		// The renew deadline passed while campaigning: the lease may be
+		// about to expire, so this term never acts.
+		return fmt.Errorf("elected at revision %d after the renew deadline: %w", rev, errLost)
+	}
+	e.log.Info("became leader", "id", e.cfg.ID, "revision", rev, "key", key)
+
+	wch := cli.Watch(tctx, key, clientv3.WithRev(rev+1))
+	for {
+		e.mu.Lock()
+		wait := time.Until(e.validUntil)
+		e.mu.Unlock()
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			e.stepDown("resigned", time.Now())
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewDeadline)
+			if err := elect.Resign(rctx); err != nil {
+				e.log.Warn("resign failed; the lease expires instead", "id", e.cfg.ID, "err", err)
+			}
+			rcancel()
+			return nil
+		case err := <-lost:
+			timer.Stop()
+			e.stepDown("lease lost", time.Now())
+			return err
+		case <-sess.Done():
+			timer.Stop()
+			e.stepDown("session ended", time.Now())
+			return fmt.Errorf("etcd session ended: %w", errLost)
+		case wr, ok := <-wch:
+			timer.Stop()
+			if !ok || wr.Err() != nil || hasDelete(wr) {
+				e.stepDown("election key gone or unwatchable", time.Now())
+				return fmt.Errorf("election key %s deleted or watch failed: %w", key, errLost)
+			}
+		case <-timer.C:
+			e.mu.Lock()
+			expired := !time.Now().Before(e.validUntil)
+			at := e.validUntil
+			e.mu.Unlock()
+			if expired {
+				e.stepDown("renew deadline passed", at)
+				return fmt.Errorf("no lease renewal within %v: %w", e.cfg.RenewDeadline, errLost)
+			}
+		}
+	}
+}
+
+func hasDelete(wr clientv3.WatchResponse) bool {
+	for _, ev := range wr.Events {
+		if ev.Type == clientv3.EventTypeDelete {
+			return true
+		}
+	}
+	return false
+}
+
+// renew sends a renewal every RenewDeadline/3; each success extends
+// validity to its send time + RenewDeadline. A lease etcd no longer knows is
+// reported on lost.
+func (e *Elector) renew(ctx context.Context, lease clientv3.LeaseID, lost chan<- error) {
+	every := e.cfg.RenewDeadline / 3
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, every)
+		resp, err := e.cfg.Client.KeepAliveOnce(rctx, lease)
+		cancel()
+		switch {
+		case err == nil && resp.TTL > 0:
+			e.setValid(sent)
+			e.renewals.Add(1)
+		case err == nil || errors.Is(err, rpcLeaseNotFound):
+			select {
+			case lost <- fmt.Errorf("lease %x expired: %w", lease, errLost):
+			default:
+			}
+			return
+		case ctx.Err() != nil:
+			return
+		default:
+			e.log.Warn("lease renewal failed", "id", e.cfg.ID, "err", err)
+		}
+	}
+}
+
+func (e *Elector) setValid(sent time.Time) {
+	e.mu.Lock()
+	if v := sent.Add(e.cfg.RenewDeadline); v.After(e.validUntil) {
+		e.validUntil = v
+	}
+	e.mu.Unlock()
+}
+
+// become starts a term unless the renew deadline already passed.
+func (e *Elector) become(rev int64, key string) bool {
+	e.mu.Lock()
+	now := time.Now()
+	if !now.Before(e.validUntil) {
+		e.mu.Unlock()
+		return false
+	}
+	e.leading, e.rev, e.key = true, rev, key
+	e.mu.Unlock()
+	e.transitions.Add(1)
+	e.notify(Status{Leading: true, Revision: rev, Key: key, At: now})
+	return true
+}
+
+// stepDown ends the term; at is when its authority ended.
+func (e *Elector) stepDown(why string, at time.Time) {
+	e.mu.Lock()
+	if !e.leading {
+		e.mu.Unlock()
+		return
+	}
+	rev, key := e.rev, e.key
+	e.leading = false
+	if at.After(e.validUntil) {
+		at = e.validUntil
+	}
+	e.mu.Unlock()
+	e.transitions.Add(1)
+	e.log.Warn("stopped leading", "id", e.cfg.ID, "revision", rev, "why", why)
+	e.notify(Status{Leading: false, Revision: rev, Key: key, At: at})
+}
+
+func (e *Elector) notify(s Status) {
+	if e.cfg.OnChange != nil {
+		e.cfg.OnChange(s)
+	}
+}
+
+// revoke drops the lease (and with it the election key), best effort: if
+// etcd is unreachable the lease simply expires.
+func (e *Elector) revoke(lease clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	defer cancel()
+	if _, err := e.cfg.Client.Revoke(ctx, lease); err != nil && !errors.Is(err, rpcLeaseNotFound) {
+		e.log.Debug("lease revoke failed; it will expire", "id", e.cfg.ID, "err", err)
+	}
+}

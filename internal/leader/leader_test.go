@@ -1,0 +1,229 @@
+package leader_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/leader"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	ttl     = 5 * time.Second
+	waitFor = 60 * time.Second
+	prefix  = "/test/leader"
+)
+
+// elector is one running Elector with its change feed.
+type elector struct {
+	e       *leader.Elector
+	changes chan leader.Status
+	stop    func()
+}
+
+func runElector(t *testing.T, cli *clientv3.Client, id string) *elector {
+	t.Helper()
+	changes := make(chan leader.Status, 64)
+	e, err := leader.New(leader.Config{Client: cli, ID: id, Prefix: prefix, TTL: ttl,
+		OnChange: func(s leader.Status) { changes <- s }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("%s Run: %v", id, err)
+				}
+			case <-time.After(waitFor):
+				t.Errorf("%s Run did not return after cancel", id)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return &elector{e: e, changes: changes, stop: stop}
+}
+
+func (el *elector) next(t *testing.T, leading bool) leader.Status {
+	t.Helper()
+	select {
+	case s := <-el.changes:
+		if s.Leading != leading {
+			t.Fatalf("change %+v, want Leading=%v", s, leading)
+		}
+		return s
+	case <-time.After(waitFor):
+		t.Fatalf("no change to Leading=%v before the deadline", leading)
+	}
+	return leader.Status{}
+}
+
+// waitKeys polls until the election prefix holds n keys.
+func waitKeys(t *testing.T, cli *clientv3.Client, n int) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := cli.Get(ctx, prefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		cancel()
+		if err == nil && resp.Count == int64(n) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("election keys: %v %v, want %d", resp, err, n)
+		}
+		time.Sleep(50 * time.Millisecond) // polling interval
+	}
+}
+
+// pair starts an etcd cluster, elector A (which leads) and elector B
+// (queued behind it), and returns them with A's client and first change.
+type pair struct {
+	c     *cluster
+	admin *clientv3.Client
+	cliA  *clientv3.Client
+	a, b  *elector
+	gainA leader.Status
+}
+
+func startPair(t *testing.T) pair {
+	t.Helper()
+	p := pair{c: startCluster(t)}
+	p.admin = newClient(t, p.c.endpoints)
+	p.cliA = newClient(t, p.c.endpoints)
+	p.a = runElector(t, p.cliA, "coord-a")
+	p.gainA = p.a.next(t, true)
+	if p.gainA.Revision <= 0 || !p.a.e.Leading() || p.a.e.Revision() != p.gainA.Revision {
+		t.Fatalf("A: status %+v Leading %v Revision %d", p.gainA, p.a.e.Leading(), p.a.e.Revision())
+	}
+	p.b = runElector(t, newClient(t, p.c.endpoints), "coord-b")
+	waitKeys(t, p.admin, 2) // B is queued behind A
+	if p.b.e.Leading() || p.b.e.Revision() != 0 {
+		t.Fatalf("standby leads: %v rev %d", p.b.e.Leading(), p.b.e.Revision())
+	}
+	return p
+}
+
+// One of two electors leads; when the leader's etcd client dies (no resign),
+// it stops leading before its lease expires, and the standby takes over
+// once etcd expires it, with a higher fencing token.
+func TestStandbyTakesOverWhenLeaderClientDies(t *testing.T) {
+	p := startPair(t)
+	admin, cliA, a, b, gainA := p.admin, p.cliA, p.a, p.b, p.gainA
+
+	killed := time.Now()
+	if err := cliA.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lostA := a.next(t, false)
+	gainB := b.next(t, true)
+	if a.e.Leading() {
+		t.Error("A still Leading() after its client died")
+	}
+	if !lostA.At.Before(gainB.At) {
+		t.Errorf("A's authority ended at %v, not before B was elected at %v", lostA.At, gainB.At)
+	}
+	if gainB.Revision <= gainA.Revision || b.e.Revision() != gainB.Revision {
+		t.Errorf("B's fencing token %d (Revision %d) not above A's %d", gainB.Revision, b.e.Revision(), gainA.Revision)
+	}
+	t.Logf("failover: %v from killing A's client to B elected (TTL %v); A stopped %v before B started",
+		gainB.At.Sub(killed).Round(time.Millisecond), ttl, gainB.At.Sub(lostA.At).Round(time.Millisecond))
+
+	// B resigns on cancel: its key goes at once, leaving none.
+	b.stop()
+	b.next(t, false)
+	waitKeys(t, admin, 0)
+	a.stop()
+}
+
+// A leader that is cancelled resigns: the standby is elected without
+// waiting for the lease TTL.
+func TestLeaderResignsOnCancel(t *testing.T) {
+	p := startPair(t)
+	admin, a, b, gainA := p.admin, p.a, p.b, p.gainA
+	resigned := time.Now()
+	a.stop()
+	lostA := a.next(t, false)
+	gainB := b.next(t, true)
+	if lostA.Revision != gainA.Revision || gainB.Revision <= gainA.Revision {
+		t.Errorf("revisions: A %d/%d, B %d", gainA.Revision, lostA.Revision, gainB.Revision)
+	}
+	if a.e.Leading() {
+		t.Error("A Leading() after resigning")
+	}
+	waitKeys(t, admin, 1)
+	t.Logf("handover after resign: %v (TTL %v)", gainB.At.Sub(resigned).Round(time.Millisecond), ttl)
+}
+
+// Killing one of three etcd members leaves leadership where it was: the
+// leader keeps renewing through the remaining quorum, its fencing token
+// unchanged, and the standby stays standby.
+func TestLeadershipSurvivesEtcdMemberLoss(t *testing.T) {
+	p := startPair(t)
+	c, admin, a, b, gainA := p.c, p.admin, p.a, p.b, p.gainA
+
+	victim := c.follower(t, admin)
+	victim.kill(t)
+	before := a.e.Renewals()
+	deadline := time.Now().Add(waitFor)
+	for a.e.Renewals() < before+3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("A renewed %d times after %s died, want 3", a.e.Renewals()-before, victim.name)
+		}
+		time.Sleep(50 * time.Millisecond) // polling interval
+	}
+	if !a.e.Leading() || a.e.Revision() != gainA.Revision {
+		t.Errorf("A after member loss: Leading %v Revision %d, want true %d", a.e.Leading(), a.e.Revision(), gainA.Revision)
+	}
+	if b.e.Leading() {
+		t.Error("B leads after a member loss")
+	}
+	select {
+	case s := <-a.changes:
+		t.Errorf("A changed leadership after member loss: %+v", s)
+	case s := <-b.changes:
+		t.Errorf("B changed leadership after member loss: %+v", s)
+	default:
+	}
+	t.Logf("killed etcd %s; A renewed %d times since, still leader at revision %d", victim.name, a.e.Renewals()-before, gainA.Revision)
+}
+
+func TestConfigValidation(t *testing.T) {
+	cli, err := leader.NewClient([]string{"http://127.0.0.1:1"}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	for name, cfg := range map[string]leader.Config{
+		"no client":         {ID: "a"},
+		"no id":             {Client: cli},
+		"ttl too short":     {Client: cli, ID: "a", TTL: time.Second},
+		"fractional ttl":    {Client: cli, ID: "a", TTL: 2500 * time.Millisecond},
+		"deadline over ttl": {Client: cli, ID: "a", TTL: 5 * time.Second, RenewDeadline: 5 * time.Second},
+	} {
+		if _, err := leader.New(cfg); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	e, err := leader.New(leader.Config{Client: cli, ID: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Leading() || e.Revision() != 0 {
+		t.Error("a new elector leads before Run")
+	}
+	if _, err := leader.NewClient(nil, 0); err == nil {
+		t.Error("NewClient accepted no endpoints")
+	}
+}
