@@ -17,6 +17,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordclient"
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/httpapi"
+	"github.com/lmcache-go/lmcache/internal/kvevents"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	_ "github.com/lmcache-go/lmcache/internal/l2/dax"   // registers type "dax"
 	_ "github.com/lmcache-go/lmcache/internal/l2/fault" // registers type "fault_inject"
@@ -93,6 +94,7 @@ type server struct {
 	api      *httpapi.Server
 	httpLn   net.Listener
 	coord    *coordclient.Client
+	kv       *kvevents.Recorder
 	// cfgGroups is the resolved configuration, logged (redacted) at start.
 	cfgGroups map[string]map[string]any
 }
@@ -198,6 +200,17 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 	mqcfg.Metrics = metrics
 	mqcfg.Periodic = loops
 	mqcfg.MaxQueued = cfg.MaxQueuedRequests
+	if s.kv, err = kvevents.New(kvevents.Config{LogSize: cfg.KVEventLogSize, BlockSize: cfg.ChunkSize, Loops: loops,
+		Publisher: kvevents.PublisherConfig{Endpoint: cfg.KVEventsEndpoint, ReplayEndpoint: cfg.KVEventsReplayEndpoint, Topic: cfg.KVEventsTopic,
+			BufferSteps: cfg.KVEventsBufferSteps, HWM: cfg.KVEventsHWM, MaxQueueSize: cfg.KVEventsMaxQueueSize},
+		Dropped: func(reason string, n int) { metrics.KVEventsDropped.WithLabelValues(reason).Add(float64(n)) },
+		Logger:  levels.Logger("lmcache.kv_events")}); err != nil {
+		return nil, &usageError{err}
+	}
+	if s.kv.Enabled() {
+		s.eng.AddKVEventSink(s.kv)
+	}
+	mqcfg.KVEvents = s.kv
 	if s.mq, err = mq.New(mqcfg, s.eng, levels.Logger("lmcache.mq")); err != nil {
 		return nil, &usageError{err}
 	}
@@ -266,6 +279,7 @@ func (s *server) run(ctx context.Context) error {
 	g.Go(func() error { return s.mq.Run(gctx) })
 	g.Go(func() error { return s.api.Serve(gctx, s.httpLn) })
 	g.Go(func() error { return s.coord.Run(gctx) })
+	g.Go(func() error { return s.kv.Run(gctx) })
 	s.log.Info("lmcache server started", "http", s.httpLn.Addr().String(), "zmq", s.mq.Endpoint(), "pool", s.eng.Pool().Name)
 	s.log.Debug("lmcache server configuration", "config", redact.Value(s.cfgGroups))
 	err := g.Wait()
@@ -284,6 +298,9 @@ func (s *server) run(ctx context.Context) error {
 func (s *server) release() {
 	if s.httpLn != nil {
 		_ = s.httpLn.Close()
+	}
+	if s.kv != nil {
+		s.kv.Close()
 	}
 	if s.eng != nil {
 		_ = s.eng.Close()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -74,13 +75,14 @@ type Publisher struct {
 	pub    *zmq.Socket
 	replay *zmq.Socket
 	poller *zmq.Poller
+	// closeOnce: the sockets are closed by Run's end or by Close, once.
+	closeOnce sync.Once
 
 	// Owned by the publishing goroutine.
-	seq    uint64
-	buf    []sent // ring of the last BufferSteps batches
-	bufAt  int
-	topic  []byte
-	encBuf []byte
+	seq   uint64
+	buf   []sent // ring of the last BufferSteps batches
+	bufAt int
+	topic []byte
 
 	endpoint, replayEndpoint string
 }
@@ -190,7 +192,7 @@ func (p *Publisher) Publish(events []Record) bool {
 // Run publishes until ctx is cancelled, then closes the sockets. The
 // goroutine that calls Run owns them.
 func (p *Publisher) Run(ctx context.Context) {
-	defer p.close()
+	defer p.closeOnce.Do(p.close)
 	p.log.Info("KV events publisher running", "endpoint", p.endpoint, "replay_endpoint", p.replayEndpoint, "topic", p.cfg.Topic)
 	p.loop.Run(ctx)
 }

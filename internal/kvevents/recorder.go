@@ -1,9 +1,14 @@
 package kvevents
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"sync"
 
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
 // bindingCacheSize bounds the chunk hash -> tokens bindings kept between a
@@ -208,5 +213,70 @@ func (r *Recorder) publish(events []Record) {
 	}
 	if !r.pub.Publish(events) {
 		r.dropped(DropQueueFull, len(events))
+	}
+}
+
+// Config configures New.
+type Config struct {
+	// LogSize is --kv-event-log-size: records kept for POLL_KV_EVENTS; 0
+	// disables the log (and the kv_events capability).
+	LogSize int
+	// BlockSize is the chunk size in tokens, stamped on every record.
+	BlockSize int
+	// Publisher configures the native vLLM-format publisher; an empty
+	// Endpoint disables it.
+	Publisher PublisherConfig
+	// Loops is where the publisher's loop registers (required with a
+	// publisher).
+	Loops *periodic.Registry
+	// Dropped counts dropped events by reason (nil: not counted).
+	Dropped func(reason string, n int)
+	Logger  *slog.Logger
+}
+
+// New builds the recorder of the server's KV events: the log when
+// LogSize > 0, the publisher (sockets open) when Publisher.Endpoint is set.
+// Run drives the publisher; Close releases it if Run never ran.
+func New(cfg Config) (*Recorder, error) {
+	if cfg.LogSize < 0 {
+		return nil, fmt.Errorf("kvevents: --kv-event-log-size must be >= 0 (got %d)", cfg.LogSize)
+	}
+	var lg *Log
+	if cfg.LogSize > 0 {
+		var err error
+		if lg, err = NewLog(cfg.LogSize); err != nil {
+			return nil, err
+		}
+	}
+	var pub *Publisher
+	if cfg.Publisher.Endpoint != "" {
+		if cfg.Loops == nil {
+			return nil, errors.New("kvevents: a publisher needs a periodic registry")
+		}
+		var err error
+		if pub, err = NewPublisher(cfg.Publisher, cfg.Loops, cfg.Logger); err != nil {
+			return nil, err
+		}
+	}
+	return NewRecorder(lg, pub, cfg.BlockSize, cfg.Dropped), nil
+}
+
+// Publisher is the native publisher, nil when off.
+func (r *Recorder) Publisher() *Publisher { return r.pub }
+
+// Run runs the publisher until ctx is cancelled (returns at once without
+// one). It always returns nil.
+func (r *Recorder) Run(ctx context.Context) error {
+	if r.pub != nil {
+		r.pub.Run(ctx)
+	}
+	return nil
+}
+
+// Close releases the publisher's sockets if Run never ran; after Run it
+// does nothing.
+func (r *Recorder) Close() {
+	if r.pub != nil {
+		r.pub.closeOnce.Do(r.pub.close)
 	}
 }
