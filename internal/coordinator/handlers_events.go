@@ -213,7 +213,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	s.apply(fb.instance, fb.seq, fb.events)
-	// Decoded strings may alias buf; the ledger and noteSeq cloned what they
+	// Decoded strings may alias buf; the ledger and the gate cloned what they
 	// keep, and error paths (whose details may quote the body) never reach
 	// here.
 	bodyBufs.Put(buf)
@@ -225,7 +225,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 // ingest metrics.
 func (s *Server) apply(instance string, seq int64, events []ledger.Event) {
 	c := s.ledger.Apply(events)
-	s.noteSeq(instance, seq)
+	s.observeSeq(instance, seq)
 	m := s.metrics
 	m.eventBatches.Inc()
 	m.storeEvents.Add(float64(c.Store))
@@ -284,9 +284,10 @@ func prepareSlowEvent(i int, e *slowEvent) (ledger.Event, error) {
 	return ledger.Event{Op: op, Key: k, Bytes: e.bytes}, nil
 }
 
-// slowKey reads event i's key object. A missing or non-object key is
-// recorded on ef; a field error inside the key is returned at once.
-func slowKey(ef *fields, i int) (objkey.Encoded, error) {
+// slowKey reads the key object of the event or entry ef (at loc). A
+// missing or non-object key is recorded on ef; a field error inside the key
+// is returned at once.
+func slowKey(ef *fields, loc []any) (objkey.Encoded, error) {
 	raw, ok := ef.m["key"]
 	if !ok {
 		ef.missing("key")
@@ -297,7 +298,7 @@ func slowKey(ef *fields, i int) (objkey.Encoded, error) {
 		ef.fail("key", "model_attributes_type", "Input should be a valid dictionary or object to extract fields from", raw, nil)
 		return objkey.Encoded{}, nil
 	}
-	kf := &fields{m: km, loc: evLoc(i, "key")}
+	kf := &fields{m: km, loc: append(append([]any{}, loc...), "key")}
 	k := objkey.Encoded{ChunkHashHex: kf.str("chunk_hash_hex", true, ""), ModelName: kf.str("model_name", true, "")}
 	k.KVRank, _ = kf.integer("kv_rank", true, 0)
 	k.ObjectGroupID, _ = kf.integer("object_group_id", false, 0)
@@ -340,7 +341,7 @@ func decodeSlow(r *http.Request, body []byte) (string, int64, []ledger.Event, er
 		ef := &fields{m: m, loc: evLoc(i)}
 		se := slowEvent{typ: ef.str("type", true, "")}
 		se.bytes, _ = ef.integer("bytes", true, 0)
-		key, err := slowKey(ef, i)
+		key, err := slowKey(ef, evLoc(i))
 		if err != nil {
 			return "", 0, nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/lmcache-go/lmcache/internal/coordinator/eventgate"
 	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
 )
 
@@ -61,11 +62,19 @@ func (s *Server) handleListInstances(w http.ResponseWriter, r *http.Request) err
 		Metadata         map[string]string `json:"metadata"`
 		P2PAdvertisedURL string            `json:"p2p_advertised_url"`
 		MQPort           int               `json:"mq_port"`
+		// Ours: the instance's event streams as the gate sees them (null
+		// until that door got a batch) and its L1 usage from POST /events.
+		EventStream      *eventgate.StreamStats `json:"event_stream"`
+		QuotaEventStream *eventgate.StreamStats `json:"quota_event_stream"`
+		L1UsedBytes      int64                  `json:"l1_used_bytes"`
+		L1Keys           int                    `json:"l1_keys"`
 	}
 	list := s.reg.List()
 	rows := make([]row, 0, len(list))
 	for _, in := range list {
-		rows = append(rows, row{in.InstanceID, in.IP, in.HTTPPort, pyFloat(in.RegistrationTime), in.Metadata, in.P2PAdvertisedURL, in.MQPort})
+		gated, legacy := s.gate.Stats(in.InstanceID)
+		l1b, l1k := s.l1.usage(in.InstanceID)
+		rows = append(rows, row{in.InstanceID, in.IP, in.HTTPPort, pyFloat(in.RegistrationTime), in.Metadata, in.P2PAdvertisedURL, in.MQPort, gated, legacy, l1b, l1k})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"instances": rows})
 	return nil

@@ -10,6 +10,12 @@ import (
 
 const metricPrefix = "lmcache_coordinator_"
 
+// The event doors, as the door label of the event-gate metrics.
+const (
+	doorEvents      = "events"
+	doorQuotaEvents = "quota_events"
+)
+
 // metrics lives on a private registry so tests and embedders never collide
 // with the global one.
 type metrics struct {
@@ -27,7 +33,13 @@ type metrics struct {
 	resyncKeys                              prometheus.Counter
 	seqGaps                                 prometheus.Counter
 	seqRegressions                          prometheus.Counter
-	handler                                 http.Handler
+	// The event gate's outcomes, by door and result, and its side facts.
+	gateBatches    *prometheus.CounterVec
+	gateGaps       *prometheus.CounterVec
+	gateFences     prometheus.Counter
+	l1FactsFenced  prometheus.Counter
+	l1FactsDropped prometheus.Counter
+	handler        http.Handler
 }
 
 func newMetrics(s *Server) *metrics {
@@ -48,6 +60,21 @@ func newMetrics(s *Server) *metrics {
 	m.dispatchNotOK = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_dispatch_not_ok_total", Help: "DELETE /cache/objects requests answered 2xx with \"ok\": false; also counted in eviction_dispatch_failures_total and re-planned."})
 	m.seqTrackerResets = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_tracker_resets_total", Help: "Times the per-instance seq tracker was cleared because it held too many instance ids (gaps right after a reset go uncounted)."})
 	m.resyncSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_entries_skipped_total", Help: "GET /cache/objects entries the startup resync could not use (malformed key or size); not recorded."})
+	m.gateBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "event_gate_batches_total", Help: "Event batches offered to the event gate, by door (events, quota_events) and result: admitted; duplicate and stale (POST /events only, dropped unapplied); replay_applied (POST /quota/events seq did not advance, applied anyway as the spec says)."}, []string{"door", "result"})
+	m.gateGaps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "event_gate_gaps_total", Help: "Admitted event batches whose seq skipped ahead of the stream's previous one (the emitter lost batches), by door."}, []string{"door"})
+	m.gateFences = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_gate_fences_total", Help: "POST /events incarnation changes: the emitter restarted and the L1 facts of its previous incarnation were dropped (L2 facts kept)."})
+	m.l1FactsFenced = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "l1_facts_fenced_total", Help: "L1 key facts dropped because their emitter's incarnation changed."})
+	m.l1FactsDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "l1_facts_dropped_total", Help: "L1 store facts from POST /events not recorded because the L1 view was full (1,000,000 keys)."})
+	for _, door := range []string{doorEvents, doorQuotaEvents} {
+		m.gateGaps.WithLabelValues(door)
+		for _, r := range []string{"admitted", "duplicate", "stale", "replay_applied"} {
+			if door == doorQuotaEvents && (r == "duplicate" || r == "stale") || door == doorEvents && r == "replay_applied" {
+				continue
+			}
+			m.gateBatches.WithLabelValues(door, r)
+		}
+	}
+	reg.MustRegister(m.gateBatches, m.gateGaps, m.gateFences, m.l1FactsFenced, m.l1FactsDropped)
 	reg.MustRegister(m.seqGaps, m.seqRegressions, m.dispatchNotOK, m.seqTrackerResets, m.resyncSkipped)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "state_file_corrupt", Help: "1 when the --state-file could not be parsed at startup and was moved aside (the coordinator started with empty quotas and pins)."},
 		func() float64 {

@@ -50,6 +50,8 @@ func (s *Server) routeTable() []route {
 			Responses: map[int]string{200: "Default limit", 400: "Unsupported tier", 422: v}, handle: s.handleGetQuotaConfig},
 		{Method: "POST", Path: "/quota/events", Tag: "quota", Summary: "Ingest a batch of usage events", Body: "ReportUsageRequest",
 			Responses: map[int]string{200: "Events processed", 400: "Unsupported tier", 413: "Body too large", 422: v}, handle: s.handleEvents},
+		{Method: "POST", Path: "/events", Tag: "events", Summary: "Ingest cache-event batches through the event gate (fencing, seq dedup)",
+			Responses: map[int]string{200: "Counts of applied, duplicate and stale batches", 413: "Body too large", 422: v}, handle: s.handleCacheEvents},
 		{Method: "PUT", Path: "/quota/{cache_salt}", Tag: "quota", Summary: "Create or update a tenant's byte budget", Body: "SetQuotaRequest",
 			Responses: map[int]string{200: "Quota applied", 400: "Invalid limit or tier", 422: v}, handle: s.handlePutQuota},
 		{Method: "GET", Path: "/quota/{cache_salt}", Tag: "quota", Summary: "Read one salt's quota and usage", Query: []string{"tier"},

@@ -39,7 +39,7 @@ func TestRouteAuthTable(t *testing.T) {
 	secured := startCoord(t, func(c *config.Config) { c.AuthToken = coordToken })
 	plain := startCoord(t, nil)
 	routes := secured.srv.Routes()
-	if len(routes) != 23 {
+	if len(routes) != 24 {
 		t.Fatalf("route table has %d routes", len(routes))
 	}
 	protected := 0
@@ -78,8 +78,8 @@ func TestRouteAuthTable(t *testing.T) {
 			protected++
 		}
 	}
-	if protected != 11 {
-		t.Fatalf("%d protected routes, want 11", protected)
+	if protected != 12 {
+		t.Fatalf("%d protected routes, want 12", protected)
 	}
 	if strings.Contains(secured.logs.String(), coordToken) {
 		t.Fatal("a log line contains the auth token")

@@ -14,11 +14,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/coordinator/eventgate"
 	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
 	"github.com/lmcache-go/lmcache/internal/coordinator/mpclient"
 	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
@@ -68,11 +68,12 @@ type Server struct {
 	// cycleMu serialises eviction cycles (the loop and RunEvictionCycle).
 	cycleMu sync.Mutex
 
-	// seqMu guards lastSeq, the newest batch seq seen per reporting
-	// instance. Like upstream, seq never causes a batch to be dropped; gaps
-	// and regressions are only counted and logged.
-	seqMu   sync.Mutex
-	lastSeq map[string]*int64
+	// gate holds the per-emitter seq cursors of both event doors: POST
+	// /events is fenced and deduplicated, POST /quota/events only observed
+	// (like upstream's spec era, seq never drops a batch there).
+	gate *eventgate.Gate
+	// l1 is the per-instance L1 usage reported through POST /events.
+	l1 *l1View
 }
 
 // Option adjusts a Server.
@@ -115,7 +116,8 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 		loops:  periodic.NewRegistry(),
 
 		drainTimeout: DefaultDrainTimeout,
-		lastSeq:      map[string]*int64{},
+		gate:         eventgate.New(maxSeqTracked),
+		l1:           newL1View(),
 	}
 	for _, o := range opts {
 		o(s)
@@ -254,41 +256,39 @@ func (s *Server) healthCycle(context.Context) (periodic.Summary, error) {
 	return periodic.Summary{Message: fmt.Sprintf("dropped=%d registered=%d", len(dropped), s.reg.Len())}, nil
 }
 
-// maxSeqTracked bounds the per-instance seq map.
-var maxSeqTracked = 100_000
+// maxSeqTracked bounds each event door's per-instance cursor map.
+var maxSeqTracked = eventgate.DefaultMaxStreams
 
-// noteSeq records a batch's seq for its instance and reports gaps (lost
-// batches: the reporter drops failed ones) and regressions (a restarted
-// reporter starts again at 1).
-func (s *Server) noteSeq(instance string, seq int64) {
-	s.seqMu.Lock()
-	var last int64
-	p, seen := s.lastSeq[instance]
-	if seen {
-		// Update through the pointer: assigning to the map would store
-		// instance, which may alias a pooled request buffer.
-		last, *p = *p, seq
-	} else {
-		if len(s.lastSeq) >= maxSeqTracked {
-			// Bound memory against arbitrary instance ids. Forgetting every
-			// instance's last seq means the next gap or regression of each
-			// goes uncounted, so the reset itself is counted.
-			clear(s.lastSeq)
-			s.metrics.seqTrackerResets.Inc()
-			s.log.Warn("usage-event seq tracker reset: too many distinct instance ids", "limit", maxSeqTracked)
-		}
-		v := seq
-		s.lastSeq[strings.Clone(instance)] = &v
-	}
-	s.seqMu.Unlock()
+// observeSeq records a /quota/events batch's seq for its instance and
+// counts gaps (lost batches: the reporter drops failed ones) and
+// regressions (a restarted reporter starts again at 1, or a replay); the
+// batch is applied whatever the outcome.
+func (s *Server) observeSeq(instance string, seq int64) {
+	out := s.gate.Observe(instance, seq)
+	s.countReset(out)
 	switch {
-	case !seen:
-	case seq > last+1:
+	case out.Gap:
 		s.metrics.seqGaps.Inc()
-		s.log.Debug("usage-event seq gap", "instance_id", instance, "last", last, "seq", seq)
-	case seq <= last:
+		s.metrics.gateGaps.WithLabelValues(doorQuotaEvents).Inc()
+		s.metrics.gateBatches.WithLabelValues(doorQuotaEvents, "admitted").Inc()
+		s.log.Debug("usage-event seq gap", "instance_id", instance, "seq", seq)
+	case out.Replay:
 		s.metrics.seqRegressions.Inc()
-		s.log.Debug("usage-event seq went back (reporter restart or replay)", "instance_id", instance, "last", last, "seq", seq)
+		s.metrics.gateBatches.WithLabelValues(doorQuotaEvents, "replay_applied").Inc()
+		s.log.Debug("usage-event seq went back (reporter restart or replay)", "instance_id", instance, "seq", seq)
+	default:
+		s.metrics.gateBatches.WithLabelValues(doorQuotaEvents, "admitted").Inc()
+	}
+}
+
+// countReset counts a cleared cursor map.
+func (s *Server) countReset(out eventgate.Outcome) {
+	if out.Reset {
+		// Bound memory against arbitrary instance ids. Forgetting every
+		// cursor means the next gap or duplicate of each stream goes
+		// unnoticed, so the reset itself is counted.
+		s.metrics.seqTrackerResets.Inc()
+		s.log.Warn("usage-event seq tracker reset: too many distinct instance ids", "limit", maxSeqTracked)
 	}
 }
 

@@ -166,11 +166,12 @@ func (g *Gate) Offer(instance string, incarnation, seq int64, fence, apply func(
 	return out
 }
 
-// Observe records one /quota/events batch. The batch is always admitted;
-// apply runs under the gate's lock. The cursor follows the latest seq (not
-// the highest), so a restarted reporter counting again from 1 is one
-// regression, not one per batch.
-func (g *Gate) Observe(instance string, seq int64, apply func()) Outcome {
+// Observe records one /quota/events batch, which the caller applies
+// whatever the outcome (outside the gate's lock: the spec-era door promises
+// no per-emitter order, and the ledger has its own lock). The cursor
+// follows the latest seq (not the highest), so a restarted reporter
+// counting again from 1 is one regression, not one per batch.
+func (g *Gate) Observe(instance string, seq int64) Outcome {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	c, fresh, reset := g.slot(g.legacy, instance)
@@ -188,9 +189,6 @@ func (g *Gate) Observe(instance string, seq int64, apply func()) Outcome {
 	}
 	c.LastSeq = seq
 	c.Applied++
-	if apply != nil {
-		apply()
-	}
 	return out
 }
 
