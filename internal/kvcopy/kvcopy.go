@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -181,7 +182,7 @@ func (c *Cache) Scatter(p *kvlayout.Plan, objs [][]byte) error {
 	return c.run(p, objs, false)
 }
 
-func (c *Cache) run(p *kvlayout.Plan, objs [][]byte, gather bool) (err error) {
+func (c *Cache) run(p *kvlayout.Plan, objs [][]byte, gather bool) error {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.closed {
@@ -190,7 +191,30 @@ func (c *Cache) run(p *kvlayout.Plan, objs [][]byte, gather bool) (err error) {
 	if err := p.Check(c.maps, objs); err != nil {
 		return err
 	}
-	// A fault on a truncated segment becomes a panic here, not a crash.
+	parts := split(p, copyWorkers(p.Bytes))
+	if len(parts) == 1 {
+		return c.runRange(p, objs, gather, 0, len(p.Runs))
+	}
+	// The request owns its copy goroutines: all of them finish before it
+	// returns, so Close (which waits for the read lock) never unmaps
+	// memory one of them is using.
+	errs := make([]error, len(parts)-1)
+	var wg sync.WaitGroup
+	for i := 1; i < len(parts); i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i-1] = c.runRange(p, objs, gather, parts[i-1], parts[i])
+		}()
+	}
+	err := c.runRange(p, objs, gather, parts[len(parts)-1], len(p.Runs))
+	wg.Wait()
+	return errors.Join(append(errs, err)...)
+}
+
+// runRange copies Runs[lo:hi]; a fault on a truncated segment becomes an
+// error here (SetPanicOnFault is per goroutine), not a crash.
+func (c *Cache) runRange(p *kvlayout.Plan, objs [][]byte, gather bool, lo, hi int) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
@@ -198,11 +222,40 @@ func (c *Cache) run(p *kvlayout.Plan, objs [][]byte, gather bool) (err error) {
 		}
 	}()
 	if gather {
-		p.GatherRange(c.maps, objs, 0, len(p.Runs))
+		p.GatherRange(c.maps, objs, lo, hi)
 	} else {
-		p.ScatterRange(c.maps, objs, 0, len(p.Runs))
+		p.ScatterRange(c.maps, objs, lo, hi)
 	}
 	return nil
+}
+
+// ParallelMinBytes is the request size from which a copy is split over
+// several goroutines, and the least each one copies: below it the
+// hand-off costs more than it saves.
+const ParallelMinBytes = 4 << 20
+
+// MaxCopyWorkers bounds the goroutines one request copies with.
+const MaxCopyWorkers = 8
+
+func copyWorkers(n int64) int {
+	return int(max(1, min(int64(runtime.GOMAXPROCS(0)), MaxCopyWorkers, n/ParallelMinBytes)))
+}
+
+// split cuts the plan's runs into k ranges of about equal bytes and
+// returns each range's first run index (parts[0] = 0).
+func split(p *kvlayout.Plan, k int) []int {
+	parts := []int{0}
+	if k <= 1 {
+		return parts
+	}
+	per, acc := p.Bytes/int64(k), int64(0)
+	for i, r := range p.Runs {
+		acc += r.Len * r.Count
+		if acc >= per*int64(len(parts)) && len(parts) < k && i+1 < len(p.Runs) {
+			parts = append(parts, i+1)
+		}
+	}
+	return parts
 }
 
 // Close unmaps the segments once running copies finish. It is idempotent.
