@@ -147,6 +147,45 @@ func TestStandbyTakesOverWhenLeaderClientDies(t *testing.T) {
 	a.stop()
 }
 
+// A leader cut off from etcd (its process alive, its client retrying) stops
+// leading at its last renewal + RenewDeadline, which is at least
+// TTL - RenewDeadline before etcd can expire its lease and elect the standby.
+func TestPartitionedLeaderStopsBeforeLeaseExpires(t *testing.T) {
+	c := startCluster(t)
+	admin := newClient(t, c.endpoints)
+	var proxies []*proxy
+	var viaProxy []string
+	for _, ep := range c.endpoints {
+		p := startProxy(t, ep)
+		proxies = append(proxies, p)
+		viaProxy = append(viaProxy, p.url())
+	}
+	a := runElector(t, newClient(t, viaProxy), "coord-a")
+	gainA := a.next(t, true)
+	b := runElector(t, newClient(t, c.endpoints), "coord-b")
+	waitKeys(t, admin, 2)
+
+	for _, p := range proxies {
+		p.cut()
+	}
+	cut := time.Now() // no renewal sent after this can reach etcd
+	lostA := a.next(t, false)
+	gainB := b.next(t, true)
+	renewDeadline := ttl * 2 / 3
+	if lostA.At.After(cut.Add(renewDeadline)) {
+		t.Errorf("A's authority ended %v after the cut, past its renew deadline %v", lostA.At.Sub(cut), renewDeadline)
+	}
+	if margin := gainB.At.Sub(lostA.At); margin < ttl-renewDeadline {
+		t.Errorf("B elected %v after A stopped, want at least TTL - RenewDeadline = %v", margin, ttl-renewDeadline)
+	}
+	if a.e.Leading() || gainB.Revision <= gainA.Revision {
+		t.Errorf("A Leading %v; revisions A %d B %d", a.e.Leading(), gainA.Revision, gainB.Revision)
+	}
+	t.Logf("partition: A stopped %v after the cut, B elected %v after the cut (%v after A stopped; TTL %v, renew deadline %v)",
+		lostA.At.Sub(cut).Round(time.Millisecond), gainB.At.Sub(cut).Round(time.Millisecond),
+		gainB.At.Sub(lostA.At).Round(time.Millisecond), ttl, renewDeadline)
+}
+
 // A leader that is cancelled resigns: the standby is elected without
 // waiting for the lease TTL.
 func TestLeaderResignsOnCancel(t *testing.T) {
