@@ -2,11 +2,13 @@ package leader_test
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/leader"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
@@ -234,6 +236,22 @@ func TestLeadershipSurvivesEtcdMemberLoss(t *testing.T) {
 	case s := <-b.changes:
 		t.Errorf("B changed leadership after member loss: %+v", s)
 	default:
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(a.e.Collectors()...)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		m := mf.GetMetric()[0]
+		got[mf.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
+	}
+	want := map[string]float64{"lmcache_coordinator_leader": 1, "lmcache_coordinator_leader_revision": float64(gainA.Revision),
+		"lmcache_coordinator_leader_transitions_total": 1}
+	if !maps.Equal(got, want) {
+		t.Errorf("metrics %v, want %v", got, want)
 	}
 	t.Logf("killed etcd %s; A renewed %d times since, still leader at revision %d", victim.name, a.e.Renewals()-before, gainA.Revision)
 }
