@@ -133,10 +133,10 @@ func (r *Recorder) Stored(medium string, keys []objkey.Key) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	seen := map[[2]string]bool{}
+	seen := map[[3]string]bool{}
 	var events []Record
 	for _, k := range keys {
-		id := [2]string{k.ModelName, k.ChunkHash}
+		id := [3]string{k.ModelName, k.ChunkHash, k.CacheSalt}
 		if seen[id] {
 			continue
 		}
@@ -167,11 +167,11 @@ func (r *Recorder) Removed(medium string, keys []objkey.Key) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	seen := map[[2]string]bool{}
+	seen := map[[3]string]bool{}
 	byModel := map[string][][]byte{}
 	var models []string
 	for _, k := range keys {
-		id := [2]string{k.ModelName, k.ChunkHash}
+		id := [3]string{k.ModelName, k.ChunkHash, k.CacheSalt}
 		if seen[id] {
 			continue
 		}
