@@ -78,6 +78,7 @@ func TestWireProfileForcedRefusesOtherClients(t *testing.T) {
 			tokens := prompt(3, 2*testChunk)
 			w.store(tokens, 0, 2*testChunk, "s", data.of(3, 0))
 			lookupUntil(t, c, key("m", 1, -1, tokens, 0, 2*testChunk, "before"), 2)
+			freeLocks(t, c, key("m", 1, -1, tokens, 0, 2*testChunk, "before"))
 
 			sock := rawDealer(t, h.endpoint)
 			csID, _ := tc.client.ID(wire.OpGetChunkSize)
@@ -107,6 +108,7 @@ func TestWireProfileForcedRefusesOtherClients(t *testing.T) {
 			}
 			// Nothing was cleared: the data is still there.
 			lookupUntil(t, c, key("m", 1, -1, tokens, 0, 2*testChunk, "after"), 2)
+			freeLocks(t, c, key("m", 1, -1, tokens, 0, 2*testChunk, "after"))
 			if strings.Contains(h.logs.String(), "msg=CLEAR") {
 				t.Error("CLEAR was executed for the refused peer")
 			}

@@ -105,6 +105,7 @@ func TestEvictionWhileReadersHoldLocks(t *testing.T) {
 	if got := lookupOnce(t, sched, key("m", 1, -1, first, 0, n*testChunk, "probe")); got == n {
 		t.Fatalf("first unlocked prompt still fully resident (refusals %d); nothing was evicted", refused)
 	}
+	freeLocks(t, sched, key("m", 1, -1, first, 0, n*testChunk, "probe"))
 	t.Logf("stores refused while eviction caught up: %d", refused)
 }
 

@@ -198,6 +198,7 @@ func TestConcurrentClients(t *testing.T) {
 	// Wait until visible so every client's lookup expects 4.
 	sched := h.dial(mqclient.Options{})
 	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 4*testChunk, "probe"), 4)
+	freeLocks(t, sched, key("m", 1, -1, tokens, 0, 4*testChunk, "probe"))
 
 	const clients, inFlight = 64, 16
 	var wg sync.WaitGroup

@@ -313,6 +313,15 @@ func lookupOnce(t *testing.T, c *mqclient.Client, k *wire.Key) int {
 	return n
 }
 
+// freeLocks drops the read locks a LOOKUP of k took (FREE_LOOKUP_LOCKS),
+// for tests that look up without retrieving.
+func freeLocks(t *testing.T, c *mqclient.Client, k *wire.Key) {
+	t.Helper()
+	if err := c.FreeLookupLocks(k, 1); err != nil {
+		t.Fatalf("FREE_LOOKUP_LOCKS %s: %v", k.RequestID, err)
+	}
+}
+
 func canceled() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

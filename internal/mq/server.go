@@ -252,6 +252,12 @@ func (s *Server) run(ctx context.Context) error {
 	defer func() {
 		cancel()
 		s.wg.Wait() // handlers see hctx cancelled and finish
+		// Transfers whose COMMIT will never come now: abort their staged
+		// writes and release their read locks, so the engine holds nothing
+		// for this server once Run returns.
+		if n := s.st.dropTransfers(func(pendingKey, time.Time) bool { return true }); n > 0 {
+			s.log.Info("dropped transfers still open at stop", "count", n)
+		}
 		// No handler runs any more: unmap the lmcache-driven KV caches.
 		if err := s.st.lmd.closeAll(); err != nil {
 			s.log.Warn("unmapping lmcache-driven KV caches at stop", "err", err)
