@@ -394,6 +394,10 @@ func TestUpstreamRecordsDecodeIdentically(t *testing.T) {
 		if diff := cmp.Diff([]kafkaevents.Batch{cases[i].batch}, r.Batches); diff != "" {
 			t.Errorf("record %d through the Source (-want +got):\n%s", i, diff)
 		}
+		raw, _ := os.ReadFile(cases[i].file)
+		if string(r.Value) != string(raw) || string(r.Key) != "mp-upstream-0" {
+			t.Errorf("record %d: key %q value %s, want the produced ones", i, r.Key, r.Value)
+		}
 	}
 }
 

@@ -35,7 +35,10 @@ type Record struct {
 	Partition int32
 	Offset    int64
 	// Key is the producer's key: the emitter's instance_id.
-	Key     []byte
+	Key []byte
+	// Value is the record's raw value (a POST /events body), for an Applier
+	// that decodes with the HTTP door's own decoder.
+	Value   []byte
 	Batches []Batch
 }
 
@@ -217,7 +220,7 @@ func (s *Source) commit(ctx context.Context, cl *kgo.Client, done []*kgo.Record)
 // handle decodes r and applies it, retrying transient failures. It returns
 // an error only when ctx ended before the record was applied.
 func (s *Source) handle(ctx context.Context, r *kgo.Record) error {
-	rec := Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key}
+	rec := Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}
 	env, err := Decode(r.Value)
 	if err != nil {
 		s.undecodable.Add(1)

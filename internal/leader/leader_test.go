@@ -188,6 +188,33 @@ func TestPartitionedLeaderStopsBeforeLeaseExpires(t *testing.T) {
 		gainB.At.Sub(lostA.At).Round(time.Millisecond), ttl, renewDeadline)
 }
 
+// A leader whose election key is deleted behind its back (an operator, a
+// lease revoked elsewhere) stops leading at once; the standby takes over and
+// the old leader queues behind it with a new key. A cancelled standby leaves
+// no key behind.
+func TestLeaderStepsDownWhenItsKeyIsDeleted(t *testing.T) {
+	p := startPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if _, err := p.admin.Delete(ctx, p.gainA.Key); err != nil {
+		t.Fatal(err)
+	}
+	lostA := p.a.next(t, false)
+	gainB := p.b.next(t, true)
+	if lostA.Revision != p.gainA.Revision || gainB.Revision <= p.gainA.Revision {
+		t.Errorf("revisions: A %d lost %d, B %d", p.gainA.Revision, lostA.Revision, gainB.Revision)
+	}
+	waitKeys(t, p.admin, 2) // A campaigns again, behind B
+	if p.a.e.Leading() {
+		t.Error("A leads again while B holds the key")
+	}
+	p.a.stop()
+	waitKeys(t, p.admin, 1)
+	if !p.b.e.Leading() {
+		t.Error("B stopped leading when the standby left")
+	}
+}
+
 // A leader that is cancelled resigns: the standby is elected without
 // waiting for the lease TTL.
 func TestLeaderResignsOnCancel(t *testing.T) {
