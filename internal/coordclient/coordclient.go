@@ -1,7 +1,10 @@
 // Package coordclient is the MP server's side of the fleet coordinator:
 // registration and heartbeats under an instance id, re-registration when the
 // coordinator forgot us, deregistration on shutdown, and L2 usage events
-// (store, lookup, delete) reported in batches to POST /quota/events.
+// (store, lookup, delete) reported in batches to the coordinator: newer
+// upstream's POST /events (per-backend CacheEventBatches carrying this
+// process's incarnation and a per-incarnation seq), or the spec-era
+// POST /quota/events, chosen by Config.EventEndpoint.
 //
 // Nothing here is fatal: while the coordinator is unreachable the client
 // keeps retrying and the server keeps serving. Events wait in a bounded
@@ -84,6 +87,13 @@ type Config struct {
 	// --coordinator-auth-token / LMCACHE_COORDINATOR_AUTH_TOKEN; never
 	// logged.
 	AuthToken string
+	// EventEndpoint is --coordinator-event-endpoint: EndpointAuto (the
+	// default, also for ""), EndpointEvents or EndpointQuotaEvents.
+	EventEndpoint string
+	// Incarnation identifies this process's event stream on POST /events;
+	// 0 means the start time in Unix nanoseconds (upstream uses Unix
+	// seconds, which two starts within one second would share).
+	Incarnation int64
 	// HTTPClient defaults to a client with a 10 s timeout.
 	HTTPClient *http.Client
 	// Periodic, if set, lists the registrar and reporter loops (for
@@ -144,11 +154,27 @@ func Truthy(s string) bool {
 	return false
 }
 
-// Event is one /quota/events entry.
+// Event endpoints (--coordinator-event-endpoint).
+const (
+	// EndpointAuto posts to /events and, when the coordinator answers 404
+	// there, switches to /quota/events (and back on a 404 there), keeping
+	// the choice for later flushes.
+	EndpointAuto = "auto"
+	// EndpointEvents posts only to newer upstream's POST /events.
+	EndpointEvents = "events"
+	// EndpointQuotaEvents posts only to the spec-era POST /quota/events.
+	EndpointQuotaEvents = "quota-events"
+)
+
+// Event is one /quota/events entry. Backend and Shared name the adapter
+// that reported it (for /events batches); they are not part of the
+// /quota/events wire form.
 type Event struct {
-	Type  string         `json:"type"`
-	Key   objkey.Encoded `json:"key"`
-	Bytes int64          `json:"bytes"`
+	Type    string         `json:"type"`
+	Key     objkey.Encoded `json:"key"`
+	Bytes   int64          `json:"bytes"`
+	Backend string         `json:"-"`
+	Shared  bool           `json:"-"`
 }
 
 // Batch is the POST /quota/events body.
@@ -173,11 +199,25 @@ type Client struct {
 	id         atomic.Pointer[string] // current instance id (desired, then assigned)
 	registered atomic.Bool
 
-	mu      sync.Mutex // guards queue
-	queue   []Event
+	mu    sync.Mutex // guards queue
+	queue []Event
+	// seq numbers /quota/events POSTs. evSeq numbers /events batches
+	// within this incarnation.
 	seq     atomic.Int64
+	evSeq   atomic.Int64
 	dropped atomic.Int64
 	sent    atomic.Int64
+
+	// flushMu serialises flushes (the reporter loop and the final flush),
+	// so retry and the seq order stay one stream.
+	flushMu sync.Mutex
+	// retry is an /events request that failed, kept with its seqs so a
+	// resend the coordinator already applied is dropped as a duplicate.
+	// Guarded by flushMu; retryEvents is its event count, for Pending.
+	retry       *eventsRequest
+	retryEvents atomic.Int64
+	// endpoint is the door in use: EndpointEvents or EndpointQuotaEvents.
+	endpoint atomic.Pointer[string]
 }
 
 var _ l2.Listener = (*Client)(nil)
@@ -200,6 +240,16 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	switch cfg.EventEndpoint {
+	case "":
+		cfg.EventEndpoint = EndpointAuto
+	case EndpointAuto, EndpointEvents, EndpointQuotaEvents:
+	default:
+		return nil, fmt.Errorf("coordinator event endpoint %q: want auto, events or quota-events", cfg.EventEndpoint)
+	}
+	if cfg.Incarnation <= 0 {
+		cfg.Incarnation = nextIncarnation()
+	}
 	c := &Client{cfg: cfg, log: cfg.Logger, hc: cfg.HTTPClient}
 	if c.hc == nil {
 		c.hc = &http.Client{Timeout: DefaultHTTPTimeout}
@@ -220,8 +270,36 @@ func New(cfg Config) (*Client, error) {
 		id = NewInstanceID()
 	}
 	c.id.Store(&id)
+	ep := EndpointEvents
+	if cfg.EventEndpoint == EndpointQuotaEvents {
+		ep = EndpointQuotaEvents
+	}
+	c.endpoint.Store(&ep)
 	return c, nil
 }
+
+// lastIncarnation makes incarnations strictly increase within one process
+// even where two clients start within one clock tick.
+var lastIncarnation atomic.Int64
+
+// nextIncarnation is the start time in Unix nanoseconds, above any earlier
+// one handed out in this process.
+func nextIncarnation() int64 {
+	for {
+		last := lastIncarnation.Load()
+		n := max(time.Now().UnixNano(), last+1)
+		if lastIncarnation.CompareAndSwap(last, n) {
+			return n
+		}
+	}
+}
+
+// Incarnation is the incarnation this process's /events batches carry.
+func (c *Client) Incarnation() int64 { return c.cfg.Incarnation }
+
+// EventEndpoint is the door events currently go to (EndpointEvents or
+// EndpointQuotaEvents); with EndpointAuto it follows the fallbacks.
+func (c *Client) EventEndpoint() string { return *c.endpoint.Load() }
 
 // Enabled reports whether a coordinator URL is configured.
 func (c *Client) Enabled() bool { return c.base != "" }
@@ -437,18 +515,43 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) (int,
 	return resp.StatusCode, nil
 }
 
-// OnStored queues store events (l2.Listener). It never blocks.
+// OnStored queues store events (l2.Listener) with no backend name; use
+// Listener to name the adapter. It never blocks.
 func (c *Client) OnStored(keys []objkey.Key, sizes []int64) {
-	c.enqueue("store", keys, sizes)
+	c.enqueue("store", "", false, keys, sizes)
 }
 
 // OnAccessed queues lookup events (l2.Listener).
-func (c *Client) OnAccessed(keys []objkey.Key) { c.enqueue("lookup", keys, nil) }
+func (c *Client) OnAccessed(keys []objkey.Key) { c.enqueue("lookup", "", false, keys, nil) }
 
 // OnDeleted queues delete events (l2.Listener).
-func (c *Client) OnDeleted(keys []objkey.Key) { c.enqueue("delete", keys, nil) }
+func (c *Client) OnDeleted(keys []objkey.Key) { c.enqueue("delete", "", false, keys, nil) }
 
-func (c *Client) enqueue(typ string, keys []objkey.Key, sizes []int64) {
+// Listener returns an l2.Listener for one adapter: its events carry the
+// adapter's type name as the /events backend and its shared flag.
+func (c *Client) Listener(backend string, shared bool) l2.Listener {
+	return &backendListener{c: c, backend: backend, shared: shared}
+}
+
+type backendListener struct {
+	c       *Client
+	backend string
+	shared  bool
+}
+
+func (l *backendListener) OnStored(keys []objkey.Key, sizes []int64) {
+	l.c.enqueue("store", l.backend, l.shared, keys, sizes)
+}
+
+func (l *backendListener) OnAccessed(keys []objkey.Key) {
+	l.c.enqueue("lookup", l.backend, l.shared, keys, nil)
+}
+
+func (l *backendListener) OnDeleted(keys []objkey.Key) {
+	l.c.enqueue("delete", l.backend, l.shared, keys, nil)
+}
+
+func (c *Client) enqueue(typ, backend string, shared bool, keys []objkey.Key, sizes []int64) {
 	if !c.Enabled() || !c.cfg.EventReporting || len(keys) == 0 {
 		return
 	}
@@ -456,7 +559,7 @@ func (c *Client) enqueue(typ string, keys []objkey.Key, sizes []int64) {
 	room := c.cfg.QueueSize - len(c.queue)
 	n := min(room, len(keys))
 	for i := 0; i < n; i++ {
-		ev := Event{Type: typ, Key: keys[i].Encode()}
+		ev := Event{Type: typ, Key: keys[i].Encode(), Backend: backend, Shared: shared}
 		if i < len(sizes) && sizes[i] > 0 {
 			ev.Bytes = sizes[i]
 		}
@@ -474,15 +577,25 @@ func (c *Client) enqueue(typ string, keys []objkey.Key, sizes []int64) {
 	}
 }
 
-// Pending is the number of queued events.
+// Pending is the number of queued events, including those of a failed
+// /events request awaiting its resend.
 func (c *Client) Pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.queue)
+	return len(c.queue) + int(c.retryEvents.Load())
 }
 
-// Flush posts every queued event now, in batches of at most MaxBatch.
+// Flush posts every queued event now, in requests of at most MaxBatch
+// events. A failed /events request is resent first, with its seqs.
 func (c *Client) Flush(ctx context.Context) error {
+	c.flushMu.Lock()
+	defer c.flushMu.Unlock()
+	if r := c.retry; r != nil {
+		c.setRetry(nil)
+		if err := c.deliver(ctx, r.events, r); err != nil {
+			return err
+		}
+	}
 	for {
 		c.mu.Lock()
 		n := min(len(c.queue), c.cfg.MaxBatch)
@@ -493,24 +606,62 @@ func (c *Client) Flush(ctx context.Context) error {
 		events := append([]Event(nil), c.queue[:n]...)
 		c.queue = c.queue[n:]
 		c.mu.Unlock()
-		if err := c.send(ctx, events); err != nil {
-			c.requeue(events)
+		if err := c.deliver(ctx, events, nil); err != nil {
 			return err
 		}
 	}
 }
 
-func (c *Client) send(ctx context.Context, events []Event) error {
+// deliver posts events through the current door. With EndpointAuto a 404
+// (the coordinator does not serve that door) switches to the other door and
+// tries again at once; the switch is kept for later flushes. prepared, when
+// set, is the /events form of events built by an earlier attempt (its seqs
+// are reused). On failure the events are kept for the next flush: as the
+// /events request with its seqs (so a resend the coordinator already
+// applied is a duplicate there), or back at the head of the queue for
+// /quota/events.
+func (c *Client) deliver(ctx context.Context, events []Event, prepared *eventsRequest) error {
+	var err error
+	for range 2 {
+		if c.EventEndpoint() == EndpointEvents {
+			req := prepared
+			if req == nil {
+				req = c.buildEvents(events)
+			}
+			err = c.sendEvents(ctx, req)
+			if err == nil {
+				return nil
+			}
+			if errors.Is(err, errNotServed) && c.cfg.EventEndpoint == EndpointAuto {
+				c.switchEndpoint(EndpointQuotaEvents)
+				continue
+			}
+			c.setRetry(req)
+			return err
+		}
+		err = c.sendQuota(ctx, events)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, errNotServed) && c.cfg.EventEndpoint == EndpointAuto {
+			c.switchEndpoint(EndpointEvents)
+			prepared = nil
+			continue
+		}
+		break
+	}
+	c.requeue(events)
+	return err
+}
+
+func (c *Client) sendQuota(ctx context.Context, events []Event) error {
 	b := Batch{InstanceID: c.InstanceID(), Seq: c.seq.Add(1), Events: events, Tier: "l2"}
 	var resp struct {
 		Recorded *int `json:"recorded"`
 	}
 	code, err := c.do(ctx, http.MethodPost, "/quota/events", b, &resp)
-	if err == nil && code == http.StatusUnauthorized {
-		err = ErrUnauthorized
-	}
-	if err == nil && code/100 != 2 {
-		err = fmt.Errorf("coordinator answered %d", code)
+	if err == nil {
+		err = statusErr(code)
 	}
 	if err == nil && resp.Recorded == nil {
 		err = errors.New("coordinator reply lacks recorded")
