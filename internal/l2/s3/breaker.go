@@ -27,6 +27,10 @@ func (s breakerState) String() string {
 // errBroken is returned without any request while the breaker is open.
 var errBroken = fmt.Errorf("%w: S3 connection disabled (circuit-broken)", l2.ErrUnavailable)
 
+// errDeadlineCut marks a call that the caller's deadline ended before S3
+// answered it (and before its slow limit); see breaker.cut.
+var errDeadlineCut = errors.New("s3: call cut by the caller's deadline")
+
 // breaker is a consecutive-failure circuit breaker. Upstream disables the
 // adapter for good after 3 connection failures; this one re-admits a single
 // probe request after the cool-down (half-open) and closes again when the
@@ -128,8 +132,27 @@ func (b *breaker) slow(probe uint64) {
 	b.fail()
 }
 
+// cut records that a caller's deadline (the engine's lookup budget,
+// --l2-lookup-timeout-ms) ended S3 calls before S3 answered them. It counts
+// like one slow call: a stall that only lookups see, with a budget shorter
+// than the slow-call limit, would otherwise never open the breaker, and
+// every lookup would wait its whole budget. The caller reports one cut per
+// operation (a lookup's HEADs run in parallel and are one sighting of the
+// stall), so it takes threshold consecutive cut lookups to open the
+// breaker; in the half-open state a cut probe reopens it at once.
+func (b *breaker) cut() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state == open {
+		return // already known; counting would only push the probe back
+	}
+	b.slows++
+	b.fail()
+}
+
 // record feeds the outcome of an admitted request back. ctx is the
-// caller's context: a request the caller cancelled says nothing about S3.
+// caller's context: a request the caller cancelled says nothing about S3
+// by itself (a deadline that cut it is reported through cut).
 // wasSlow: slow already counted this call.
 func (b *breaker) record(ctx context.Context, probe uint64, err error, wasSlow bool) {
 	neutral := err != nil && ctx.Err() != nil

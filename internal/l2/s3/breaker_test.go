@@ -391,3 +391,73 @@ func storeOne(t *testing.T, a *s3.Adapter) ([]objkey.Key, [][]byte) {
 	}
 	return keys, objs
 }
+
+// TestBreakerOpensOnDeadlineCutLookups: against an S3 that accepts requests
+// and answers nothing, lookups whose caller's deadline (the engine's lookup
+// budget, far below the slow-call limit here) cuts their HEADs count toward
+// the breaker, one per lookup whatever its key count: the third such lookup
+// opens it and the next one fails fast without reaching S3. A half-open
+// probe cut the same way reopens it; a probe S3 answers closes it. A
+// caller that cancels (rather than runs out of time) still counts nothing.
+func TestBreakerOpensOnDeadlineCutLookups(t *testing.T) {
+	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	a, o := stallSetup(t, func(c *s3.Config) { c.SlowCall, c.BreakerCooldown, c.Now = time.Hour, 10*time.Second, clk.Now })
+	keys := l2test.Keys(t, 4, "")
+	budgeted := func() ([]bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		return a.LookupAndLock(ctx, keys)
+	}
+
+	o.mode.Store("hang")
+	for i := 1; i <= 3; i++ {
+		hits, err := budgeted()
+		if !errors.Is(err, context.DeadlineExceeded) || slices.Contains(hits, true) {
+			t.Fatalf("cut lookup %d = %v, %v; want all-miss and the deadline error", i, hits, err)
+		}
+		want := "closed"
+		if i == 3 {
+			want = "open"
+		}
+		if st := a.Status(); st["breaker_state"] != want || st["slow_calls"] != int64(i) {
+			t.Fatalf("after %d cut lookups of 4 keys: %v; want %s and %d slow calls", i, st, want, i)
+		}
+	}
+	before := o.requests.Load()
+	if _, err := budgeted(); !errors.Is(err, l2.ErrUnavailable) {
+		t.Fatalf("lookup with the breaker open = %v, want ErrUnavailable", err)
+	}
+	if got := o.requests.Load(); got != before {
+		t.Fatalf("%d requests reached the stalled S3 after the breaker opened", got-before)
+	}
+
+	clk.Advance(10 * time.Second)
+	// One of the four HEADs is the probe, the others are refused while it
+	// is in flight.
+	if _, err := budgeted(); err == nil {
+		t.Fatal("cut probe lookup succeeded")
+	}
+	if st := a.Status(); st["breaker_state"] != "open" || st["breaker_trips"] != int64(2) {
+		t.Fatalf("after a cut probe: %v", st)
+	}
+
+	o.mode.Store("")
+	clk.Advance(10 * time.Second)
+	if _, err := budgeted(); err != nil {
+		t.Fatalf("probe after recovery: %v", err)
+	}
+	if st := a.Status(); st["breaker_state"] != "closed" || st["connection_failures"] != 0 {
+		t.Fatalf("after a good probe: %v", st)
+	}
+
+	o.mode.Store("hang")
+	for range 4 {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(20*time.Millisecond, cancel)
+		_, _ = a.LookupAndLock(ctx, keys)
+		cancel()
+	}
+	if st := a.Status(); st["breaker_state"] != "closed" || st["connection_failures"] != 0 {
+		t.Fatalf("cancelled (not cut) lookups moved the breaker: %v", st)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -235,6 +236,11 @@ func (a *Adapter) call(ctx context.Context, slowAfter time.Duration, fn func(ctx
 	// call the breaker's opening aborted (it says nothing new about S3).
 	slow := !t.Stop()
 	switch {
+	case err != nil && !slow && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// The caller's deadline ended the call before S3 answered and
+		// before its slow limit: say so, so that the caller can report
+		// the cut (breaker.cut) once for the whole operation.
+		err = fmt.Errorf("%w (%w)", errDeadlineCut, err)
 	case err == nil || ctx.Err() != nil:
 	case abandoned.Load():
 		err = fmt.Errorf("s3: %w after %v (%w)", l2.ErrSlow, slowAfter, err)
@@ -378,6 +384,9 @@ func (a *Adapter) LookupAndLock(ctx context.Context, keys []objkey.Key) ([]bool,
 			errs[i] = nil
 		}
 	})
+	if slices.ContainsFunc(errs, func(err error) bool { return errors.Is(err, errDeadlineCut) }) {
+		a.brk.cut()
+	}
 	if failed, firstErr := countErrs(errs); failed == len(keys) {
 		return make([]bool, len(keys)), fmt.Errorf("s3: lookup: %w", firstErr)
 	}
