@@ -39,7 +39,7 @@ func (s *Server) pollKVEvents(req *request) []byte {
 		err = fmt.Errorf("%w: cursor %d, max_events %d", kvevents.ErrBadPoll, cursor, max)
 	}
 	if err != nil {
-		s.malformed(req.peer.idString(), "payload", "malformed POLL_KV_EVENTS; answered with nil", "err", err)
+		s.malformed(req.peer.idString(), "payload", "malformed POLL_KV_EVENTS; answered with nil", "op", req.op.EnumName(), "err", err)
 		return wire.Nil
 	}
 	lg := s.cfg.KVEvents.Log()
