@@ -143,13 +143,15 @@ func checkLedger(t *testing.T, l *Ledger, ref map[int]*refEntry, keyOf func(int)
 
 // TestGrowthWorkPerCallBounded counts the old-index slots each call
 // migrates: at most migrateStep per store or delete, never a whole table,
-// and every migration finishes before the next doubling starts.
+// every migration finishes before the next doubling starts, and the table
+// each doubling switches to was allocated and prefaulted whole before.
 func TestGrowthWorkPerCallBounded(t *testing.T) {
 	l := New()
 	maxPerEvent, growths := uint64(0), 0
 	var doublingWork uint64 // what one-shot doublings would have moved at once
 	apply := func(evs []Event) {
 		size, pending, before := len(l.index), l.old != nil, l.migrated
+		ready := l.next != nil && l.nextFaulted == len(l.next) && len(l.next) == 2*size
 		l.Apply(evs)
 		moved := l.migrated - before
 		if moved > uint64(migrateStep*len(evs)) {
@@ -163,6 +165,9 @@ func TestGrowthWorkPerCallBounded(t *testing.T) {
 			doublingWork = uint64(size)
 			if pending {
 				t.Fatalf("index grew to %d slots while the previous migration was unfinished", len(l.index))
+			}
+			if !ready {
+				t.Fatalf("index grew to %d slots before the next table was allocated and prefaulted", len(l.index))
 			}
 		}
 	}
