@@ -107,6 +107,10 @@ type Config struct {
 	// a secret: --help prints its default as "", and GET /config shows it as
 	// Redacted whenever it is set.
 	CoordinatorAuthToken string
+	// CoordinatorEventEndpoint is where event batches go: auto (POST
+	// /events, falling back to /quota/events on a 404), events or
+	// quota-events.
+	CoordinatorEventEndpoint string
 
 	reg *registry
 }
@@ -276,6 +280,7 @@ func (c *Config) register() *registry {
 	r.boolFlag(&c.CoordinatorEventReporting, "coordinator-event-reporting", "coordinator_event_reporting", co, "LMCACHE_COORDINATOR_EVENT_REPORTING", "report L2 store, lookup and delete events to the coordinator")
 	r.float(&c.CoordinatorEventFlushInterval, "coordinator-event-flush-interval", "coordinator_event_flush_interval", co, "LMCACHE_COORDINATOR_EVENT_FLUSH_INTERVAL", 1, "seconds between event flushes").validate = positiveFinite(&c.CoordinatorEventFlushInterval)
 	r.secret(&c.CoordinatorAuthToken, "coordinator-auth-token", "coordinator_auth_token", co, "LMCACHE_COORDINATOR_AUTH_TOKEN", "bearer token sent to the coordinator; empty: none")
+	r.str(&c.CoordinatorEventEndpoint, "coordinator-event-endpoint", "coordinator_event_endpoint", co, "LMCACHE_COORDINATOR_EVENT_ENDPOINT", "auto", "where usage events go: auto (POST /events, and POST /quota/events once the coordinator answers 404 there), events or quota-events").validate = oneOf(&c.CoordinatorEventEndpoint, "auto", "events", "quota-events")
 	r.alias("coordinator-l2-event-reporting", "coordinator-event-reporting", "LMCACHE_COORDINATOR_L2_EVENT_REPORTING")
 	r.alias("coordinator-l2-event-flush-interval", "coordinator-event-flush-interval", "LMCACHE_COORDINATOR_L2_EVENT_FLUSH_INTERVAL")
 	return r
