@@ -12,7 +12,6 @@ package httpapi
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +26,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/buildinfo"
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/httplimit"
+	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/loglevel"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
@@ -172,14 +172,12 @@ type Server struct {
 	metrics *mpmetrics.Metrics
 	levels  *loglevel.Registry
 	loops   *periodic.Registry
+	table   *httproute.Table
 	handler http.Handler
 
 	eng atomic.Pointer[engineHolder]
 
 	regMu sync.Mutex // serializes static layout registration in SetEngine
-
-	// tokenDigest is sha256(AuthToken), what requests are compared with.
-	tokenDigest [sha256.Size]byte
 
 	// scriptFailures counts /run_script runs that failed, by reason (a
 	// refused run, busy, is dropped work).
@@ -254,8 +252,11 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	s.secrets = append(redact.Collect(opts.Config), opts.AuthToken)
-	s.tokenDigest = sha256.Sum256([]byte(opts.AuthToken))
-	s.handler = s.buildMux()
+	t, err := s.buildTable()
+	if err != nil {
+		return nil, fmt.Errorf("httpapi: %w", err)
+	}
+	s.table, s.handler = t, t.Handler()
 	if opts.Engine != nil {
 		if err := s.SetEngine(opts.Engine); err != nil {
 			return nil, err

@@ -1,21 +1,22 @@
 package httpapi
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/dax"
 	"github.com/lmcache-go/lmcache/internal/loglevel"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
 
 // Sentinel errors of this package. Handlers return errors wrapping one of
-// these (or an engine / l2 / objkey sentinel); statusOf is the one place
+// these (or an engine / l2 / objkey sentinel); statusMap is the one place
 // that turns them into HTTP statuses.
 var (
 	ErrBadRequest     = errors.New("bad request")
@@ -30,57 +31,30 @@ var (
 	ErrNotInitialized = errors.New("not initialized")
 )
 
-// statusCoder lets a lower layer (an L2 adapter's reconfigure error, for
-// instance) choose its own status.
-type statusCoder interface{ HTTPStatus() int }
+// statusMap is the one sentinel→status table of the MP server's API
+// (first match wins; validation errors are 422 and errors with an
+// HTTPStatus method choose their own before it is consulted).
+var statusMap = httproute.StatusMap{
+	{Status: http.StatusServiceUnavailable, Errs: []error{ErrNotInitialized, ErrUnavailable, l2.ErrUnavailable, engine.ErrClosed}},
+	{Status: http.StatusUnauthorized, Errs: []error{ErrUnauthorized, httproute.ErrUnauthorized}},
+	{Status: http.StatusForbidden, Errs: []error{ErrForbidden}},
+	{Status: http.StatusRequestTimeout, Errs: []error{ErrTimeout, httproute.ErrBodyTimeout}},
+	{Status: http.StatusRequestEntityTooLarge, Errs: []error{ErrTooLarge, httproute.ErrBodyTooLarge}},
+	{Status: http.StatusNotImplemented, Errs: []error{ErrUnsupported, l2.ErrListUnsupported}},
+	{Status: http.StatusConflict, Errs: []error{ErrConflict, dax.ErrConflict, engine.ErrNoLayout, engine.ErrWrongState}},
+	{Status: http.StatusNotFound, Errs: []error{ErrNotFound, engine.ErrNotFound, dax.ErrNotFound}},
+	{Status: http.StatusBadRequest, Errs: []error{ErrBadRequest, dax.ErrBadRequest, engine.ErrInvalid, engine.ErrUnsupported,
+		objkey.ErrInvalid, tokenhash.ErrTokenRange, loglevel.ErrUnknownLevel, periodic.ErrInvalidLevel, httproute.ErrBodyRead}},
+	{Status: http.StatusInsufficientStorage, Errs: []error{engine.ErrOutOfMemory}},
+}
 
 // statusOf maps an error to its HTTP status.
-func statusOf(err error) int {
-	var sc statusCoder
-	var ve *validationError
-	switch {
-	case errors.As(err, &ve):
-		return http.StatusUnprocessableEntity
-	case errors.As(err, &sc):
-		return sc.HTTPStatus()
-	case errors.Is(err, ErrNotInitialized), errors.Is(err, ErrUnavailable), errors.Is(err, l2.ErrUnavailable), errors.Is(err, engine.ErrClosed):
-		return http.StatusServiceUnavailable
-	case errors.Is(err, ErrUnauthorized):
-		return http.StatusUnauthorized
-	case errors.Is(err, ErrForbidden):
-		return http.StatusForbidden
-	case errors.Is(err, ErrTimeout):
-		return http.StatusRequestTimeout
-	case errors.Is(err, ErrTooLarge):
-		return http.StatusRequestEntityTooLarge
-	case errors.Is(err, ErrUnsupported), errors.Is(err, l2.ErrListUnsupported):
-		return http.StatusNotImplemented
-	case errors.Is(err, ErrConflict), errors.Is(err, dax.ErrConflict), errors.Is(err, engine.ErrNoLayout), errors.Is(err, engine.ErrWrongState):
-		return http.StatusConflict
-	case errors.Is(err, ErrNotFound), errors.Is(err, engine.ErrNotFound), errors.Is(err, dax.ErrNotFound):
-		return http.StatusNotFound
-	case errors.Is(err, ErrBadRequest), errors.Is(err, dax.ErrBadRequest), errors.Is(err, engine.ErrInvalid), errors.Is(err, engine.ErrUnsupported),
-		errors.Is(err, objkey.ErrInvalid), errors.Is(err, tokenhash.ErrTokenRange), errors.Is(err, loglevel.ErrUnknownLevel):
-		return http.StatusBadRequest
-	case errors.Is(err, engine.ErrOutOfMemory):
-		return http.StatusInsufficientStorage
-	}
-	return http.StatusInternalServerError
-}
+func statusOf(err error) int { return statusMap.Status(err) }
 
-// apiError carries a client-facing message and the sentinel that decides
-// its status; Error() is the message alone, so bodies do not repeat the
-// sentinel's text.
-type apiError struct {
-	kind error
-	msg  string
-}
-
-func (e *apiError) Error() string { return e.msg }
-func (e *apiError) Unwrap() error { return e.kind }
-
+// errf wraps kind with a client-facing message (the body shows the
+// message, not the sentinel's text).
 func errf(kind error, format string, args ...any) error {
-	return &apiError{kind: kind, msg: fmt.Sprintf(format, args...)}
+	return httproute.Errorf(kind, format, args...)
 }
 
 // fieldError is one FastAPI-style validation item.
@@ -100,64 +74,24 @@ func (e *validationError) Error() string {
 	return fmt.Sprintf("%v: %s", e.items[0].Loc, e.items[0].Msg)
 }
 
+// Detail is the 422 body's list.
+func (e *validationError) Detail() any { return e.items }
+
 func invalid(typ, msg string, loc ...any) error {
 	return &validationError{items: []fieldError{{Loc: loc, Msg: msg, Type: typ}}}
 }
 
 // shape is the error-body convention of a route (upstream is not uniform).
-type shape int
+type shape = httproute.Shape
 
 const (
-	shapeDetail shape = iota // {"detail": "..."}
-	shapeError               // {"error": "..."}
-	shapeText                // text/plain body
+	shapeDetail = httproute.ShapeDetail // {"detail": "..."}
+	shapeError  = httproute.ShapeError  // {"error": "..."}
+	shapeText   = httproute.ShapeText   // text/plain body
 )
 
-// scrubbed is an error whose message had secret values replaced (see
-// Server.scrub); its status is still the wrapped error's.
-type scrubbed struct {
-	err error
-	msg string
-}
-
-func (e scrubbed) Error() string { return e.msg }
-func (e scrubbed) Unwrap() error { return e.err }
-
-// writeErr writes err with the route's shape. 422 always uses FastAPI's
-// detail list; 401 carries WWW-Authenticate.
-func writeErr(w http.ResponseWriter, sh shape, err error) {
-	code := statusOf(err)
-	var ve *validationError
-	if errors.As(err, &ve) {
-		writeJSON(w, code, map[string]any{"detail": ve.items})
-		return
-	}
-	if code == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="lmcache"`)
-	}
-	switch sh {
-	case shapeError:
-		writeJSON(w, code, map[string]any{"error": err.Error()})
-	case shapeText:
-		writeText(w, code, err.Error())
-	default:
-		writeJSON(w, code, map[string]any{"detail": err.Error()})
-	}
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		code = http.StatusInternalServerError
-		b, _ = json.Marshal(map[string]any{"detail": "encode response: " + err.Error()})
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_, _ = w.Write(b)
-}
-
-func writeText(w http.ResponseWriter, code int, s string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.WriteHeader(code)
-	_, _ = w.Write([]byte(s))
-}
+// writeJSON and writeText are the toolkit's writers.
+var (
+	writeJSON = httproute.WriteJSON
+	writeText = httproute.WriteText
+)

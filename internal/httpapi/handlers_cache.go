@@ -55,15 +55,14 @@ func (s *Server) handleListObjects(w http.ResponseWriter, r *http.Request) error
 		}
 		return err
 	}
-	entries := make([]map[string]any, 0, len(page.Entries))
+	out := ObjectPage{Adapter: a.TypeName, Shared: a.Shared, Entries: make([]ObjectEntry, 0, len(page.Entries))}
 	for _, en := range page.Entries {
-		entries = append(entries, map[string]any{"key": en.Key.Encode(), "size_bytes": en.SizeBytes})
+		out.Entries = append(out.Entries, ObjectEntry{Key: en.Key.Encode(), SizeBytes: en.SizeBytes})
 	}
-	var next any
 	if page.NextPageToken != "" {
-		next = page.NextPageToken
+		out.NextPageToken = &page.NextPageToken
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"adapter": a.TypeName, "shared": a.Shared, "entries": entries, "next_page_token": next})
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -88,23 +87,19 @@ func (s *Server) handleDeleteObjects(w http.ResponseWriter, r *http.Request) err
 		}
 		ad = &a
 	}
-	out := map[string]any{"requested": len(req.Keys), "ok": true, "deleted": 0, "skipped": 0}
-	deleted, skipped := 0, 0
+	out := DeleteObjectsResponse{Requested: len(req.Keys), OK: true}
 	if req.Tier == "l1" || req.Tier == "all" {
-		deleted, skipped = e.DeleteL1(req.Keys, req.Force)
+		out.Deleted, out.Skipped = e.DeleteL1(req.Keys, req.Force)
 	}
 	if ad != nil {
-		out["adapter"] = ad.TypeName
+		out.Adapter = &ad.TypeName
 		removed, err := e.DeleteL2(r.Context(), ad.Index, req.Keys)
-		deleted += len(removed)
+		out.Deleted += len(removed)
 		if err != nil {
-			out["ok"] = false
-			out["error"] = err.Error()
+			out.OK = false
+			out.Error = err.Error()
 		}
-	} else {
-		out["adapter"] = nil
 	}
-	out["deleted"], out["skipped"] = deleted, skipped
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
@@ -202,14 +197,14 @@ func (s *Server) handleSubmitPrefetch(w http.ResponseWriter, r *http.Request) er
 		return err
 	}
 	if len(chunks) == 0 {
-		writeJSON(w, http.StatusAccepted, map[string]any{"chunks": 0, "status": "noop"})
+		writeJSON(w, http.StatusAccepted, PrefetchSubmitResponse{Status: "noop"})
 		return nil
 	}
 	id := newRequestID()
 	if err := e.Prefetch(engine.PrefetchRequest{ID: id, Chunks: chunks, Readers: 0, Sparse: true, Retain: true}); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusAccepted, map[string]any{"request_id": id, "chunks": len(chunks), "status": "submitted"})
+	writeJSON(w, http.StatusAccepted, PrefetchSubmitResponse{RequestID: id, Chunks: len(chunks), Status: "submitted"})
 	return nil
 }
 
@@ -227,12 +222,12 @@ func (s *Server) handlePollPrefetch(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	if !res.Done {
-		writeJSON(w, http.StatusOK, map[string]any{"request_id": id, "status": "pending"})
+		writeJSON(w, http.StatusOK, PrefetchPollResponse{RequestID: id, Status: "pending"})
 		return nil
 	}
-	out := map[string]any{"request_id": id, "status": "completed", "found_keys": res.L2Keys, "total_keys": res.TotalKeys}
+	out := PrefetchPollResponse{RequestID: id, Status: "completed", FoundKeys: &res.L2Keys, TotalKeys: &res.TotalKeys}
 	if res.Err != nil {
-		out["error"] = res.Err.Error()
+		out.Error = res.Err.Error()
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -253,7 +248,7 @@ func (s *Server) handleClear(w http.ResponseWriter, r *http.Request) error {
 	}
 	res := e.Clear()
 	s.log.Warn("cache cleared by operator", "tier", tier, "objects", res.Objects, "bytes", res.Bytes)
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "cleared": map[string]any{"tier": tier}})
+	writeJSON(w, http.StatusOK, ClearResponse{Status: "ok", Cleared: ClearedTier{Tier: tier}})
 	return nil
 }
 
@@ -339,9 +334,9 @@ func (s *Server) handleChecksums(w http.ResponseWriter, r *http.Request) error {
 		}
 		sums = l
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"status": "success", "chunk_size": req.ChunkSize, "num_chunks": numChunks,
-		"chunk_checksums": sums, "layerwise": req.Layerwise, "block_id_ranges": blockRanges(req.BlockIDs),
+	writeJSON(w, http.StatusOK, ChecksumResponse{
+		Status: "success", ChunkSize: req.ChunkSize, NumChunks: numChunks,
+		ChunkChecksums: sums, Layerwise: req.Layerwise, BlockIDRanges: blockRanges(req.BlockIDs),
 	})
 	return nil
 }

@@ -15,7 +15,6 @@ import (
 	"strings"
 
 	"github.com/lmcache-go/lmcache/internal/loglevel"
-	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/script"
 )
@@ -133,34 +132,12 @@ func labelsOf(rec string) string {
 	return ""
 }
 
-func truthy(s string) bool {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "1", "true", "yes", "on", "t", "y":
-		return true
-	}
-	return false
-}
-
 func (s *Server) handlePeriodicList(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	var level periodic.Level
-	if q.Has("level") {
-		l, err := periodic.ParseLevel(q.Get("level"))
-		if err != nil {
-			return errf(ErrBadRequest, "Invalid level: %s. Valid values: critical, high, medium, low", q.Get("level"))
-		}
-		level = l
+	l, err := s.loops.List(r.URL.Query())
+	if err != nil {
+		return err
 	}
-	running, active := truthy(q.Get("running_only")), truthy(q.Get("active_only"))
-	all := s.loops.All()
-	threads := []periodic.Status{}
-	for _, t := range all {
-		if level != "" && t.Level != level || running && !t.IsRunning || active && !t.IsActive {
-			continue
-		}
-		threads = append(threads, t)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"summary": periodic.Summarize(all), "threads": threads})
+	writeJSON(w, http.StatusOK, l)
 	return nil
 }
 
@@ -175,12 +152,7 @@ func (s *Server) handlePeriodicGet(w http.ResponseWriter, r *http.Request) error
 }
 
 func (s *Server) handlePeriodicHealth(w http.ResponseWriter, _ *http.Request) error {
-	bad := periodic.Unhealthy(s.loops.All())
-	list := make([]map[string]any, 0, len(bad))
-	for _, t := range bad {
-		list = append(list, map[string]any{"name": t.Name, "level": t.Level, "last_run_ago": t.LastRunAgo, "interval": t.Interval})
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"healthy": len(bad) == 0, "unhealthy_count": len(bad), "unhealthy_threads": list})
+	writeJSON(w, http.StatusOK, s.loops.Health())
 	return nil
 }
 

@@ -12,16 +12,16 @@ import (
 )
 
 func (s *Server) handleRoot(w http.ResponseWriter, _ *http.Request) error {
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "service": "LMCache HTTP API"})
+	writeJSON(w, http.StatusOK, RootResponse{Status: "ok", Service: "LMCache HTTP API"})
 	return nil
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) error {
 	if _, err := s.engine(); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unhealthy", "reason": "engine not initialized"})
+		writeJSON(w, http.StatusServiceUnavailable, HealthResponse{Status: "unhealthy", Reason: "engine not initialized"})
 		return nil
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "healthy"})
+	writeJSON(w, http.StatusOK, HealthResponse{Status: "healthy"})
 	return nil
 }
 
@@ -131,14 +131,14 @@ func (s *Server) handleConfigAdapters(w http.ResponseWriter, _ *http.Request) er
 	if err != nil {
 		return err
 	}
-	out := []map[string]any{}
+	out := []AdapterEntry{}
 	for i, a := range e.Adapters() {
-		out = append(out, map[string]any{
-			"index": a.Index, "type_name": a.TypeName, "tier": "l2",
-			"primary": i == 0, "reconfigurable": a.Reconfigurable, "shared": a.Shared,
+		out = append(out, AdapterEntry{
+			Index: a.Index, TypeName: a.TypeName, Tier: "l2",
+			Primary: i == 0, Reconfigurable: a.Reconfigurable, Shared: a.Shared,
 		})
 	}
-	writeRedactedJSON(w, http.StatusOK, map[string]any{"adapters": out})
+	writeRedactedJSON(w, http.StatusOK, AdaptersResponse{Adapters: out})
 	return nil
 }
 

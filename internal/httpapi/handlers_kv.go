@@ -178,8 +178,8 @@ func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"chunks": len(chunks), "tokens": len(chunks) * s.hasher.ChunkSize(), "keys": len(keys), "stored": stored,
+	writeJSON(w, http.StatusOK, KVStoreResponse{
+		Chunks: len(chunks), Tokens: len(chunks) * s.hasher.ChunkSize(), Keys: len(keys), Stored: stored,
 	})
 	return nil
 }
@@ -300,9 +300,9 @@ func (s *Server) handleKVLookup(w http.ResponseWriter, r *http.Request) error {
 	s.recordLookup(req, len(chunks), res)
 	setHitHeaders(w.Header(), res, prefix, len(chunks), s.hasher.ChunkSize())
 	cs := s.hasher.ChunkSize()
-	writeJSON(w, http.StatusOK, map[string]any{
-		"hit_chunks": prefix, "hit_tokens": prefix * cs, "total_chunks": len(chunks), "total_tokens": len(chunks) * cs,
-		"l1_keys": res.L1Keys, "l2_keys": res.L2Keys,
+	writeJSON(w, http.StatusOK, KVLookupResponse{
+		HitChunks: prefix, HitTokens: prefix * cs, TotalChunks: len(chunks), TotalTokens: len(chunks) * cs,
+		L1Keys: res.L1Keys, L2Keys: res.L2Keys,
 	})
 	return nil
 }

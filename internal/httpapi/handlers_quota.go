@@ -21,13 +21,11 @@ func (s *Server) handleQuotaList(w http.ResponseWriter, _ *http.Request) error {
 	if err != nil {
 		return err
 	}
-	users := map[string]any{}
+	users := map[string]QuotaUsage{}
 	for salt, limit := range e.Quotas() {
-		users[quota.ToPath(salt)] = map[string]any{
-			"limit_gb": float64(limit) / gib, "current_usage_gb": float64(e.QuotaUsage(salt)) / gib,
-		}
+		users[quota.ToPath(salt)] = QuotaUsage{LimitGB: float64(limit) / gib, CurrentUsageGB: float64(e.QuotaUsage(salt)) / gib}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"users": users})
+	writeJSON(w, http.StatusOK, QuotaListResponse{Users: users})
 	return nil
 }
 
@@ -52,7 +50,7 @@ func (s *Server) handleQuotaPut(w http.ResponseWriter, r *http.Request) error {
 	if err := e.SetQuota(quota.FromPath(seg), int64(bytes)); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"cache_salt": seg, "limit_gb": gb, "status": "ok"})
+	writeJSON(w, http.StatusOK, QuotaPutResponse{CacheSalt: seg, LimitGB: gb, Status: "ok"})
 	return nil
 }
 
@@ -64,8 +62,8 @@ func (s *Server) handleQuotaGet(w http.ResponseWriter, r *http.Request) error {
 	}
 	salt := quota.FromPath(seg)
 	limit, exists := e.Quota(salt)
-	writeJSON(w, http.StatusOK, map[string]any{
-		"cache_salt": seg, "limit_gb": float64(limit) / gib, "current_usage_gb": float64(e.QuotaUsage(salt)) / gib, "exists": exists,
+	writeJSON(w, http.StatusOK, QuotaGetResponse{
+		CacheSalt: seg, LimitGB: float64(limit) / gib, CurrentUsageGB: float64(e.QuotaUsage(salt)) / gib, Exists: exists,
 	})
 	return nil
 }
@@ -80,7 +78,7 @@ func (s *Server) handleQuotaDelete(w http.ResponseWriter, r *http.Request) error
 	if e.DeleteQuota(quota.FromPath(seg)) {
 		status = "removed"
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"cache_salt": seg, "status": status})
+	writeJSON(w, http.StatusOK, QuotaDeleteResponse{CacheSalt: seg, Status: status})
 	return nil
 }
 
@@ -108,8 +106,8 @@ func (s *Server) handleReconfigureStatus(w http.ResponseWriter, r *http.Request)
 		entry["adapter_index"] = len(adapters)
 		adapters = append(adapters, entry)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"enabled": len(adapters) > 0, "backend": backend, "num_adapters": len(adapters), "adapters": adapters,
+	writeJSON(w, http.StatusOK, ReconfigureStatusResponse{
+		Enabled: len(adapters) > 0, Backend: backend, NumAdapters: len(adapters), Adapters: adapters,
 	})
 	return nil
 }

@@ -1,16 +1,13 @@
 package httpapi
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
-	"fmt"
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"runtime/debug"
 	"sort"
-	"strings"
-	"time"
+
+	"github.com/lmcache-go/lmcache/internal/httproute"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
 // authMode says when a route requires the bearer token.
@@ -45,14 +42,17 @@ type route struct {
 	query []string
 	// produces is the success content type (default application/json).
 	produces string
-	h        func(s *Server, w http.ResponseWriter, r *http.Request) error
+	// req and resp are values of the request and success body types, from
+	// which /openapi.json's schemas are generated.
+	req, resp any
+	h         func(s *Server, w http.ResponseWriter, r *http.Request) error
 }
 
 const (
-	ctJSON   = "application/json"
-	ctText   = "text/plain"
-	ctBinary = "application/octet-stream"
-	ctForm   = "multipart/form-data"
+	ctJSON   = httproute.JSON
+	ctText   = httproute.Text
+	ctBinary = httproute.Binary
+	ctForm   = httproute.Form
 )
 
 func routes() []route {
@@ -70,46 +70,46 @@ func routes() []route {
 	)
 	rs := []route{
 		// Liveness and health.
-		{method: "GET", path: "/", tag: "info", summary: "Static liveness ping (does not touch the engine).", statuses: st(200, "alive"), h: (*Server).handleRoot},
-		{method: "GET", path: "/healthcheck", tag: "info", summary: "Readiness probe; 503 until the engine is ready.", statuses: st(200, "healthy", 503, notInit), h: (*Server).handleHealth},
+		{method: "GET", path: "/", tag: "info", summary: "Static liveness ping (does not touch the engine).", statuses: st(200, "alive"), resp: RootResponse{}, h: (*Server).handleRoot},
+		{method: "GET", path: "/healthcheck", tag: "info", summary: "Readiness probe; 503 until the engine is ready.", statuses: st(200, "healthy", 503, notInit), resp: HealthResponse{}, h: (*Server).handleHealth},
 		// Inspection.
-		{method: "GET", path: "/status", tag: "info", shape: shapeError, auth: authAlways, summary: "Engine snapshot: engine fields, storage manager, contexts, sessions, prefetch jobs.", statuses: st(200, "status", 503, notInit), h: (*Server).handleStatus},
-		{method: "GET", path: "/config", tag: "config", shape: shapeError, auth: authAlways, summary: "Merged server configuration (mp, storage_manager, observability).", statuses: st(200, "configuration", 503, "configs not initialized"), h: (*Server).handleConfig},
-		{method: "GET", path: "/config/adapters", tag: "config", auth: authAlways, summary: "Live L2 adapters in configuration order.", statuses: st(200, "adapters", 503, notInit), h: (*Server).handleConfigAdapters},
-		{method: "GET", path: "/version", tag: "info", summary: "Combined version string \"<version>-<commit>\".", statuses: st(200, "version"), h: (*Server).handleVersion},
-		{method: "GET", path: "/lmc_version", tag: "info", summary: "Package version string.", statuses: st(200, "version"), h: (*Server).handleLMCVersion},
-		{method: "GET", path: "/commit_id", tag: "info", summary: "Build commit id.", statuses: st(200, "commit"), h: (*Server).handleCommitID},
+		{method: "GET", path: "/status", tag: "info", shape: shapeError, auth: authAlways, summary: "Engine snapshot: engine fields, storage manager, contexts, sessions, prefetch jobs.", statuses: st(200, "status", 503, notInit), resp: map[string]any{}, h: (*Server).handleStatus},
+		{method: "GET", path: "/config", tag: "config", shape: shapeError, auth: authAlways, summary: "Merged server configuration (mp, storage_manager, observability).", statuses: st(200, "configuration", 503, "configs not initialized"), resp: map[string]map[string]any{}, h: (*Server).handleConfig},
+		{method: "GET", path: "/config/adapters", tag: "config", auth: authAlways, summary: "Live L2 adapters in configuration order.", statuses: st(200, "adapters", 503, notInit), resp: AdaptersResponse{}, h: (*Server).handleConfigAdapters},
+		{method: "GET", path: "/version", tag: "info", summary: "Combined version string \"<version>-<commit>\".", statuses: st(200, "version"), resp: "", h: (*Server).handleVersion},
+		{method: "GET", path: "/lmc_version", tag: "info", summary: "Package version string.", statuses: st(200, "version"), resp: "", h: (*Server).handleLMCVersion},
+		{method: "GET", path: "/commit_id", tag: "info", summary: "Build commit id.", statuses: st(200, "commit"), resp: "", h: (*Server).handleCommitID},
 		// Cache management.
 		{method: "GET", path: "/cache/objects", tag: "cache", auth: authAlways, summary: "Paginate objects resident in an L2 adapter.", query: []string{"tier", "adapter", "model_name", "page_size", "page_token"},
-			statuses: st(200, "page", 400, "unsupported tier or malformed page_token", 404, "unknown adapter", 422, "page_size outside [1, 5000]", 501, "adapter cannot list", 503, "engine not initialized or no L2 adapters"), h: (*Server).handleListObjects},
+			statuses: st(200, "page", 400, "unsupported tier or malformed page_token", 404, "unknown adapter", 422, "page_size outside [1, 5000]", 501, "adapter cannot list", 503, "engine not initialized or no L2 adapters"), resp: ObjectPage{}, h: (*Server).handleListObjects},
 		{method: "DELETE", path: "/cache/objects", tag: "cache", auth: authAlways, body: ctJSON, summary: "Delete a list of object keys from a tier/adapter.",
-			statuses: st(200, "reached the adapter (check ok)", 400, "too many keys or an invalid key", 404, "unknown adapter", 422, val, 503, "engine not initialized or no L2 adapters"), h: (*Server).handleDeleteObjects},
+			statuses: st(200, "reached the adapter (check ok)", 400, "too many keys or an invalid key", 404, "unknown adapter", 422, val, 503, "engine not initialized or no L2 adapters"), req: DeleteObjectsRequest{}, resp: DeleteObjectsResponse{}, h: (*Server).handleDeleteObjects},
 		{method: "POST", path: "/cache/prefetches", tag: "cache", auth: authAlways, body: ctJSON, summary: "Warm L1 from L2 for a token sequence.",
-			statuses: st(202, "submitted or noop", 400, "token cap, bad cache_salt or direction", 409, "no layout registered for (model_name, world_size)", 422, val, 503, notInit), h: (*Server).handleSubmitPrefetch},
+			statuses: st(202, "submitted or noop", 400, "token cap, bad cache_salt or direction", 409, "no layout registered for (model_name, world_size)", 422, val, 503, notInit), req: PrefetchRequest{}, resp: PrefetchSubmitResponse{}, h: (*Server).handleSubmitPrefetch},
 		{method: "GET", path: "/cache/prefetches/{request_id}", tag: "cache", auth: authAlways, summary: "Poll a warm prefetch; completion is reported once.",
-			statuses: st(200, "pending or completed", 404, "unknown or already consumed request_id", 503, notInit), h: (*Server).handlePollPrefetch},
+			statuses: st(200, "pending or completed", 404, "unknown or already consumed request_id", 503, notInit), resp: PrefetchPollResponse{}, h: (*Server).handlePollPrefetch},
 		{method: "POST", path: "/cache/clear", tag: "cache", auth: authAlways, body: ctJSON, summary: "Force-clear the L1 tier.",
-			statuses: st(200, "cleared", 400, "unsupported tier", 422, val, 503, "server not initialized"), h: (*Server).handleClear},
+			statuses: st(200, "cleared", 400, "unsupported tier", 422, val, 503, "server not initialized"), req: ClearRequest{}, resp: ClearResponse{}, h: (*Server).handleClear},
 		{method: "POST", path: "/cache/checksums", tag: "cache", shape: shapeDetail, auth: authAlways, body: ctJSON, summary: "MD5 per chunk over registered KV blocks.",
-			statuses: st(200, "checksums", 400, "block_ids empty or chunk_size not positive", 404, "instance not registered or KV tensors empty", 422, val, 501, "no KV contexts or unsupported KV format", 503, notInit), h: (*Server).handleChecksums},
+			statuses: st(200, "checksums", 400, "block_ids empty or chunk_size not positive", 404, "instance not registered or KV tensors empty", 422, val, 501, "no KV contexts or unsupported KV format", 503, notInit), req: ChecksumRequest{}, resp: ChecksumResponse{}, h: (*Server).handleChecksums},
 		// Bytes-level KV API.
 		{method: "POST", path: "/api/kv/store", tag: "kv", auth: authAlways, body: ctBinary, summary: "Store raw chunk objects for a token sequence (headers X-LMCache-Model, X-LMCache-Tokens, X-LMCache-Cache-Salt, X-LMCache-World-Size).",
-			statuses: st(200, "stored", 400, "bad headers, tokens, salt or body length", 409, "no layout registered", 413, "body too large", 503, notInit), h: (*Server).handleKVStore},
+			statuses: st(200, "stored", 400, "bad headers, tokens, salt or body length", 409, "no layout registered", 413, "body too large", 503, notInit), req: "", resp: KVStoreResponse{}, h: (*Server).handleKVStore},
 		{method: "POST", path: "/api/kv/retrieve", tag: "kv", auth: authAlways, body: ctJSON, summary: "Return the longest cached prefix as bytes; hit counts in X-LMCache-* headers. The request is a JSON body {model_name, tokens, cache_salt, world_size} (upstream's form) or, without a JSON content type, the X-LMCache-* headers.",
-			produces: ctBinary, statuses: st(200, "prefix bytes", 400, "bad headers, tokens, model or salt", 404, "no chunk cached", 409, "no layout registered", 413, "body too large", 422, val, 503, notInit), h: (*Server).handleKVRetrieve},
+			produces: ctBinary, statuses: st(200, "prefix bytes", 400, "bad headers, tokens, model or salt", 404, "no chunk cached", 409, "no layout registered", 413, "body too large", 422, val, 503, notInit), req: KVRequest{}, h: (*Server).handleKVRetrieve},
 		{method: "POST", path: "/api/kv/lookup", tag: "kv", auth: authAlways, body: ctJSON, summary: "Report how much of a token sequence is cached (JSON body or X-LMCache-* headers, as retrieve).",
-			statuses: st(200, "hit counts", 400, "bad headers, tokens, model or salt", 409, "no layout registered", 413, "body too large", 422, val, 503, notInit), h: (*Server).handleKVLookup},
+			statuses: st(200, "hit counts", 400, "bad headers, tokens, model or salt", 409, "no layout registered", 413, "body too large", 422, val, 503, notInit), req: KVRequest{}, resp: KVLookupResponse{}, h: (*Server).handleKVLookup},
 		// Quota.
-		{method: "GET", path: "/quota", tag: "quota", shape: shapeError, auth: authAlways, summary: "Every registered cache_salt quota with live usage.", statuses: st(200, "quotas", 503, notInit), h: (*Server).handleQuotaList},
+		{method: "GET", path: "/quota", tag: "quota", shape: shapeError, auth: authAlways, summary: "Every registered cache_salt quota with live usage.", statuses: st(200, "quotas", 503, notInit), resp: QuotaListResponse{}, h: (*Server).handleQuotaList},
 		{method: "PUT", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, body: ctJSON, summary: "Set a cache_salt quota in GB (_default = empty salt).",
-			statuses: st(200, "set", 400, "invalid limit_gb", 503, notInit), h: (*Server).handleQuotaPut},
-		{method: "GET", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, summary: "One cache_salt's quota and usage (never 404).", statuses: st(200, "quota", 503, notInit), h: (*Server).handleQuotaGet},
-		{method: "DELETE", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, summary: "Remove a cache_salt quota.", statuses: st(200, "removed or not_found", 503, notInit), h: (*Server).handleQuotaDelete},
+			statuses: st(200, "set", 400, "invalid limit_gb", 503, notInit), req: QuotaPutRequest{}, resp: QuotaPutResponse{}, h: (*Server).handleQuotaPut},
+		{method: "GET", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, summary: "One cache_salt's quota and usage (never 404).", statuses: st(200, "quota", 503, notInit), resp: QuotaGetResponse{}, h: (*Server).handleQuotaGet},
+		{method: "DELETE", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, summary: "Remove a cache_salt quota.", statuses: st(200, "removed or not_found", 503, notInit), resp: QuotaDeleteResponse{}, h: (*Server).handleQuotaDelete},
 		// Runtime L2 reconfiguration.
 		{method: "GET", path: "/reconfigure/{backend}/status", tag: "reconfigure", shape: shapeError, auth: authAlways, summary: "Runtime-manageable adapters of one backend type.",
-			statuses: st(200, "status (also for unknown backends)", 400, "empty backend", 503, notInit), h: (*Server).handleReconfigureStatus},
+			statuses: st(200, "status (also for unknown backends)", 400, "empty backend", 503, notInit), resp: ReconfigureStatusResponse{}, h: (*Server).handleReconfigureStatus},
 		{method: "POST", path: "/reconfigure/{backend}/{operation}", tag: "reconfigure", shape: shapeError, auth: authAlways, body: ctJSON, summary: "Apply one reconfiguration (dax: add, remove, resize).",
-			statuses: st(200, "backend result", 400, "empty backend/operation, unsupported operation or invalid size", 404, "adapter_index out of range", 409, "operation conflicts with the adapter state", 422, val, 503, notInit), h: (*Server).handleReconfigure},
+			statuses: st(200, "backend result", 400, "empty backend/operation, unsupported operation or invalid size", 404, "adapter_index out of range", 409, "operation conflicts with the adapter state", 422, val, 503, notInit), req: map[string]any{}, resp: map[string]any{}, h: (*Server).handleReconfigure},
 		// Observability.
 		{method: "GET", path: "/metrics", tag: "observability", auth: authMetrics, summary: "Prometheus exposition.", produces: ctText, statuses: st(200, "metrics"), h: (*Server).handleMetrics},
 		{method: "POST", path: "/metrics/reset", tag: "observability", auth: authAlways, summary: "Reset observability metrics.", produces: ctText, statuses: st(200, "ok"), h: (*Server).handleMetricsReset},
@@ -119,13 +119,13 @@ func routes() []route {
 		{method: "GET", path: "/threads", tag: "diagnostics", shape: shapeText, auth: authAlways, summary: "Goroutine stacks; name= filters on pprof labels, thread_id= on goroutine id.", query: []string{"name", "thread_id"}, produces: ctText,
 			statuses: st(200, "stacks"), h: (*Server).handleThreads},
 		{method: "GET", path: "/periodic-threads", tag: "diagnostics", shape: shapeError, summary: "Registered periodic loops with summary counts.", query: []string{"level", "running_only", "active_only"},
-			statuses: st(200, "snapshot", 400, "unknown level"), h: (*Server).handlePeriodicList},
-		{method: "GET", path: "/periodic-threads/{thread_name}", tag: "diagnostics", shape: shapeError, summary: "One periodic loop.", statuses: st(200, "status", 404, "unknown loop"), h: (*Server).handlePeriodicGet},
-		{method: "GET", path: "/periodic-threads-health", tag: "diagnostics", summary: "Health of critical and high loops (always 200).", statuses: st(200, "health"), h: (*Server).handlePeriodicHealth},
+			statuses: st(200, "snapshot", 400, "unknown level"), resp: periodic.Listing{}, h: (*Server).handlePeriodicList},
+		{method: "GET", path: "/periodic-threads/{thread_name}", tag: "diagnostics", shape: shapeError, summary: "One periodic loop.", statuses: st(200, "status", 404, "unknown loop"), resp: periodic.Status{}, h: (*Server).handlePeriodicGet},
+		{method: "GET", path: "/periodic-threads-health", tag: "diagnostics", summary: "Health of critical and high loops (always 200).", statuses: st(200, "health"), resp: periodic.Health{}, h: (*Server).handlePeriodicHealth},
 		{method: "GET", path: "/env", tag: "diagnostics", auth: authAlways, summary: "Process environment (secret-looking values redacted).", produces: ctText, statuses: st(200, "environment"), h: (*Server).handleEnv},
 		{method: "POST", path: "/run_script", tag: "diagnostics", shape: shapeText, auth: authAlways, body: ctForm, summary: "Run a Starlark script (field script) in a bounded sandbox; off unless --run-script-api-enabled.", produces: ctText,
-			statuses: st(200, "result", 400, "no script file provided", 404, "run_script disabled", 500, "script failed"), h: (*Server).handleRunScript},
-		{method: "GET", path: "/openapi.json", tag: "info", summary: "This document.", statuses: st(200, "OpenAPI 3 document"), h: (*Server).handleOpenAPI},
+			statuses: st(200, "result", 400, "no script file provided", 404, "run_script disabled", 500, "script failed"), req: ScriptForm{}, h: (*Server).handleRunScript},
+		{method: "GET", path: "/openapi.json", tag: "info", summary: "This document.", statuses: st(200, "OpenAPI 3 document"), resp: map[string]any{}, h: (*Server).handleOpenAPI},
 		// Go profiling (net/http/pprof), beyond upstream.
 		{method: "GET", path: "/debug/pprof/", tag: "diagnostics", auth: authDebug, summary: "pprof index and named profiles (/debug/pprof/heap, goroutine, allocs, ...).", produces: ctText,
 			statuses: st(200, "profile", 404, "unknown profile"), h: serveStd(pprof.Index)},
@@ -135,8 +135,8 @@ func routes() []route {
 			statuses: st(200, "profile"), h: serveStd(pprof.Profile)},
 		{method: "GET", path: "/debug/pprof/symbol", tag: "diagnostics", auth: authDebug, summary: "Symbol lookup.", produces: ctText,
 			statuses: st(200, "symbols"), h: serveStd(pprof.Symbol)},
-		{method: "POST", path: "/debug/pprof/symbol", tag: "diagnostics", auth: authDebug, summary: "Symbol lookup for posted addresses.", produces: ctText,
-			statuses: st(200, "symbols"), h: serveStd(pprof.Symbol)},
+		{method: "POST", path: "/debug/pprof/symbol", tag: "diagnostics", auth: authDebug, body: ctText, summary: "Symbol lookup for posted addresses.", produces: ctText,
+			statuses: st(200, "symbols"), req: "", h: serveStd(pprof.Symbol)},
 		{method: "GET", path: "/debug/pprof/trace", tag: "diagnostics", auth: authDebug, summary: "Execution trace over seconds= (default 1).", query: []string{"seconds"}, produces: ctBinary,
 			statuses: st(200, "trace"), h: serveStd(pprof.Trace)},
 	}
@@ -175,98 +175,60 @@ func serveStd(h http.HandlerFunc) func(*Server, http.ResponseWriter, *http.Reque
 	}
 }
 
-// muxPattern turns an OpenAPI path into a ServeMux pattern ("/" must match
-// only itself).
-func (rt route) muxPattern() string {
-	p := rt.path
-	if p == "/" {
-		p = "/{$}"
+// toolkitRoute turns a table entry into the toolkit's route, bound to s.
+func (s *Server) toolkitRoute(rt route) httproute.Route {
+	out := httproute.Route{
+		Method: rt.method, Path: rt.path, Tag: rt.tag, Summary: rt.summary, Shape: rt.shape,
+		Request: rt.req, RequestType: rt.body, Response: rt.resp, Produces: rt.produces,
+		Statuses: rt.statuses, Handle: func(w http.ResponseWriter, r *http.Request) error { return rt.h(s, w, r) },
 	}
-	return rt.method + " " + p
+	for _, q := range rt.query {
+		out.Query = append(out.Query, httproute.Param{Name: q})
+	}
+	switch rt.auth {
+	case authAlways:
+		out.Auth = httproute.Bearer
+	case authOnSet:
+		out.Auth = httproute.Bearer
+		out.AuthWhen = func(r *http.Request) bool { return r.URL.Query().Get("level") != "" }
+	case authMetrics:
+		out.Auth = httproute.Bearer
+		out.AuthWhen = func(*http.Request) bool { return s.opts.ProtectMetrics }
+	case authDebug:
+		out.Auth = httproute.Bearer
+		out.Check = func(r *http.Request) error {
+			if s.opts.AuthToken == "" && !loopback(r.RemoteAddr) {
+				return errf(ErrForbidden, "pprof is served to loopback clients only unless --http-auth-token is set")
+			}
+			return nil
+		}
+	}
+	return out
 }
 
-func (s *Server) buildMux() http.Handler {
-	mux := http.NewServeMux()
+// buildTable builds the toolkit table: the mux with FastAPI's 404/405,
+// auth, recovery, error bodies and /openapi.json.
+func (s *Server) buildTable() (*httproute.Table, error) {
+	var rs []httproute.Route
 	for _, rt := range routes() {
-		rt := rt
-		mux.HandleFunc(rt.muxPattern(), func(w http.ResponseWriter, r *http.Request) {
-			s.serveRoute(rt, w, r)
-		})
+		rs = append(rs, s.toolkitRoute(rt))
 	}
-	// The catch-all answers like FastAPI: 405 with Allow when the path
-	// exists under another method, else 404, both as {"detail": ...}.
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		var allow []string
-		for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete} {
-			probe := r.Clone(r.Context())
-			probe.Method = m
-			if _, pat := mux.Handler(probe); pat != "" && pat != "/" {
-				allow = append(allow, m)
+	return httproute.New(httproute.Config{
+		Title: "LMCache HTTP API", Version: s.opts.Version,
+		Token:                  s.opts.AuthToken,
+		Errors:                 httproute.Errors{Statuses: statusMap, Realm: "lmcache"},
+		DocumentSecurityAlways: true,
+		Log:                    s.log,
+		OnError: func(r *http.Request, _ *httproute.Route, code int, err error) error {
+			msg := s.scrub(err.Error())
+			if code >= 500 && code != http.StatusServiceUnavailable && code != http.StatusNotImplemented {
+				s.log.Error("http request failed", "method", r.Method, "path", r.URL.Path, "status", code, "err", msg)
 			}
-		}
-		if len(allow) > 0 {
-			w.Header().Set("Allow", strings.Join(allow, ", "))
-			writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"detail": "Method Not Allowed"})
-			return
-		}
-		writeJSON(w, http.StatusNotFound, map[string]any{"detail": "Not Found"})
-	})
-	return mux
-}
-
-// statusWriter remembers the status for the access log.
-type statusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.code == 0 {
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the underlying writer.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-func (s *Server) serveRoute(rt route, rw http.ResponseWriter, r *http.Request) {
-	w := &statusWriter{ResponseWriter: rw}
-	start := time.Now()
-	defer func() {
-		s.log.Debug("http request", "method", r.Method, "path", r.URL.Path, "route", rt.path, "status", w.code,
-			"duration_ms", float64(time.Since(start).Microseconds())/1000, "remote", r.RemoteAddr)
-	}()
-	defer func() {
-		if v := recover(); v != nil {
-			if v == http.ErrAbortHandler {
-				panic(v)
-			}
-			s.log.Error("http handler panic", "route", rt.path, "panic", v, "stack", string(debug.Stack()))
-			writeErr(w, rt.shape, fmt.Errorf("internal error: %v", v))
-		}
-	}()
-	if s.needsAuth(rt, r) && !s.authorized(r) {
-		writeErr(w, rt.shape, errf(ErrUnauthorized, "missing or invalid bearer token"))
-		return
-	}
-	if rt.auth == authDebug && s.opts.AuthToken == "" && !loopback(r.RemoteAddr) {
-		writeErr(w, shapeDetail, errf(ErrForbidden, "pprof is served to loopback clients only unless --http-auth-token is set"))
-		return
-	}
-	if err := rt.h(s, w, r); err != nil {
-		if code := statusOf(err); code >= 500 && code != http.StatusServiceUnavailable && code != http.StatusNotImplemented {
-			s.log.Error("http request failed", "method", r.Method, "path", r.URL.Path, "status", code, "err", s.scrub(err.Error()))
-		}
-		writeErr(w, rt.shape, scrubbed{err, s.scrub(err.Error())})
-	}
+			// The body shows the whole chain's text, with the configured
+			// secrets replaced; the status is still the wrapped error's.
+			return &httproute.Error{Kind: err, Msg: msg}
+		},
+	}, rs)
 }
 
 // loopback reports whether a RemoteAddr is a loopback address.
@@ -277,34 +239,6 @@ func loopback(remote string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
-}
-
-func (s *Server) needsAuth(rt route, r *http.Request) bool {
-	if s.opts.AuthToken == "" {
-		return false
-	}
-	switch rt.auth {
-	case authAlways, authDebug:
-		return true
-	case authOnSet:
-		return r.URL.Query().Get("level") != ""
-	case authMetrics:
-		return s.opts.ProtectMetrics
-	}
-	return false
-}
-
-// authorized compares the bearer token in constant time. Both sides are
-// hashed first: ConstantTimeCompare returns at once on a length mismatch,
-// which would tell a prober the token's length.
-func (s *Server) authorized(r *http.Request) bool {
-	h := r.Header.Get("Authorization")
-	tok, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok {
-		return false
-	}
-	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	return subtle.ConstantTimeCompare(got[:], s.tokenDigest[:]) == 1
 }
 
 // RouteInfo describes one route of the table (for documentation and
@@ -329,7 +263,8 @@ type RouteInfo struct {
 func Routes() []RouteInfo {
 	var out []RouteInfo
 	for _, rt := range routes() {
-		ri := RouteInfo{Method: rt.method, Path: rt.path, Pattern: rt.muxPattern(), Auth: authNames[rt.auth], ErrorShape: [...]string{"detail", "error", "text"}[rt.shape], Body: rt.body}
+		tr := httproute.Route{Method: rt.method, Path: rt.path}
+		ri := RouteInfo{Method: rt.method, Path: rt.path, Pattern: tr.Pattern(), Auth: authNames[rt.auth], ErrorShape: rt.shape.String(), Body: rt.body}
 		for c := range rt.statuses {
 			ri.Statuses = append(ri.Statuses, c)
 		}
