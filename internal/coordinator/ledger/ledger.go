@@ -9,8 +9,8 @@
 // entry index). One mutex guards everything: every operation is short, and
 // a whole event batch is applied under one acquisition.
 //
-// Nothing under the lock is proportional to the number of keys: the index
-// grows incrementally (see startGrow), entry pages are allocated 65,536
+// No ingest step under the lock is proportional to the number of keys: the
+// index grows incrementally (see startGrow), entry pages are allocated 65,536
 // entries at a time, and freed entries form a list threaded through the
 // entries themselves, so no request pauses while the ledger doubles.
 package ledger
@@ -42,12 +42,12 @@ const (
 	tagMask   = ^uint64(0xFFFFFFFF)
 
 	// migrateStep is how many slots of the old index every store and
-	// delete moves into the new one while the index grows. Growth starts
-	// when the new table's predecessor is 3/4 full, and the new table only
-	// needs to grow again after as many new keys as the old table has
-	// 4/3 slots, so any step of 2 or more finishes each migration before
-	// the next can start; 8 finishes it after 1/8 of that, so the old table
-	// is freed soon, while bounding the extra work per event to 8 slots.
+	// delete moves into the new one while the index grows. A table of S
+	// slots grows when 3/4 full; its 2S successor grows only after 3S/4
+	// more new keys, each a store that migrates migrateStep slots, so any
+	// step of 2 or more (S/2 stores) ends every migration before the next
+	// can start. 8 ends it after S/8 stores, so the old table goes soon,
+	// while the extra work per event stays at 8 slots.
 	migrateStep = 8
 
 	// prefaultStep is how many slots of the next index every store
