@@ -7,7 +7,8 @@
 #   scripts/install-deps.sh test     # plus test deps: staticcheck, versitygw,
 #                                    # Debian python3-zmq/msgpack for interop,
 #                                    # prometheus (promtool) for deploy/,
-#                                    # etcd-server for internal/leader
+#                                    # etcd-server for internal/leader,
+#                                    # python3-confluent-kafka for internal/kafkaevents
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,9 @@ if [[ "$mode" == "test" ]]; then
 	pkgs+=(prometheus)
 	# /usr/bin/etcd: internal/leader's tests start a three-member etcd cluster.
 	pkgs+=(etcd-server)
+	# librdkafka via confluent-kafka (upstream's Kafka client): internal/kafkaevents
+	# interop tests.
+	pkgs+=(python3-confluent-kafka)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -228,12 +228,16 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		Metrics:            metrics,
 		Logger:             levels.Logger("lmcache.coordinator_client"),
 		AuthToken:          cfg.CoordinatorAuthToken,
+		EventEndpoint:      cfg.CoordinatorEventEndpoint,
 	})
 	if err != nil {
 		return nil, &usageError{err}
 	}
 	if s.coord.Enabled() && cfg.CoordinatorEventReporting {
-		s.eng.AddL2Listener(s.coord)
+		// One listener per adapter, so /events batches name their backend.
+		for _, a := range s.eng.Adapters() {
+			s.adapters[a.Index].AddListener(s.coord.Listener(a.TypeName, a.Shared))
+		}
 	}
 
 	s.api, err = httpapi.New(httpapi.Options{
