@@ -22,6 +22,8 @@ require (
 	golang.org/x/sys v0.50.0
 )
 
+require gopkg.in/yaml.v3 v3.0.1
+
 require (
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/go-openapi/jsonpointer v1.0.0 // indirect

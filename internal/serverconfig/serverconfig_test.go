@@ -95,14 +95,14 @@ func TestInvalidValuesNameTheFlag(t *testing.T) {
 		{[]string{"--l1-align-bytes", "3000"}, nil, "--l1-align-bytes: must be a power of two (got 3000)"},
 		{[]string{"--eviction-policy", "FIFO"}, nil, `--eviction-policy: must be one of LRU, IsolatedLRU, noop (got "FIFO")`},
 		{[]string{"--worker-reap-timeout-seconds", "10"}, nil, "--worker-reap-timeout-seconds: must be 0 or finite and >= 30 (got 10)"},
-		{[]string{"--chunk-size", "x"}, nil, `invalid value "x" for flag -chunk-size`},
+		{[]string{"--chunk-size", "x"}, nil, `--chunk-size: not an integer (got "x")`},
 		{nil, map[string]string{"LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL": "0"}, "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL: must be finite and > 0 (got 0)"},
-		{nil, map[string]string{"LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL": "abc"}, `environment variable LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL="abc"`},
+		{nil, map[string]string{"LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL": "abc"}, `--coordinator-heartbeat-interval: LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL: not a number (got "abc")`},
 		{[]string{"--hash-root-hex", "abc"}, nil, "--hash-root-hex: must have an even number of hex digits (got 3)"},
 		{[]string{"--l2-lookup-timeout-ms", "-1"}, nil, "--l2-lookup-timeout-ms: must be >= 0 (got -1)"},
 		{nil, map[string]string{"LMCACHE_L2_LOOKUP_TIMEOUT_MS": "-5"}, "LMCACHE_L2_LOOKUP_TIMEOUT_MS: must be >= 0 (got -5)"},
 		{[]string{"stray"}, nil, `unexpected argument "stray"`},
-		{[]string{"--no-such-flag"}, nil, "flag provided but not defined: -no-such-flag"},
+		{[]string{"--no-such-flag"}, nil, "--no-such-flag: flag provided but not defined"},
 	}
 	for _, c := range cases {
 		_, err := ParseEnv(c.args, env(c.env), nil)
@@ -121,15 +121,15 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 	out := buf.String()
 	c := &Config{}
 	r := c.register()
-	for _, e := range r.entries {
-		if e.hidden {
-			if strings.Contains(out, "--"+e.name+"\n") {
-				t.Errorf("deprecated --%s listed", e.name)
+	for _, e := range r.set.Entries() {
+		if e.Hidden {
+			if strings.Contains(out, "--"+e.Name+"\n") {
+				t.Errorf("deprecated --%s listed", e.Name)
 			}
 			continue
 		}
-		if !strings.Contains(out, "--"+e.name) {
-			t.Errorf("--help misses --%s", e.name)
+		if !strings.Contains(out, "--"+e.Name) {
+			t.Errorf("--help misses --%s", e.Name)
 		}
 	}
 	for _, want := range []string{"--l1-size-gb\n      L1 size in GiB (default 1)", "--l1-use-lazy / --no-l1-use-lazy", `(default "127.0.0.1")`, "env LMCACHE_COORDINATOR_URL"} {

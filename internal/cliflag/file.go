@@ -1,0 +1,154 @@
+package cliflag
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"gopkg.in/yaml.v3"
+)
+
+// MaxConfigFileBytes bounds a config file; a larger one is refused rather
+// than read whole.
+const MaxConfigFileBytes = 1 << 20
+
+// fileValue is one key of the config file: its values as flag text and
+// where it was written ("path line N").
+type fileValue struct {
+	values []string
+	where  string
+}
+
+// readConfig finds the config file (its flag, else its variables), reads
+// and checks all of it before any value is applied: an unknown or repeated
+// key, a malformed document or a value of the wrong shape fails the whole
+// file.
+func (s *Set) readConfig(lookupEnv func(string) (string, bool)) (map[*Entry]fileValue, error) {
+	if s.configFile == nil {
+		return nil, nil
+	}
+	cf := s.configFile
+	path := cf.Value.String()
+	if cf.source != FromFlag {
+		for _, name := range s.configEnvs {
+			if v, ok := lookupEnv(name); ok && v != "" {
+				path = v
+				_ = cf.Value.Set(v)
+				cf.source, cf.origin = FromEnv, name
+				break
+			}
+		}
+	}
+	if path == "" {
+		return nil, nil
+	}
+	s.configPath = path
+	fail := func(format string, a ...any) error {
+		reason := fmt.Sprintf(format, a...)
+		if cf.source == FromEnv {
+			reason = cf.origin + ": " + reason
+		}
+		return &Error{Subject: cf.Subject(), Reason: reason}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fail("%v", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxConfigFileBytes+1))
+	if err != nil {
+		return nil, fail("read %s: %v", path, err)
+	}
+	if len(data) > MaxConfigFileBytes {
+		return nil, fail("%s: larger than %d bytes", path, MaxConfigFileBytes)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fail("%s: %s", path, firstLine(err.Error()))
+	}
+	if len(doc.Content) == 0 { // an empty file sets nothing
+		return nil, nil
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return nil, fail("%s line %d: want a mapping of setting names to values", path, root.Line)
+	}
+	out := map[*Entry]fileValue{}
+	seen := map[string]int{}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			return nil, fail("%s line %d: a key must be a name", path, k.Line)
+		}
+		key := normalizeKey(k.Value)
+		e, ok := s.byKey[key]
+		if !ok {
+			return nil, fail("%s line %d: unknown key %q", path, k.Line, k.Value)
+		}
+		if line, dup := seen[e.Subject()]; dup {
+			return nil, fail("%s line %d: key %q repeats the setting of line %d", path, k.Line, k.Value, line)
+		}
+		seen[e.Subject()] = k.Line
+		where := fmt.Sprintf("%s line %d", path, k.Line)
+		values, err := nodeValues(v, isList(e.Value))
+		if err != nil {
+			return nil, &Error{Subject: e.Subject(), Reason: where + ": " + err.Error()}
+		}
+		out[e] = fileValue{values: values, where: where}
+	}
+	return out, nil
+}
+
+// nodeValues turns a YAML value into flag text. Scalars keep their text as
+// written (so 0600 and 00ff stay strings, as on the command line); a
+// mapping, which a JSON-valued flag such as --l2-adapter takes, is passed
+// as its JSON encoding; a sequence is only for repeatable settings.
+func nodeValues(n *yaml.Node, list bool) ([]string, error) {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return []string{""}, nil
+		}
+		return []string{n.Value}, nil
+	case yaml.MappingNode:
+		js, err := nodeJSON(n)
+		if err != nil {
+			return nil, err
+		}
+		return []string{js}, nil
+	case yaml.SequenceNode:
+		if !list {
+			return nil, errors.New("takes one value, not a list")
+		}
+		out := []string{}
+		for _, item := range n.Content {
+			vs, err := nodeValues(item, false)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, vs...)
+		}
+		if len(out) == 0 { // "key: []" is an explicit empty list
+			out = append(out, "")
+		}
+		return out, nil
+	}
+	return nil, errors.New("unsupported value")
+}
+
+func nodeJSON(n *yaml.Node) (string, error) {
+	var v any
+	if err := n.Decode(&v); err != nil {
+		return "", fmt.Errorf("decode: %w", err)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "", fmt.Errorf("a mapping with non-string keys cannot be passed as JSON: %w", err)
+	}
+	return string(b), nil
+}

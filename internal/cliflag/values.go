@@ -1,0 +1,94 @@
+package cliflag
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Value types shared by the subcommands. Parsing follows Python's argparse
+// conversions closely enough that upstream command lines keep working, and
+// every value-type error reads the same in both subcommands.
+
+// String returns a Value that stores text in *p.
+func String(p *string) flag.Value { return (*stringValue)(p) }
+
+// Int returns a Value that parses a decimal integer into *p.
+func Int(p *int) flag.Value { return (*intValue)(p) }
+
+// Float returns a Value that parses a number into *p.
+func Float(p *float64) flag.Value { return (*floatValue)(p) }
+
+// Bool returns a boolean Value: a bare flag is true, and text may be
+// 1/true/yes/on or 0/false/no/off (any case); anything else is refused.
+func Bool(p *bool) flag.Value { return (*boolValue)(p) }
+
+// List returns a repeatable Value that appends to *p; an explicit empty
+// value ("--f=") makes the list empty rather than absent.
+func List(p *[]string) flag.Value { return (*listValue)(p) }
+
+type stringValue string
+
+func (s *stringValue) Set(v string) error { *s = stringValue(v); return nil }
+func (s *stringValue) String() string     { return string(*s) }
+
+type intValue int
+
+func (i *intValue) Set(v string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return fmt.Errorf("not an integer (got %q)", v)
+	}
+	*i = intValue(n)
+	return nil
+}
+func (i *intValue) String() string { return strconv.Itoa(int(*i)) }
+
+type floatValue float64
+
+func (f *floatValue) Set(v string) error {
+	n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil {
+		return fmt.Errorf("not a number (got %q)", v)
+	}
+	*f = floatValue(n)
+	return nil
+}
+func (f *floatValue) String() string { return strconv.FormatFloat(float64(*f), 'g', -1, 64) }
+
+type boolValue bool
+
+func (b *boolValue) Set(v string) error {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "1", "true", "yes", "on", "":
+		*b = true
+	case "0", "false", "no", "off":
+		*b = false
+	default:
+		return fmt.Errorf("not a boolean (got %q)", v)
+	}
+	return nil
+}
+func (b *boolValue) String() string   { return strconv.FormatBool(bool(*b)) }
+func (b *boolValue) IsBoolFlag() bool { return true }
+
+type listValue []string
+
+func (l *listValue) Set(v string) error {
+	if v == "" {
+		if *l == nil {
+			*l = []string{}
+		}
+		return nil
+	}
+	*l = append(*l, v)
+	return nil
+}
+func (l *listValue) String() string { return fmt.Sprint([]string(*l)) }
+
+// isList reports whether v takes several values (a config-file sequence).
+func isList(v flag.Value) bool {
+	_, ok := v.(*listValue)
+	return ok
+}
