@@ -97,6 +97,24 @@ func newSink(t *testing.T, brokers []string, topic string) *kafkaevents.Sink {
 	return s
 }
 
+// publishEach publishes storeBatch(id, seq) for seq in [from, to], each
+// instance in turn, one Publish per batch, and waits for delivery.
+func publishEach(t *testing.T, sink *kafkaevents.Sink, instances []string, from, to int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	for seq := from; seq <= to; seq++ {
+		for _, id := range instances {
+			if err := sink.Publish(ctx, []kafkaevents.Batch{storeBatch(id, seq)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := sink.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func newSource(t *testing.T, brokers []string, topic, group string, app kafkaevents.Applier) *kafkaevents.Source {
 	t.Helper()
 	src, err := kafkaevents.NewSource(kafkaevents.SourceConfig{Brokers: brokers, Topic: topic, GroupID: group}, app)
@@ -197,18 +215,7 @@ func TestSinkToSourceAppliesEveryBatchInInstanceOrder(t *testing.T) {
 func TestSourceCrashRedeliversUncommittedRecords(t *testing.T) {
 	const total = 10
 	brokers, topic := newTopic(t, 1)
-	sink := newSink(t, brokers, topic)
-	ctx := context.Background()
-	for seq := int64(1); seq <= total; seq++ {
-		if err := sink.Publish(ctx, []kafkaevents.Batch{storeBatch("mp-a", seq)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fctx, cancel := context.WithTimeout(ctx, waitFor)
-	defer cancel()
-	if err := sink.Flush(fctx); err != nil {
-		t.Fatal(err)
-	}
+	publishEach(t, newSink(t, brokers, topic), []string{"mp-a"}, 1, total)
 
 	// The first consumer applies seq 1..5 and hangs on seq 6 until it crashes.
 	var mu sync.Mutex
@@ -507,4 +514,28 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("metric %s not gathered", name)
 	return 0
+}
+
+// A record queued by Publish is delivered even when the caller's context
+// ends right after (a flush loop's per-tick context).
+func TestPublishedRecordsOutliveTheCallersContext(t *testing.T) {
+	brokers, topic := newTopic(t, 1)
+	sink := newSink(t, brokers, topic)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := sink.Publish(ctx, []kafkaevents.Batch{storeBatch("mp-a", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if sink.DeliveredBatches() != 1 || sink.DroppedBatches() != 0 {
+		t.Fatalf("delivered %d dropped %d, want 1 and 0", sink.DeliveredBatches(), sink.DroppedBatches())
+	}
+	c := newCollector()
+	stop := runSource(t, newSource(t, brokers, topic, "g-outlive", c))
+	if r := c.wait(t, 1)[0]; r.Batches[0].Seq != 1 {
+		t.Errorf("got seq %d", r.Batches[0].Seq)
+	}
+	stop()
 }

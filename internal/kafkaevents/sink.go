@@ -121,7 +121,10 @@ func NewSink(cfg SinkConfig) (*Sink, error) {
 // Publish validates every batch, then queues one record per batch in list
 // order. A list with an invalid batch is refused whole before anything is
 // queued. Delivery failures are reported later through DroppedBatches.
+// Queued records outlive ctx's cancellation (only its values are kept):
+// they are bounded by DeliveryTimeout and flushed by Close.
 func (s *Sink) Publish(ctx context.Context, batches []Batch) error {
+	ctx = context.WithoutCancel(ctx)
 	values := make([][]byte, len(batches))
 	for i, b := range batches {
 		if err := b.Validate(); err != nil {
