@@ -1,19 +1,21 @@
-// Package config holds the coordinator's settings: defaults, the
-// LMCACHE_MP_COORDINATOR_* environment variables and the CLI flags, applied
-// in that order of increasing precedence, then validated as a whole.
+// Package config holds the coordinator's settings: defaults, a YAML config
+// file, the LMCACHE_MP_COORDINATOR_* environment variables and the CLI
+// flags, applied in that order of increasing precedence by the flag layer
+// the server shares (internal/cliflag), then validated as a whole.
 package config
 
 import (
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/cliflag"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
 
@@ -25,10 +27,11 @@ const EnvPrefix = "LMCACHE_MP_COORDINATOR_"
 const MaxResyncPageSize = 5000
 
 // ErrHelp is returned by Load when --help was requested.
-var ErrHelp = flag.ErrHelp
+var ErrHelp = cliflag.ErrHelp
 
-// ErrInvalid wraps every configuration error.
-var ErrInvalid = errors.New("invalid configuration")
+// ErrInvalid is matched by every configuration error; the errors
+// themselves read "--<flag>: <reason>" (cliflag.Error).
+var ErrInvalid = cliflag.ErrInvalid
 
 // Config is the complete coordinator configuration. Durations are kept as
 // seconds (float64) like upstream, with helpers that convert.
@@ -225,134 +228,117 @@ func rangeInt(v, lo, hi int) string {
 	return ""
 }
 
-// parseEnvBool reads a boolean the way upstream does: true iff the trimmed,
-// lower-cased value is 1, true, yes or on.
-func parseEnvBool(v string) bool {
+// envBool is upstream's environment boolean: true iff the trimmed,
+// lower-cased value is 1, true, yes or on; anything else is false, never an
+// error.
+type envBool bool
+
+func (b *envBool) Set(v string) error {
 	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "1", "true", "yes", "on":
-		return true
+		*b = true
+	default:
+		*b = false
 	}
-	return false
+	return nil
 }
 
-// Load builds the configuration from defaults, then env (looked up with
-// getenv), then args. Help goes to out. The returned error is one line naming
-// the flag or env var and the rule it broke; it wraps ErrHelp after --help.
+func (b *envBool) String() string { return strconv.FormatBool(bool(*b)) }
+
+// EnvConfigFile names the coordinator's config file when --config-file is
+// not given. Upstream's coordinator has no config file; the name follows
+// its LMCACHE_MP_COORDINATOR_* variables.
+const EnvConfigFile = EnvPrefix + "CONFIG_FILE"
+
+// Load builds the configuration from defaults, then the config file
+// (--config-file or LMCACHE_MP_COORDINATOR_CONFIG_FILE), then env (looked
+// up with getenv), then args. Help goes to out. The returned error is one
+// line naming the flag or env var and the rule it broke; it wraps ErrHelp
+// after --help.
 func Load(args []string, getenv func(string) (string, bool), out io.Writer) (Config, error) {
-	cfg := Default()
-	table := fieldsTable()
-	source := map[int]string{}
-
-	for idx, fd := range table {
-		raw, ok := getenv(EnvPrefix + fd.env)
-		if !ok {
-			continue
-		}
-		name := EnvPrefix + fd.env
-		if err := setValue(&cfg, fd, raw); err != nil {
-			return cfg, fmt.Errorf("%w: %s=%q: %v", ErrInvalid, name, raw, err)
-		}
-		source[idx] = name
-	}
-
-	fs := flag.NewFlagSet("lmcache coordinator", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	def := Default()
-	flagIdx := map[string]int{}
-	for idx, fd := range table {
-		if fd.flag == "" {
-			continue
-		}
-		flagIdx[fd.flag] = idx
-		// Every flag is registered as a string and parsed by setValue, so a
-		// malformed value gets the same one-line message as an env var.
-		fs.String(fd.flag, valueString(def, fd), fd.usage+" (env "+EnvPrefix+fd.env+")")
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printHelp(out, fs, table, flagIdx, def)
-			return cfg, err
-		}
-		return cfg, fmt.Errorf("%w: %v", ErrInvalid, firstLine(err.Error()))
-	}
-	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("%w: unexpected argument %q", ErrInvalid, fs.Arg(0))
-	}
-	var setErr error
-	fs.Visit(func(f *flag.Flag) {
-		idx := flagIdx[f.Name]
-		if err := setValue(&cfg, table[idx], f.Value.String()); err != nil && setErr == nil {
-			setErr = fmt.Errorf("%w: --%s: %v", ErrInvalid, f.Name, err)
-		}
-		source[idx] = "--" + f.Name
-	})
-	if setErr != nil {
-		return cfg, setErr
-	}
-	for idx, fd := range table {
-		if fd.check == nil {
-			continue
-		}
-		if rule := fd.check(cfg); rule != "" {
-			name, ok := source[idx]
-			if !ok {
-				name = "--" + fd.flag
-				if fd.flag == "" {
-					name = EnvPrefix + fd.env
-				}
-			}
-			return cfg, fmt.Errorf("%w: %s %s (got %s)", ErrInvalid, name, rule, valueString(cfg, fd))
-		}
-	}
-	return cfg, nil
+	cfg, _, err := LoadSources(args, getenv, out)
+	return cfg, err
 }
 
-func printHelp(out io.Writer, fs *flag.FlagSet, table []field, flagIdx map[string]int, def Config) {
-	fmt.Fprintf(out, "Usage: lmcache coordinator [flags]\n\nRuns the LMCache MP fleet coordinator. Flags override LMCACHE_MP_COORDINATOR_* env vars.\n\nFlags:\n")
-	fs.VisitAll(func(f *flag.Flag) {
-		fd := table[flagIdx[f.Name]]
+// LoadSources is Load that also reports where each setting came from,
+// keyed by its config-file key ("chunk_size"), valued as
+// cliflag.Entry.Provenance ("default", "flag:--port", "env:...", "file:...").
+func LoadSources(args []string, getenv func(string) (string, bool), out io.Writer) (Config, map[string]string, error) {
+	cfg := Default()
+	def := Default()
+	table := fieldsTable()
+	set := cliflag.New("coordinator")
+	set.ConfigFile("config-file", "", "YAML file of settings keyed by name in snake_case (port: 9300); flags and env vars override it", EnvConfigFile)
+	entries := make([]*cliflag.Entry, len(table))
+	for idx, fd := range table {
+		e := &cliflag.Entry{Name: fd.flag, Env: EnvPrefix + fd.env, Key: strings.ToLower(fd.env), Usage: fd.usage,
+			Default: valueString(def, fd), Secret: fd.kind == "secret"}
+		switch fd.kind {
+		case "float":
+			e.Value = cliflag.Float(fd.f(&cfg))
+		case "int":
+			e.Value = cliflag.Int(fd.i(&cfg))
+		case "string", "secret":
+			e.Value = cliflag.String(fd.s(&cfg))
+		case "bool":
+			e.Value = (*envBool)(fd.b(&cfg))
+		}
+		if fd.check != nil {
+			check := fd.check
+			e.Validate = func() error {
+				if rule := check(cfg); rule != "" {
+					return fmt.Errorf("%s (got %s)", rule, valueString(cfg, fd))
+				}
+				return nil
+			}
+		}
+		entries[idx] = set.Add(e)
+	}
+	err := set.Parse(args, getenv)
+	if errors.Is(err, cliflag.ErrHelp) {
+		printHelp(out, set, table, def)
+		return cfg, nil, ErrHelp
+	}
+	if err != nil {
+		return cfg, nil, err
+	}
+	sources := map[string]string{}
+	for _, e := range entries {
+		sources[e.Key] = e.Provenance()
+	}
+	return cfg, sources, nil
+}
+
+// printHelp lists the flags sorted by name, each with its type, variable
+// and default, then the settings only the environment sets.
+func printHelp(out io.Writer, set *cliflag.Set, table []field, def Config) {
+	fmt.Fprintf(out, "Usage: lmcache coordinator [flags]\n\nRuns the LMCache MP fleet coordinator. Flags override LMCACHE_MP_COORDINATOR_* env vars, which override the config file.\n\nFlags:\n")
+	kinds := map[string]string{"config-file": "string"}
+	for _, fd := range table {
 		kind := fd.kind
 		if kind == "secret" {
 			kind = "string"
 		}
-		fmt.Fprintf(out, "  --%s %s\n      %s (default %s)\n", f.Name, kind, f.Usage, valueString(def, fd))
-	})
+		if fd.flag != "" {
+			kinds[fd.flag] = kind
+		}
+	}
+	var flags []*cliflag.Entry
+	for _, e := range set.Entries() {
+		if e.Name != "" {
+			flags = append(flags, e)
+		}
+	}
+	sort.Slice(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
+	for _, e := range flags {
+		fmt.Fprintf(out, "  --%s %s\n      %s (env %s) (default %s)\n", e.Name, kinds[e.Name], e.Usage, e.Env, e.Default)
+	}
 	fmt.Fprintf(out, "\nEnvironment only:\n")
 	for _, fd := range table {
 		if fd.flag == "" {
 			fmt.Fprintf(out, "  %s%s (default %s)\n", EnvPrefix, fd.env, valueString(def, fd))
 		}
 	}
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
-	}
-	return s
-}
-
-func setValue(cfg *Config, fd field, raw string) error {
-	switch fd.kind {
-	case "float":
-		v, err := strconv.ParseFloat(strings.TrimSpace(raw), 64)
-		if err != nil {
-			return fmt.Errorf("not a number")
-		}
-		*fd.f(cfg) = v
-	case "int":
-		v, err := strconv.Atoi(strings.TrimSpace(raw))
-		if err != nil {
-			return fmt.Errorf("not an integer")
-		}
-		*fd.i(cfg) = v
-	case "string", "secret":
-		*fd.s(cfg) = raw
-	case "bool":
-		*fd.b(cfg) = parseEnvBool(raw)
-	}
-	return nil
 }
 
 func valueString(cfg Config, fd field) string {
