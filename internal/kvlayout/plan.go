@@ -189,6 +189,19 @@ func (l *Layout) Plan(chunkSize int64, blockIDs []int64, chunks []Chunk, skipTok
 // Check verifies every run lies inside its segment and object, so a plan
 // either runs whole or not at all.
 func (p *Plan) Check(segs, objs [][]byte) error {
+	sl, ol := make([]int64, len(segs)), make([]int64, len(objs))
+	for i, s := range segs {
+		sl[i] = int64(len(s))
+	}
+	for i, o := range objs {
+		ol[i] = int64(len(o))
+	}
+	return p.CheckSizes(sl, ol)
+}
+
+// CheckSizes is Check for segments and objects known by their byte
+// lengths (device memory the process cannot slice).
+func (p *Plan) CheckSizes(segs, objs []int64) error {
 	for _, r := range p.Runs {
 		if int(r.Seg) >= len(segs) || int(r.Obj) >= len(objs) {
 			return fmt.Errorf("%w: run names segment %d / object %d of %d / %d", ErrBadRequest, r.Seg, r.Obj, len(segs), len(objs))
@@ -201,11 +214,11 @@ func (p *Plan) Check(segs, objs [][]byte) error {
 			return fmt.Errorf("%w: malformed run %+v", ErrBadRequest, r)
 		}
 		se, oe := r.end()
-		if se > int64(len(segs[r.Seg])) {
-			return fmt.Errorf("%w: run %+v ends past segment %d (%d bytes)", ErrBadRequest, r, r.Seg, len(segs[r.Seg]))
+		if se > segs[r.Seg] {
+			return fmt.Errorf("%w: run %+v ends past segment %d (%d bytes)", ErrBadRequest, r, r.Seg, segs[r.Seg])
 		}
-		if oe > int64(len(objs[r.Obj])) {
-			return fmt.Errorf("%w: run %+v ends past object %d (%d bytes)", ErrBadRequest, r, r.Obj, len(objs[r.Obj]))
+		if oe > objs[r.Obj] {
+			return fmt.Errorf("%w: run %+v ends past object %d (%d bytes)", ErrBadRequest, r, r.Obj, objs[r.Obj])
 		}
 	}
 	return nil
