@@ -1,14 +1,16 @@
 package coordinator
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+
+	"github.com/lmcache-go/lmcache/internal/httproute"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
 // Sentinel errors. Every handler returns an error wrapping one of these and
-// writeError maps them to the documented status codes in this one place.
+// apiErrors maps them to the documented status codes in this one place.
 var (
 	// ErrValidation is a field-level body/query failure (422, FastAPI list).
 	ErrValidation = errors.New("validation failed")
@@ -23,17 +25,30 @@ var (
 	ErrUpstream = errors.New("upstream failure")
 	// ErrTooLarge is a body over the size limit (413).
 	ErrTooLarge = errors.New("request body too large")
-	// ErrMethod is a known path with the wrong method (405).
-	ErrMethod = errors.New("method not allowed")
-	// ErrNoRoute is an unknown path (404 {"detail":"Not Found"}).
-	ErrNoRoute = errors.New("no route")
 	// ErrUnauthorized is a protected route called without the right bearer
-	// token (401 {"detail": msg}, with WWW-Authenticate).
-	ErrUnauthorized = errors.New("unauthorized")
+	// token (401 {"detail": msg}, with WWW-Authenticate); the toolkit's.
+	ErrUnauthorized = httproute.ErrUnauthorized
 	// ErrUnknownThread is an unknown periodic loop name (404
 	// {"error": msg}, the MP server's /periodic-threads shape).
 	ErrUnknownThread = errors.New("unknown periodic thread")
 )
+
+// apiErrors is the coordinator's one sentinel→status table. Unknown paths
+// and wrong methods (the toolkit's ErrNoRoute and ErrMethod) are FastAPI's
+// 404 and 405; anything unmapped is a bare "Internal Server Error", as
+// uvicorn answers.
+var apiErrors = httproute.Errors{
+	Realm:        "lmcache-coordinator",
+	HideInternal: true,
+	Statuses: httproute.StatusMap{
+		{Status: http.StatusNotFound, Errs: []error{ErrUnknownHeartbeat, ErrUnknownThread}, Shape: httproute.ShapeError},
+		{Status: http.StatusUnauthorized, Errs: []error{ErrUnauthorized}, Shape: httproute.ShapeDetail},
+		{Status: http.StatusNotFound, Errs: []error{ErrNotFound}},
+		{Status: http.StatusBadRequest, Errs: []error{ErrBadRequest, periodic.ErrInvalidLevel}},
+		{Status: http.StatusRequestEntityTooLarge, Errs: []error{ErrTooLarge, httproute.ErrBodyTooLarge}},
+		{Status: http.StatusBadGateway, Errs: []error{ErrUpstream}},
+	},
+}
 
 // detailItem is one Pydantic v2 style validation error.
 type detailItem struct {
@@ -56,72 +71,25 @@ func (e *validationError) Error() string {
 
 func (e *validationError) Unwrap() error { return ErrValidation }
 
+// Detail is the 422 body's list.
+func (e *validationError) Detail() any { return e.items }
+
 func invalid(items ...detailItem) error { return &validationError{items: items} }
 
 func badRequest(format string, a ...any) error {
 	return withMsg(ErrBadRequest, format, a...)
 }
 
-// msgError keeps the client-facing message apart from the sentinel text.
-type msgError struct {
-	sentinel error
-	msg      string
-}
-
-func (e *msgError) Error() string { return e.msg }
-func (e *msgError) Unwrap() error { return e.sentinel }
-
+// withMsg wraps sentinel with a client-facing message (the body shows the
+// message, not the sentinel's text).
 func withMsg(sentinel error, format string, a ...any) error {
-	return &msgError{sentinel: sentinel, msg: fmt.Sprintf(format, a...)}
+	return httproute.Errorf(sentinel, format, a...)
 }
 
-func errorMessage(err error) string {
-	var m *msgError
-	if errors.As(err, &m) {
-		return m.msg
-	}
-	return err.Error()
-}
-
-// writeError is the single sentinel→status mapping.
+// writeError writes err with its documented status and body.
 func writeError(w http.ResponseWriter, err error) {
-	var ve *validationError
-	switch {
-	case errors.As(err, &ve):
-		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{"detail": ve.items})
-	case errors.Is(err, ErrUnknownHeartbeat), errors.Is(err, ErrUnknownThread):
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": errorMessage(err)})
-	case errors.Is(err, ErrUnauthorized):
-		w.Header().Set("WWW-Authenticate", `Bearer realm="lmcache-coordinator"`)
-		writeJSON(w, http.StatusUnauthorized, map[string]string{"detail": errorMessage(err)})
-	case errors.Is(err, ErrNotFound):
-		writeJSON(w, http.StatusNotFound, map[string]string{"detail": errorMessage(err)})
-	case errors.Is(err, ErrNoRoute):
-		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
-	case errors.Is(err, ErrMethod):
-		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"detail": "Method Not Allowed"})
-	case errors.Is(err, ErrBadRequest):
-		writeJSON(w, http.StatusBadRequest, map[string]string{"detail": errorMessage(err)})
-	case errors.Is(err, ErrTooLarge):
-		writeJSON(w, http.StatusRequestEntityTooLarge, map[string]string{"detail": errorMessage(err)})
-	case errors.Is(err, ErrUpstream):
-		writeJSON(w, http.StatusBadGateway, map[string]string{"detail": errorMessage(err)})
-	default:
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.WriteHeader(http.StatusInternalServerError)
-		_, _ = w.Write([]byte("Internal Server Error"))
-	}
+	apiErrors.Write(w, httproute.ShapeDetail, err)
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.WriteHeader(http.StatusInternalServerError)
-		_, _ = w.Write([]byte("Internal Server Error"))
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_, _ = w.Write(b)
-}
+// writeJSON is the toolkit's writer.
+var writeJSON = httproute.WriteJSON

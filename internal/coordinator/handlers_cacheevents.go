@@ -209,11 +209,7 @@ func (s *Server) handleCacheEvents(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	var res struct {
-		Applied    int `json:"applied"`
-		Duplicates int `json:"duplicates"`
-		Stale      int `json:"stale"`
-	}
+	var res CacheEventsResponse
 	// Batches are offered in list order, as upstream: per emitter they
 	// must arrive in emission order.
 	for i := range batches {

@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/lmcache-go/lmcache/internal/coordinator/eventgate"
 	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
 )
 
@@ -31,7 +30,7 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) error {
 	} else {
 		s.log.Info("instance registered", "instance_id", id, "ip", ip, "http_port", port)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"instance_id": id, "re_registered": re})
+	writeJSON(w, http.StatusOK, RegisterResponse{InstanceID: id, ReRegistered: re})
 	return nil
 }
 
@@ -40,7 +39,7 @@ func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) error {
 	if !s.reg.Heartbeat(id) {
 		return withMsg(ErrUnknownHeartbeat, "unknown instance %s; re-register", id)
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"instance_id": id})
+	writeJSON(w, http.StatusOK, HeartbeatResponse{InstanceID: id})
 	return nil
 }
 
@@ -54,29 +53,14 @@ func (s *Server) handleDeregister(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Server) handleListInstances(w http.ResponseWriter, r *http.Request) error {
-	type row struct {
-		InstanceID       string            `json:"instance_id"`
-		IP               string            `json:"ip"`
-		HTTPPort         int               `json:"http_port"`
-		RegistrationTime pyFloat           `json:"registration_time"`
-		Metadata         map[string]string `json:"metadata"`
-		P2PAdvertisedURL string            `json:"p2p_advertised_url"`
-		MQPort           int               `json:"mq_port"`
-		// Ours: the instance's event streams as the gate sees them (null
-		// until that door got a batch) and its L1 usage from POST /events.
-		EventStream      *eventgate.StreamStats `json:"event_stream"`
-		QuotaEventStream *eventgate.StreamStats `json:"quota_event_stream"`
-		L1UsedBytes      int64                  `json:"l1_used_bytes"`
-		L1Keys           int                    `json:"l1_keys"`
-	}
 	list := s.reg.List()
-	rows := make([]row, 0, len(list))
+	rows := make([]InstanceRow, 0, len(list))
 	for _, in := range list {
 		gated, legacy := s.gate.Stats(in.InstanceID)
 		l1b, l1k := s.l1.usage(in.InstanceID)
-		rows = append(rows, row{in.InstanceID, in.IP, in.HTTPPort, pyFloat(in.RegistrationTime), in.Metadata, in.P2PAdvertisedURL, in.MQPort, gated, legacy, l1b, l1k})
+		rows = append(rows, InstanceRow{in.InstanceID, in.IP, in.HTTPPort, pyFloat(in.RegistrationTime), in.Metadata, in.P2PAdvertisedURL, in.MQPort, gated, legacy, l1b, l1k})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"instances": rows})
+	writeJSON(w, http.StatusOK, InstancesResponse{Instances: rows})
 	return nil
 }
 
@@ -84,9 +68,9 @@ func (s *Server) handleListInstances(w http.ResponseWriter, r *http.Request) err
 // it adds state_file_corrupt, true when the file was unreadable at startup
 // and moved aside (the coordinator runs, but on empty quotas and pins).
 func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) error {
-	out := map[string]any{"status": "healthy"}
+	out := HealthzResponse{Status: "healthy"}
 	if s.cfg.StateFile != "" {
-		out["state_file_corrupt"] = s.stateCorrupt
+		out.StateFileCorrupt = &s.stateCorrupt
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -59,7 +59,7 @@ func (s *Server) handlePutQuotaConfig(w http.ResponseWriter, r *http.Request) er
 	if !present || null {
 		s.quotas.SetDefault(nil)
 		s.persist()
-		writeJSON(w, http.StatusOK, map[string]any{"default_limit_gb": nil})
+		writeJSON(w, http.StatusOK, DefaultLimitResponse{})
 		return nil
 	}
 	b, err := limitGB(f, "default_limit_gb", v)
@@ -70,7 +70,8 @@ func (s *Server) handlePutQuotaConfig(w http.ResponseWriter, r *http.Request) er
 	s.quotas.SetDefault(&b)
 	s.persist()
 	s.log.Info("default quota limit set", "default_limit_gb", v)
-	writeJSON(w, http.StatusOK, map[string]any{"default_limit_gb": pyFloat(v)})
+	g := pyFloat(v)
+	writeJSON(w, http.StatusOK, DefaultLimitResponse{DefaultLimitGB: &g})
 	return nil
 }
 
@@ -83,7 +84,7 @@ func (s *Server) handleGetQuotaConfig(w http.ResponseWriter, r *http.Request) er
 		g := pyFloat(quota.GB(*d))
 		out = &g
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"default_limit_gb": out})
+	writeJSON(w, http.StatusOK, DefaultLimitResponse{DefaultLimitGB: out})
 	return nil
 }
 
@@ -108,7 +109,7 @@ func (s *Server) handlePutQuota(w http.ResponseWriter, r *http.Request) error {
 	s.quotas.Set(salt, b)
 	s.persist()
 	s.log.Info("quota set", "cache_salt", salt, "limit_gb", v)
-	writeJSON(w, http.StatusOK, map[string]any{"cache_salt": salt, "limit_gb": pyFloat(v), "status": "ok"})
+	writeJSON(w, http.StatusOK, QuotaResponse{CacheSalt: salt, LimitGB: pyFloat(v), Status: "ok"})
 	return nil
 }
 
@@ -123,7 +124,7 @@ func (s *Server) handleDeleteQuota(w http.ResponseWriter, r *http.Request) error
 		s.persist()
 		s.log.Info("quota removed", "cache_salt", salt)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"cache_salt": salt, "limit_gb": pyFloat(0), "status": status})
+	writeJSON(w, http.StatusOK, QuotaResponse{CacheSalt: salt, LimitGB: pyFloat(0), Status: status})
 	return nil
 }
 
@@ -169,9 +170,6 @@ func (s *Server) handleListQuota(w http.ResponseWriter, r *http.Request) error {
 	for _, k := range sorted {
 		rows = append(rows, s.status(k, usage[k]))
 	}
-	writeJSON(w, http.StatusOK, struct {
-		TotalGB     pyFloat      `json:"total_gb"`
-		ByCacheSalt []saltStatus `json:"by_cache_salt"`
-	}{pyFloat(quota.GB(total)), rows})
+	writeJSON(w, http.StatusOK, UsageResponse{TotalGB: pyFloat(quota.GB(total)), ByCacheSalt: rows})
 	return nil
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
 	"github.com/lmcache-go/lmcache/internal/coordinator/statefile"
 	"github.com/lmcache-go/lmcache/internal/httplimit"
+	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/redact"
@@ -55,7 +56,7 @@ type Server struct {
 	metrics *metrics
 	state   *statefile.Writer
 	handler http.Handler
-	routes  []route
+	table   *httproute.Table
 	loops   *periodic.Registry
 
 	drainTimeout time.Duration
@@ -151,8 +152,11 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 		}
 	}
 	s.metrics = newMetrics(s)
-	s.routes = s.routeTable()
-	s.handler = s.buildHandler()
+	t, err := s.buildTable()
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	s.table, s.handler = t, t.Handler()
 	return s, nil
 }
 

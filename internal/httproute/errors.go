@@ -168,3 +168,74 @@ func asValidation(err error) (Validation, bool) {
 	ok := errors.As(err, &v)
 	return v, ok
 }
+
+// Errors is a service's one place that turns errors into statuses and
+// bodies.
+type Errors struct {
+	// Statuses is the service's sentinel→status table; the toolkit's own
+	// sentinels (ErrUnauthorized, ErrNoRoute, ...) follow it.
+	Statuses StatusMap
+	// Realm is the WWW-Authenticate realm of 401 answers.
+	Realm string
+	// HideInternal answers unmapped errors (500) with a fixed
+	// "Internal Server Error" text instead of the error's message.
+	HideInternal bool
+}
+
+// baseRules map the toolkit's own sentinels; they follow the service's.
+var baseRules = StatusMap{
+	{Status: http.StatusUnauthorized, Errs: []error{ErrUnauthorized}},
+	{Status: http.StatusNotFound, Errs: []error{ErrNoRoute}, Shape: ShapeDetail},
+	{Status: http.StatusMethodNotAllowed, Errs: []error{ErrMethod}, Shape: ShapeDetail},
+	{Status: http.StatusRequestEntityTooLarge, Errs: []error{ErrBodyTooLarge}},
+	{Status: http.StatusRequestTimeout, Errs: []error{ErrBodyTimeout}},
+	{Status: http.StatusBadRequest, Errs: []error{ErrBodyRead}},
+}
+
+func (e *Errors) lookup(err error) (int, Shape) {
+	code, sh := e.Statuses.Lookup(err)
+	if code == http.StatusInternalServerError {
+		if c, s := baseRules.Lookup(err); c != http.StatusInternalServerError {
+			return c, s
+		}
+	}
+	return code, sh
+}
+
+// Status maps err to its HTTP status: the service's table, then the
+// toolkit's sentinels, else 500.
+func (e *Errors) Status(err error) int {
+	code, _ := e.lookup(err)
+	return code
+}
+
+// Write writes err with its status in shape (unless its rule names one).
+// 422 always uses FastAPI's detail list; 401 carries WWW-Authenticate.
+func (e *Errors) Write(w http.ResponseWriter, shape Shape, err error) {
+	code, sh := e.lookup(err)
+	if v, ok := asValidation(err); ok {
+		WriteJSON(w, code, struct {
+			Detail any `json:"detail"`
+		}{v.Detail()})
+		return
+	}
+	if code == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="`+e.Realm+`"`)
+	}
+	if code == http.StatusInternalServerError && e.HideInternal {
+		WriteText(w, code, "Internal Server Error")
+		return
+	}
+	if sh == ShapeRoute {
+		sh = shape
+	}
+	msg := Message(err)
+	switch sh {
+	case ShapeError:
+		WriteJSON(w, code, ErrorBody{msg})
+	case ShapeText:
+		WriteText(w, code, msg)
+	default:
+		WriteJSON(w, code, DetailBody{msg})
+	}
+}

@@ -139,7 +139,10 @@ func (t *Table) bodyOf(rt *Route, code int) (string, any) {
 		return JSON, ValidationBody{}
 	}
 	sh := rt.Shape
-	if code == http.StatusInternalServerError && t.cfg.HideInternal {
+	if o, ok := rt.StatusShapes[code]; ok {
+		sh = o
+	}
+	if code == http.StatusInternalServerError && t.cfg.Errors.HideInternal {
 		sh = ShapeText
 	}
 	switch sh {

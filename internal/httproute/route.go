@@ -69,6 +69,9 @@ type Route struct {
 	Check func(*http.Request) error
 	// Shape is the error-body convention (default ShapeDetail).
 	Shape Shape
+	// StatusShapes documents the statuses whose body shape differs from
+	// Shape (an error kind whose StatusRule names its own shape).
+	StatusShapes map[int]Shape
 	// Request is a value of the JSON body's Go type, or a string/[]byte
 	// for a text or binary body; nil means no body. RequestType is its
 	// content type (default JSON).
@@ -115,14 +118,8 @@ type Config struct {
 	Title, Version string
 	// Token, when non-empty, guards Bearer routes.
 	Token string
-	// Realm is the WWW-Authenticate realm of 401 answers.
-	Realm string
-	// Statuses is the service's sentinel→status table; the toolkit's own
-	// sentinels (ErrUnauthorized, ErrNoRoute, ...) follow it.
-	Statuses StatusMap
-	// HideInternal answers unmapped errors (500) with a fixed
-	// "Internal Server Error" text instead of the error's message.
-	HideInternal bool
+	// Errors maps and writes the service's errors.
+	Errors Errors
 	// DocumentSecurityAlways marks Bearer routes as secured in the document
 	// even when no token is configured (otherwise only with a token).
 	DocumentSecurityAlways bool
@@ -214,63 +211,12 @@ func (t *Table) Authorized(r *http.Request) bool {
 	return ok && subtle.ConstantTimeCompare(got[:], t.digest[:]) == 1
 }
 
-// baseRules map the toolkit's own sentinels; they follow the service's.
-var baseRules = StatusMap{
-	{Status: http.StatusUnauthorized, Errs: []error{ErrUnauthorized}},
-	{Status: http.StatusNotFound, Errs: []error{ErrNoRoute}, Shape: ShapeDetail},
-	{Status: http.StatusMethodNotAllowed, Errs: []error{ErrMethod}, Shape: ShapeDetail},
-	{Status: http.StatusRequestEntityTooLarge, Errs: []error{ErrBodyTooLarge}},
-	{Status: http.StatusRequestTimeout, Errs: []error{ErrBodyTimeout}},
-	{Status: http.StatusBadRequest, Errs: []error{ErrBodyRead}},
-}
+// Status maps err to its HTTP status (see Errors.Status).
+func (t *Table) Status(err error) int { return t.cfg.Errors.Status(err) }
 
-// Status maps err to its HTTP status: the service's table, then the
-// toolkit's sentinels, else 500.
-func (t *Table) Status(err error) int {
-	code, _ := t.lookup(err)
-	return code
-}
-
-func (t *Table) lookup(err error) (int, Shape) {
-	code, sh := t.cfg.Statuses.Lookup(err)
-	if code == http.StatusInternalServerError {
-		if c, s := baseRules.Lookup(err); c != http.StatusInternalServerError {
-			return c, s
-		}
-	}
-	return code, sh
-}
-
-// WriteError writes err with its status in shape (unless its rule names
-// one). 422 always uses FastAPI's detail list; 401 carries
-// WWW-Authenticate.
+// WriteError writes err (see Errors.Write).
 func (t *Table) WriteError(w http.ResponseWriter, shape Shape, err error) {
-	code, sh := t.lookup(err)
-	if v, ok := asValidation(err); ok {
-		WriteJSON(w, code, struct {
-			Detail any `json:"detail"`
-		}{v.Detail()})
-		return
-	}
-	if code == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="`+t.cfg.Realm+`"`)
-	}
-	if code == http.StatusInternalServerError && t.cfg.HideInternal {
-		WriteText(w, code, "Internal Server Error")
-		return
-	}
-	if sh == ShapeRoute {
-		sh = shape
-	}
-	msg := Message(err)
-	switch sh {
-	case ShapeError:
-		WriteJSON(w, code, ErrorBody{msg})
-	case ShapeText:
-		WriteText(w, code, msg)
-	default:
-		WriteJSON(w, code, DetailBody{msg})
-	}
+	t.cfg.Errors.Write(w, shape, err)
 }
 
 // statusWriter remembers the status for the access log.

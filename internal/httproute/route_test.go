@@ -84,8 +84,8 @@ func table(t *testing.T, token string) *httproute.Table {
 			Handle: func(w http.ResponseWriter, r *http.Request) error { httproute.WriteText(w, 200, "docs"); return nil }},
 	}
 	tb, err := httproute.New(httproute.Config{
-		Title: "test", Version: "1", Token: token, Realm: "test",
-		Statuses: httproute.StatusMap{{Status: 404, Errs: []error{errGone}}},
+		Title: "test", Version: "1", Token: token,
+		Errors: httproute.Errors{Realm: "test", Statuses: httproute.StatusMap{{Status: 404, Errs: []error{errGone}}}},
 	}, routes)
 	if err != nil {
 		t.Fatal(err)
