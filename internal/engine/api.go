@@ -333,24 +333,6 @@ func (e *Engine) Pool() PoolInfo { return e.poolInfo() }
 // that produced the slot. It panics on a slot outside the pool.
 func (e *Engine) Bytes(s Slot) []byte { return e.pool.Bytes(s.Offset, s.Size) }
 
-// RegisterLayout records (or replaces) the layout of (ModelName, WorldSize).
-func (e *Engine) RegisterLayout(l Layout) error { return e.registerLayout(l) }
-
-// Layout returns the registered layout or an error wrapping ErrNoLayout.
-func (e *Engine) Layout(modelName string, worldSize int) (Layout, error) {
-	return e.layout(modelName, worldSize)
-}
-
-// UnregisterLayout forgets the layout of (modelName, worldSize) and
-// reports whether it existed. Objects already stored are kept.
-func (e *Engine) UnregisterLayout(modelName string, worldSize int) bool {
-	return e.unregisterLayout(modelName, worldSize)
-}
-
-// Layouts lists the registered layouts, sorted by model name then world
-// size.
-func (e *Engine) Layouts() []Layout { return e.layouts() }
-
 // Prefetch starts a job: L1 hits are read-locked at once (Readers > 0), L2
 // hits are loaded into L1 in the background. Observe it with PollPrefetch
 // or WaitPrefetch. Only ErrInvalid/ErrClosed are returned synchronously.

@@ -64,8 +64,7 @@ type Engine struct {
 
 	st liveStats
 
-	layoutMu sync.RWMutex
-	layoutsM map[layoutKey]Layout
+	layouts layoutRegistry
 
 	listenMu  sync.RWMutex
 	listeners []L1Listener
@@ -73,11 +72,6 @@ type Engine struct {
 	store *storeCtl
 	pf    *prefetchCtl
 	seq   atomic.Uint64 // unique writer tags for Put/Get
-}
-
-type layoutKey struct {
-	model string
-	world int
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -181,7 +175,7 @@ func newEngine(cfg Config, adapters []l2.Adapter, logger *slog.Logger) (*Engine,
 		quotas:   quota.New(),
 		adapters: slices.Clone(adapters),
 		l2pol:    make([]*eviction.Locked, len(adapters)),
-		layoutsM: map[layoutKey]Layout{},
+		layouts:  newLayoutRegistry(),
 	}
 	e.st.adapters = make([]*adapterStats, len(adapters))
 	for i := range adapters {
@@ -241,58 +235,9 @@ func (e *Engine) poolInfo() PoolInfo {
 	return PoolInfo{Name: e.pool.Name(), Path: e.pool.Path(), Size: e.pool.Size()}
 }
 
-// --- layouts ---
-
-func (e *Engine) registerLayout(l Layout) error {
-	if l.ModelName == "" || l.WorldSize <= 0 || l.ObjectBytes <= 0 {
-		return fmt.Errorf("%w: layout needs a model name, world size > 0 and object bytes > 0", ErrInvalid)
-	}
-	for _, g := range l.GroupObjectBytes {
-		if g < 0 {
-			return fmt.Errorf("%w: negative group object size", ErrInvalid)
-		}
-	}
-	l.GroupObjectBytes = slices.Clone(l.GroupObjectBytes)
-	e.layoutMu.Lock()
-	e.layoutsM[layoutKey{l.ModelName, l.WorldSize}] = l
-	e.layoutMu.Unlock()
-	return nil
-}
-
-func (e *Engine) unregisterLayout(model string, world int) bool {
-	e.layoutMu.Lock()
-	defer e.layoutMu.Unlock()
-	_, ok := e.layoutsM[layoutKey{model, world}]
-	delete(e.layoutsM, layoutKey{model, world})
-	return ok
-}
-
-func (e *Engine) layout(model string, world int) (Layout, error) {
-	e.layoutMu.RLock()
-	l, ok := e.layoutsM[layoutKey{model, world}]
-	e.layoutMu.RUnlock()
-	if !ok {
-		return Layout{}, fmt.Errorf("%w for model_name='%s' world_size=%d; the model has not allocated KV cache on this node yet", ErrNoLayout, model, world)
-	}
-	return l, nil
-}
-
-func (e *Engine) layouts() []Layout {
-	e.layoutMu.RLock()
-	out := make([]Layout, 0, len(e.layoutsM))
-	for _, l := range e.layoutsM {
-		out = append(out, l)
-	}
-	e.layoutMu.RUnlock()
-	slices.SortFunc(out, func(a, b Layout) int {
-		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.WorldSize, b.WorldSize))
-	})
-	return out
-}
-
 // objectSize is the L1 size of key's object per its registered layout.
 func (e *Engine) objectSize(k objkey.Key) (int64, error) {
-	l, err := e.layout(k.ModelName, k.WorldSize())
+	l, err := e.Layout(k.ModelName, k.WorldSize())
 	if err != nil {
 		return 0, err
 	}

@@ -14,8 +14,13 @@ type Engine interface {
 	// Pool is the shared-memory L1 pool handed to registering workers.
 	Pool() engine.PoolInfo
 	// RegisterLayout makes (model, world_size) known to lookups, prefetch
-	// and the HTTP KV API.
+	// and the HTTP KV API for good (the lmcache-driven path).
 	RegisterLayout(l engine.Layout) error
+	// AcquireLayout and ReleaseLayout hold the layout of an engine-driven
+	// worker registration: after the last release lookups of the model
+	// report no hits (unless --register-model gave it a layout).
+	AcquireLayout(l engine.Layout) error
+	ReleaseLayout(modelName string, worldSize int) int
 	// Layout reports a registered layout: a worker's, or one given with
 	// --register-model before any worker arrived.
 	Layout(modelName string, worldSize int) (engine.Layout, error)

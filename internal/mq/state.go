@@ -315,22 +315,35 @@ func (st *state) register(req *request) ([]byte, error) {
 	for i, d := range shape {
 		r.slotShape[i] = wire.Int(d)
 	}
-	first := false
+	var prev engine.Layout
+	var prevErr, layoutErr error
 	if hybrid {
 		r.hybrid = why
 	} else {
 		lr := st.layouts[lk]
 		if lr == nil {
 			lr = &layoutRef{objectBytes: objBytes}
-			st.layouts[lk] = lr
+			prev, prevErr = st.s.eng.Layout(r.model, r.world)
 		}
-		lr.refs++
-		first = lr.refs == 1
+		// Under st.mu, so the engine's reference count moves in step with
+		// st.layouts (the engine's layout lock is a leaf).
+		meta := map[string]any{"shape": shape, "dtype": p.DtypeStr, "chunk_size": st.s.cfg.ChunkSize,
+			"num_layers": int64(p.NumLayers), "hidden_dim_size": int64(p.HiddenDimSize), "use_mla": p.UseMLA, "format": kvFormat(p.UseMLA)}
+		layoutErr = st.s.eng.AcquireLayout(engine.Layout{ModelName: r.model, WorldSize: r.world, ObjectBytes: objBytes, Meta: meta})
+		if layoutErr == nil {
+			st.layouts[lk] = lr
+			lr.refs++
+		}
 	}
-	st.regs[r.instanceID] = r
+	if layoutErr == nil {
+		st.regs[r.instanceID] = r
+	}
 	st.mu.Unlock()
 	if dropped != nil {
 		st.releaseTransfers(dropped.instanceID)
+	}
+	if layoutErr != nil {
+		return registerReply(pool), fmt.Errorf("register layout: %w", layoutErr)
 	}
 
 	if hybrid {
@@ -338,16 +351,9 @@ func (st *state) register(req *request) ([]byte, error) {
 			"instance_id", r.instanceID, "model", r.model, "reason", why)
 		return registerReply(pool), nil
 	}
-	if first {
-		if prev, err := st.s.eng.Layout(r.model, r.world); err == nil && prev.ObjectBytes != objBytes {
-			st.log.Warn("a worker's layout replaces a different one (from --register-model or an earlier worker); data stored under the old size is not retrievable by this worker",
-				"model", r.model, "world_size", r.world, "old_object_bytes", prev.ObjectBytes, "object_bytes", objBytes)
-		}
-		meta := map[string]any{"shape": shape, "dtype": p.DtypeStr, "chunk_size": st.s.cfg.ChunkSize,
-			"num_layers": int64(p.NumLayers), "hidden_dim_size": int64(p.HiddenDimSize), "use_mla": p.UseMLA, "format": kvFormat(p.UseMLA)}
-		if err := st.s.eng.RegisterLayout(engine.Layout{ModelName: r.model, WorldSize: r.world, ObjectBytes: objBytes, Meta: meta}); err != nil {
-			return registerReply(pool), fmt.Errorf("register layout: %w", err)
-		}
+	if prevErr == nil && prev.ObjectBytes != 0 && prev.ObjectBytes != objBytes {
+		st.log.Warn("a worker's layout replaces a different one (from --register-model or an earlier worker); data stored under the old size is not retrievable by this worker",
+			"model", r.model, "world_size", r.world, "old_object_bytes", prev.ObjectBytes, "object_bytes", objBytes)
 	}
 	st.log.Info("worker registered (engine-driven, shared memory)", "instance_id", r.instanceID, "peer", req.peer.idString(),
 		"model", r.model, "world_size", r.world, "shape", shape, "dtype", r.dtype, "object_bytes", objBytes, "shm_name", pool.Name)
@@ -371,8 +377,11 @@ func registerError(msg string) []byte {
 	return wire.Marshal(&wire.RegisterResponse{Error: wire.AppendOptString(nil, msg, true)})
 }
 
-// dropLocked removes r and its layout reference. The caller releases r's
-// transfers (engine calls) after unlocking.
+// dropLocked removes r and its layout reference, here and in the engine
+// (whose layout lock is a leaf, so this is safe under st.mu): after the
+// last one lookups of the model report no hits, unless --register-model
+// gave it a layout. The caller releases r's transfers (engine calls) after
+// unlocking.
 func (st *state) dropLocked(r *registration) {
 	delete(st.regs, r.instanceID)
 	if r.hybrid != "" {
@@ -380,10 +389,9 @@ func (st *state) dropLocked(r *registration) {
 	}
 	lk := layoutKey{r.model, r.world}
 	if lr := st.layouts[lk]; lr != nil {
+		st.s.eng.ReleaseLayout(r.model, r.world)
 		lr.refs--
 		if lr.refs <= 0 {
-			// The engine keeps the layout (it has no unregister call); the
-			// data stays usable by the HTTP API and a later re-registration.
 			delete(st.layouts, lk)
 		}
 	}
