@@ -539,3 +539,35 @@ func TestPublishedRecordsOutliveTheCallersContext(t *testing.T) {
 	}
 	stop()
 }
+
+// Lag counts what the group has not committed past: everything before the
+// first run, nothing once the Source has applied and committed it all; an
+// unreachable broker reads as unknown, never as caught up.
+func TestSourceLag(t *testing.T) {
+	brokers, topic := newTopic(t, 3)
+	publishEach(t, newSink(t, brokers, topic), []string{"mp-a", "mp-b"}, 1, 4)
+	c := newCollector()
+	src := newSource(t, brokers, topic, "g-lag", c)
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if lag, err := src.Lag(ctx); err != nil || lag != 8 {
+		t.Fatalf("lag before the first run: %d %v, want 8", lag, err)
+	}
+	stop := runSource(t, src)
+	c.wait(t, 8)
+	stop()
+	if lag, err := src.Lag(ctx); err != nil || lag != 0 {
+		t.Fatalf("lag after applying everything: %d %v, want 0", lag, err)
+	}
+	publishEach(t, newSink(t, brokers, topic), []string{"mp-c"}, 1, 3)
+	if lag, err := src.Lag(ctx); err != nil || lag != 3 {
+		t.Fatalf("lag after 3 more: %d %v, want 3", lag, err)
+	}
+
+	dead := newSource(t, []string{"127.0.0.1:1"}, topic, "g-lag", c)
+	dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer dcancel()
+	if lag, err := dead.Lag(dctx); err == nil || lag != kafkaevents.UnknownLag {
+		t.Fatalf("lag from an unreachable broker: %d %v, want %d and an error", lag, err, kafkaevents.UnknownLag)
+	}
+}

@@ -1,0 +1,72 @@
+package kafkaevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// UnknownLag is what Lag reports when the brokers cannot answer: an
+// unreachable broker must never read as caught up (upstream's UNKNOWN_LAG).
+const UnknownLag = -1
+
+// Lag is how many records of the topic the group has not committed past,
+// summed over partitions: end offset minus the committed offset, or minus the
+// start offset where the group has none (consumption starts at the earliest
+// offset). Because the Source commits only past applied records, this is an
+// upper bound on what is still to apply, for a readiness gate such as
+// upstream's --max-ready-lag. It may be called before or during Run; each call
+// uses its own short-lived connection. On any error it returns UnknownLag.
+func (s *Source) Lag(ctx context.Context) (int64, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(sourceClientID))
+	if err != nil {
+		return UnknownLag, fmt.Errorf("kafkaevents: lag client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(ctx, s.cfg.Topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return UnknownLag, fmt.Errorf("kafkaevents: end offsets of %s: %w", s.cfg.Topic, err)
+	}
+	starts, err := adm.ListStartOffsets(ctx, s.cfg.Topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return UnknownLag, fmt.Errorf("kafkaevents: start offsets of %s: %w", s.cfg.Topic, err)
+	}
+	committed, err := adm.FetchOffsetsForTopics(ctx, s.cfg.GroupID, s.cfg.Topic)
+	if err == nil {
+		err = committed.Error()
+	}
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		// A group that never committed: everything is still to read.
+		committed, err = nil, nil
+	}
+	if err != nil {
+		return UnknownLag, fmt.Errorf("kafkaevents: committed offsets of group %s: %w", s.cfg.GroupID, err)
+	}
+	var lag int64
+	for p, end := range ends[s.cfg.Topic] {
+		pos := int64(-1)
+		if c, ok := committed.Lookup(s.cfg.Topic, p); ok {
+			pos = c.At
+		}
+		if pos < 0 {
+			if st, ok := starts.Lookup(s.cfg.Topic, p); ok {
+				pos = st.Offset
+			}
+		}
+		if d := end.Offset - max(pos, 0); d > 0 {
+			lag += d
+		}
+	}
+	return lag, nil
+}
