@@ -1,0 +1,110 @@
+package serverconfig
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func configFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "server.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestConfigFile: --config-file (or LMCACHE_CONFIG_FILE) supplies values
+// keyed by flag name in snake_case below the environment and the flags;
+// Sources says which layer set each /config key.
+func TestConfigFile(t *testing.T) {
+	path := configFile(t, `chunk_size: 512
+l1_size_gb: 2
+eviction_policy: IsolatedLRU
+l1-use-lazy: false
+coordinator_url: http://file:9300
+http_auth_token: file-secret-token
+l2_adapter:
+  - type: fs
+    base_path: /tmp/l2
+script_allowed_imports: [math, json]
+`)
+	e := env(map[string]string{EnvConfigFile: path, "LMCACHE_COORDINATOR_URL": "http://env:9300"})
+	c, err := ParseEnv([]string{"--chunk-size", "1024"}, e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ChunkSize != 1024 || c.L1SizeGB != 2 || c.EvictionPolicy != "IsolatedLRU" || c.L1UseLazy || c.CoordinatorURL != "http://env:9300" ||
+		c.HTTPAuthToken != "file-secret-token" || strings.Join(c.L2Adapters, ";") != `{"base_path":"/tmp/l2","type":"fs"}` ||
+		strings.Join(c.ScriptAllowedImports, ",") != "math,json" {
+		t.Fatalf("parsed %+v", c)
+	}
+	src := c.Sources()
+	for _, w := range []struct{ group, key, want string }{
+		{GroupMP, "chunk_size", "flag:--chunk-size"},
+		{GroupStorage, "l1_size_gb", "file:" + path},
+		{GroupStorage, "l2_adapter", "file:" + path},
+		{GroupCoordinator, "coordinator_url", "env:LMCACHE_COORDINATOR_URL"},
+		{GroupHTTP, "http_port", "default"},
+	} {
+		if got := src[w.group][w.key]; got != w.want {
+			t.Errorf("sources[%s][%s] = %q, want %q", w.group, w.key, got, w.want)
+		}
+	}
+	view := c.ConfigView()
+	if view[GroupMP]["chunk_size"] != 1024 || len(view) != 6 {
+		t.Errorf("view groups %d, chunk_size %v", len(view), view[GroupMP]["chunk_size"])
+	}
+	if s, ok := view[SourcesKey][GroupStorage].(map[string]string); !ok || s["l1_size_gb"] != "file:"+path {
+		t.Errorf("view %s = %#v", SourcesKey, view[SourcesKey][GroupStorage])
+	}
+	if _, leaked := view[GroupHTTP]["http_auth_token"]; leaked {
+		t.Error("the HTTP token must not appear in /config")
+	}
+}
+
+// TestConfigFileErrors: a bad key or a bad value in the file gives the one
+// line naming the flag, the file and the line, and a bad file fails the
+// server before anything starts.
+func TestConfigFileErrors(t *testing.T) {
+	badKey := configFile(t, "chunk_size: 512\nchunk_sise: 1\n")
+	badValue := configFile(t, "chunk_size: 512\neviction_ratio: 2\n")
+	secret := configFile(t, "http_auth_token: [tok-in-a-list-123]\n")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config-file", badKey}, `--config-file: ` + badKey + ` line 2: unknown key "chunk_sise"`},
+		{[]string{"--config-file", badValue}, `--eviction-ratio: ` + badValue + ` line 2: must satisfy 0 <= x <= 1 (got 2)`},
+		{[]string{"--config-file", secret}, `--http-auth-token: ` + secret + ` line 1: takes one value, not a list`},
+	} {
+		_, err := ParseEnv(c.args, env(nil), nil)
+		if !errors.Is(err, ErrInvalid) || err.Error() != c.want {
+			t.Errorf("%v:\n got %v\nwant %s", c.args, err, c.want)
+		}
+	}
+}
+
+// TestLogFormatUpstream: --log-format and LMCACHE_LOG_FORMAT accept
+// upstream (cmd/lmcache's upstream line handler) next to text and json.
+func TestLogFormatUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"--log-format", "upstream"}, nil},
+		{nil, map[string]string{"LMCACHE_LOG_FORMAT": "upstream"}},
+	} {
+		c, err := ParseEnv(tc.args, env(tc.env), nil)
+		if err != nil || c.LogFormat != "upstream" {
+			t.Errorf("%v %v: %v", tc.args, tc.env, err)
+		}
+	}
+	_, err := ParseEnv([]string{"--log-format", "xml"}, env(nil), nil)
+	if err == nil || err.Error() != `--log-format: must be one of text, json, upstream (got "xml")` {
+		t.Errorf("xml: %v", err)
+	}
+}
