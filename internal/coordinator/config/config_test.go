@@ -3,6 +3,8 @@ package config
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -219,5 +221,52 @@ func TestAuthTokens(t *testing.T) {
 	}
 	if strings.Contains(out, "secret\n") || strings.Contains(out, "env-coord-secret") || strings.Contains(out, "env-mp-secret") {
 		t.Fatalf("help leaks a token:\n%s", out)
+	}
+}
+
+// TestConfigFile: --config-file or LMCACHE_MP_COORDINATOR_CONFIG_FILE
+// supplies settings keyed by upstream's dataclass field names (the flag
+// names in snake_case), below env vars and flags; env-only settings can be
+// set there too; LoadSources says where each value came from.
+func TestConfigFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "coordinator.yaml")
+	body := "port: 9400\neviction_ratio: 0.5\nchunk_size: 16\nresync_page_size: 50\nenable_startup_resync: false\nauth_token: file-secret\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := env(map[string]string{EnvConfigFile: path, EnvPrefix + "CHUNK_SIZE": "32"})
+	c, src, err := LoadSources([]string{"--eviction-ratio", "0.7"}, e, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Port != 9400 || c.EvictionRatio != 0.7 || c.ChunkSize != 32 || c.ResyncPageSize != 50 || c.EnableStartupResync || c.AuthToken != "file-secret" {
+		t.Fatalf("got %+v", c)
+	}
+	for key, want := range map[string]string{
+		"port": "file:" + path, "eviction_ratio": "flag:--eviction-ratio", "chunk_size": "env:" + EnvPrefix + "CHUNK_SIZE",
+		"resync_page_size": "file:" + path, "host": "default",
+	} {
+		if src[key] != want {
+			t.Errorf("source of %s = %q, want %q", key, src[key], want)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("port: 9400\nprot: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load([]string{"--config-file", bad}, env(nil), &bytes.Buffer{})
+	if !errors.Is(err, ErrInvalid) || err.Error() != `--config-file: `+bad+` line 2: unknown key "prot"` {
+		t.Errorf("bad key: %v", err)
+	}
+	if err := os.WriteFile(bad, []byte("resync_page_size: 0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(nil, env(map[string]string{EnvConfigFile: bad}), &bytes.Buffer{})
+	if !errors.Is(err, ErrInvalid) || err.Error() != EnvPrefix+`RESYNC_PAGE_SIZE: `+bad+` line 1: must be >= 1 (got 0)` {
+		t.Errorf("bad env-only value: %v", err)
+	}
+	_, err = Load([]string{"--port", "x"}, env(nil), &bytes.Buffer{})
+	if err == nil || err.Error() != `--port: not an integer (got "x")` {
+		t.Errorf("--port x: %v", err)
 	}
 }
