@@ -244,7 +244,9 @@ func TestKVEventsPythonSubscriber(t *testing.T) {
 
 	w := dialWorker(t, zmqPort, shm)
 	stored := map[uint64]uint64{} // hash -> parent
-	for seed := range 336 { // 5,376 chunks: over 10,000 events with the L2 copies
+	// 336 prompts of 16 chunks: 5,376 chunks, over 10,000 events with the
+	// L2 copies.
+	for seed := range 336 {
 		hs, ps := w.store(seed+1, 16)
 		for i, h := range hs {
 			stored[h] = ps[i]
