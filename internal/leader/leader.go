@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,6 +95,23 @@ type Elector struct {
 var errLost = errors.New("leadership lost")
 
 var rpcLeaseNotFound = rpctypes.ErrLeaseNotFound
+
+// ParseEndpoints splits a comma-separated endpoint list (the form a
+// --ha-etcd-endpoints flag takes), refusing an empty list or element.
+func ParseEndpoints(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, errors.New("leader: etcd endpoints must be non-empty")
+	}
+	var out []string
+	for _, ep := range strings.Split(s, ",") {
+		ep = strings.TrimSpace(ep)
+		if ep == "" {
+			return nil, fmt.Errorf("leader: etcd endpoints %q has an empty element", s)
+		}
+		out = append(out, ep)
+	}
+	return out, nil
+}
 
 // NewClient connects an etcd client with the given endpoints, logging
 // through a no-op zap logger (the Elector logs what matters through slog).

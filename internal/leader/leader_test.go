@@ -3,6 +3,7 @@ package leader_test
 import (
 	"context"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -309,5 +310,14 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := leader.NewClient(nil, 0); err == nil {
 		t.Error("NewClient accepted no endpoints")
+	}
+	eps, err := leader.ParseEndpoints(" http://127.0.0.1:2379, 127.0.0.2:2379 ")
+	if err != nil || !slices.Equal(eps, []string{"http://127.0.0.1:2379", "127.0.0.2:2379"}) {
+		t.Errorf("ParseEndpoints: %v %v", eps, err)
+	}
+	for _, bad := range []string{"", " ", "a:1,,b:2"} {
+		if _, err := leader.ParseEndpoints(bad); err == nil {
+			t.Errorf("ParseEndpoints(%q) accepted", bad)
+		}
 	}
 }
