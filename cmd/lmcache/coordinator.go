@@ -16,12 +16,12 @@ func init() {
 	subcommands["coordinator"] = subcommand{"run the MP fleet coordinator (registry, quotas, eviction, pins)", runCoordinator}
 }
 
-// runCoordinator parses flags over LMCACHE_MP_COORDINATOR_* env vars and
-// serves until ctx is cancelled. Exit status: 0 clean stop or --help, 1
-// runtime failure, 2 invalid configuration (one line naming the flag or env
-// var and the rule it broke).
+// runCoordinator parses flags over LMCACHE_MP_COORDINATOR_* env vars over
+// the config file and serves until ctx is cancelled. Exit status: 0 clean
+// stop or --help, 1 runtime failure, 2 invalid configuration (one line,
+// "lmcache coordinator: --<flag>: <reason>").
 func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, err := config.Load(args, os.LookupEnv, stdout)
+	cfg, sources, err := config.LoadSources(args, os.LookupEnv, stdout)
 	if errors.Is(err, config.ErrHelp) {
 		return 0
 	}
@@ -35,6 +35,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		return 2
 	}
 	log := newLogger(format, cfg.LogLevel, stderr)
+	log.Debug("coordinator configuration sources", "sources", sources)
 	srv, err := coordinator.New(cfg, coordinator.WithLogger(log))
 	if err != nil {
 		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)

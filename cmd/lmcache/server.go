@@ -242,7 +242,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 
 	s.api, err = httpapi.New(httpapi.Options{
 		Engine:               s.eng,
-		Config:               cfg.Groups(),
+		Config:               cfg.ConfigView(), // the groups, plus "_sources": where each value came from
 		AuthToken:            cfg.HTTPAuthToken,
 		RunScriptEnabled:     cfg.RunScriptAPIEnabled,
 		ProtectMetrics:       os.Getenv(httpapi.EnvProtectMetrics) == "1",
