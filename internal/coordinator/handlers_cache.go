@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"strings"
 
 	gojson "github.com/goccy/go-json"
 
@@ -150,10 +149,6 @@ func (s *Server) handleUnpin(w http.ResponseWriter, r *http.Request) error {
 	return s.pinOrUnpin(w, r, -1, "unpinned")
 }
 
-func invalidKeyMsg(err error) string {
-	return strings.TrimPrefix(err.Error(), objkey.ErrInvalid.Error()+": ")
-}
-
 // pinOrUnpin resolves token ids to object keys locally (same hashing and
 // rank fan-out as the MP servers) and adjusts their pin counts.
 func (s *Server) pinOrUnpin(w http.ResponseWriter, r *http.Request, delta int32, status string) error {
@@ -166,7 +161,7 @@ func (s *Server) pinOrUnpin(w http.ResponseWriter, r *http.Request, delta int32,
 	}
 	// The salt is checked before hashing, as upstream does.
 	if err := objkey.ValidateSalt(*t.CacheSalt); err != nil {
-		return badRequest("%s", invalidKeyMsg(err))
+		return badRequest("%s", objkey.Reason(err))
 	}
 	chunks := s.hasher.NumChunks(len(t.TokenIDs))
 	if chunks == 0 {
@@ -185,7 +180,7 @@ func (s *Server) pinOrUnpin(w http.ResponseWriter, r *http.Request, delta int32,
 	}
 	groups, err := objkey.FanOut(hashes, *t.ModelName, int(*t.WorldSize), -1, []int64{0}, *t.CacheSalt)
 	if err != nil {
-		return badRequest("%s", invalidKeyMsg(err))
+		return badRequest("%s", objkey.Reason(err))
 	}
 	keys := groups[0]
 	s.ledger.Pin(keys, delta)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/eventgate"
 	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
+	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
 // POST /events: newer upstream's unified cache-event stream (read from
@@ -101,7 +102,7 @@ func decodeCacheEntry(i, j int, item any, op ledger.Op) (ledger.Event, error) {
 	}
 	k, err := ledger.Prepare(&enc)
 	if err != nil {
-		msg := invalidKeyMsg(err)
+		msg := objkey.Reason(err)
 		return ledger.Event{}, invalid(detailItem{Type: "value_error", Loc: append(loc, "key"), Msg: "Value error, " + msg, Input: m["key"], Ctx: map[string]any{"error": msg}})
 	}
 	return ledger.Event{Op: op, Key: k, Bytes: size}, nil

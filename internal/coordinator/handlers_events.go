@@ -278,7 +278,7 @@ func prepareSlowEvent(i int, e *slowEvent) (ledger.Event, error) {
 	}
 	k, err := ledger.Prepare(&e.key)
 	if err != nil {
-		msg := invalidKeyMsg(err)
+		msg := objkey.Reason(err)
 		return ledger.Event{}, invalid(detailItem{Type: "value_error", Loc: evLoc(i, "key"), Msg: "Value error, event " + itoa(i) + ": " + msg, Input: e.key, Ctx: map[string]any{"error": msg}})
 	}
 	return ledger.Event{Op: op, Key: k, Bytes: e.bytes}, nil

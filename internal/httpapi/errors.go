@@ -44,7 +44,7 @@ var statusMap = httproute.StatusMap{
 	{Status: http.StatusConflict, Errs: []error{ErrConflict, dax.ErrConflict, engine.ErrNoLayout, engine.ErrWrongState}},
 	{Status: http.StatusNotFound, Errs: []error{ErrNotFound, engine.ErrNotFound, dax.ErrNotFound}},
 	{Status: http.StatusBadRequest, Errs: []error{ErrBadRequest, dax.ErrBadRequest, engine.ErrInvalid, engine.ErrUnsupported,
-		objkey.ErrInvalid, tokenhash.ErrTokenRange, loglevel.ErrUnknownLevel, periodic.ErrInvalidLevel, httproute.ErrBodyRead}},
+		objkey.ErrInvalid, l2.ErrBadPageToken, tokenhash.ErrTokenRange, loglevel.ErrUnknownLevel, periodic.ErrInvalidLevel, httproute.ErrBodyRead}},
 	{Status: http.StatusInsufficientStorage, Errs: []error{engine.ErrOutOfMemory}},
 }
 

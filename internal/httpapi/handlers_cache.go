@@ -3,7 +3,6 @@ package httpapi
 import (
 	"crypto/md5"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -50,8 +50,8 @@ func (s *Server) handleListObjects(w http.ResponseWriter, r *http.Request) error
 		switch {
 		case statusOf(err) == http.StatusNotImplemented:
 			return errf(ErrUnsupported, "L2 adapter '%s' does not support listing: %v", a.TypeName, err)
-		case badPageToken(err):
-			return errf(ErrBadRequest, "malformed page_token: %v", err)
+		case errors.Is(err, l2.ErrBadPageToken):
+			return errf(l2.ErrBadPageToken, "malformed page_token: %v", err)
 		}
 		return err
 	}
@@ -102,18 +102,6 @@ func (s *Server) handleDeleteObjects(w http.ResponseWriter, r *http.Request) err
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
-}
-
-// badPageToken recognises an adapter's rejection of a page token. The l2
-// contract has no sentinel for it yet, so this looks for the adapters'
-// wording and base64 decode errors.
-func badPageToken(err error) bool {
-	var ce base64.CorruptInputError
-	if errors.As(err, &ce) {
-		return true
-	}
-	m := strings.ToLower(err.Error())
-	return strings.Contains(m, "page token") || strings.Contains(m, "page_token") || strings.Contains(m, "continuation token")
 }
 
 // newRequestID is a uuid4 in hex (32 lowercase chars), as upstream.

@@ -19,6 +19,10 @@ import (
 // their keys (upstream raises NotImplementedError; HTTP maps it to 501).
 var ErrListUnsupported = errors.New("adapter does not support listing")
 
+// ErrBadPageToken is wrapped by List when pageToken is not a token the
+// adapter issued (HTTP maps it to 400).
+var ErrBadPageToken = errors.New("malformed page token")
+
 // ErrUnavailable is returned while an adapter is circuit-broken or closed.
 var ErrUnavailable = errors.New("adapter unavailable")
 

@@ -1,7 +1,5 @@
 package objkey
 
-import "fmt"
-
 // Encoded is the JSON form of a Key (EncodedObjectKey upstream), used by the
 // HTTP API and the coordinator. ObjectGroupID and CacheSalt are optional on
 // input for payloads from older servers.
@@ -24,7 +22,7 @@ func (k Key) Encode() Encoded {
 // request names no object and is a client bug, not a miss.
 func (e Encoded) Decode() (Key, error) {
 	if e.KVRank < 0 {
-		return Key{}, fmt.Errorf("%w: kv_rank must be >= 0 (got %d)", ErrInvalid, e.KVRank)
+		return Key{}, invalidf("kv_rank must be >= 0 (got %d)", e.KVRank)
 	}
 	h, err := FromHex(e.ChunkHashHex)
 	if err != nil {
@@ -45,15 +43,15 @@ func FromHex(s string) ([]byte, error) {
 			continue
 		}
 		if i+1 >= len(s) {
-			return nil, fmt.Errorf("%w: non-hexadecimal number found in fromhex() arg at position %d", ErrInvalid, i+1)
+			return nil, invalidf("non-hexadecimal number found in fromhex() arg at position %d", i+1)
 		}
 		hi, ok1 := unhex(c)
 		lo, ok2 := unhex(s[i+1])
 		if !ok1 {
-			return nil, fmt.Errorf("%w: non-hexadecimal number found in fromhex() arg at position %d", ErrInvalid, i)
+			return nil, invalidf("non-hexadecimal number found in fromhex() arg at position %d", i)
 		}
 		if !ok2 {
-			return nil, fmt.Errorf("%w: non-hexadecimal number found in fromhex() arg at position %d", ErrInvalid, i+1)
+			return nil, invalidf("non-hexadecimal number found in fromhex() arg at position %d", i+1)
 		}
 		out = append(out, hi<<4|lo)
 		i += 2

@@ -55,7 +55,7 @@ func (k Key) joinFields(model, rank string) string {
 func ParseFSName(name string) (Key, error) {
 	stem, ok := strings.CutSuffix(name, fsExt)
 	if !ok {
-		return Key{}, fmt.Errorf("%w: %q does not end in %s", ErrInvalid, name, fsExt)
+		return Key{}, invalidf("%q does not end in %s", name, fsExt)
 	}
 	return parseFields(name, stem, true)
 }
@@ -63,7 +63,7 @@ func ParseFSName(name string) (Key, error) {
 func parseFields(name, stem string, fs bool) (Key, error) {
 	parts := strings.Split(stem, nameSep)
 	if len(parts) < minNameFields || len(parts) > maxNameFields {
-		return Key{}, fmt.Errorf("%w: %q has %d '@' fields, want 4 or 5", ErrInvalid, name, len(parts))
+		return Key{}, invalidf("%q has %d '@' fields, want 4 or 5", name, len(parts))
 	}
 	model := parts[0]
 	if fs {
@@ -71,11 +71,11 @@ func parseFields(name, stem string, fs bool) (Key, error) {
 	}
 	rank, err := pyParseHex(parts[1])
 	if err != nil {
-		return Key{}, fmt.Errorf("%w: %q kv_rank: %v", ErrInvalid, name, err)
+		return Key{}, invalidf("%q kv_rank: %v", name, err)
 	}
 	group, err := pyParseHex(parts[2])
 	if err != nil {
-		return Key{}, fmt.Errorf("%w: %q object_group_id: %v", ErrInvalid, name, err)
+		return Key{}, invalidf("%q object_group_id: %v", name, err)
 	}
 	hash, err := FromHex(parts[3])
 	if err != nil {

@@ -19,6 +19,30 @@ const MaxSaltLen = 128
 // can map it to a 400 without string matching.
 var ErrInvalid = errors.New("invalid object key")
 
+// InvalidError is every validation error of this package: Reason is the
+// bare rule that failed ("cache_salt exceeds max length 256 (got 300)"),
+// what an API message quotes; Error() prefixes ErrInvalid's text.
+type InvalidError struct{ Reason string }
+
+func (e *InvalidError) Error() string { return ErrInvalid.Error() + ": " + e.Reason }
+
+// Unwrap makes errors.Is(err, ErrInvalid) hold.
+func (e *InvalidError) Unwrap() error { return ErrInvalid }
+
+func invalidf(format string, args ...any) error {
+	return &InvalidError{Reason: fmt.Sprintf(format, args...)}
+}
+
+// Reason is the bare rule of an objkey validation error in err's chain,
+// or err's text when there is none.
+func Reason(err error) string {
+	var ie *InvalidError
+	if errors.As(err, &ie) {
+		return ie.Reason
+	}
+	return err.Error()
+}
+
 // Key identifies one stored chunk object. It is comparable and usable as a map
 // key; ChunkHash holds the raw digest bytes (not hex).
 type Key struct {
@@ -45,10 +69,10 @@ const badSaltChars = "@/\\\x00"
 // ranks.
 func (k Key) Validate() error {
 	if strings.Contains(k.ModelName, "@") {
-		return fmt.Errorf("%w: model_name must not contain '@' (got '%s')", ErrInvalid, k.ModelName)
+		return invalidf("model_name must not contain '@' (got '%s')", k.ModelName)
 	}
 	if k.ObjectGroupID < 0 {
-		return fmt.Errorf("%w: object_group_id must be >= 0 (got %d)", ErrInvalid, k.ObjectGroupID)
+		return invalidf("object_group_id must be >= 0 (got %d)", k.ObjectGroupID)
 	}
 	return ValidateSalt(k.CacheSalt)
 }
@@ -64,10 +88,10 @@ func ValidateSalt(salt string) error {
 			}
 		}
 		sort.Strings(bad)
-		return fmt.Errorf("%w: cache_salt must not contain {%s} (got '%s')", ErrInvalid, strings.Join(bad, ", "), salt)
+		return invalidf("cache_salt must not contain {%s} (got '%s')", strings.Join(bad, ", "), salt)
 	}
 	if n := len([]rune(salt)); n > MaxSaltLen {
-		return fmt.Errorf("%w: cache_salt exceeds max length %d (got %d)", ErrInvalid, MaxSaltLen, n)
+		return invalidf("cache_salt exceeds max length %d (got %d)", MaxSaltLen, n)
 	}
 	return nil
 }

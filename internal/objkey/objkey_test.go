@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -192,5 +193,25 @@ func TestEncodedJSON(t *testing.T) {
 	}
 	if _, err := (Encoded{ChunkHashHex: "zz", ModelName: "m"}).Decode(); !errors.Is(err, ErrInvalid) {
 		t.Errorf("bad hex: %v", err)
+	}
+}
+
+// TestInvalidErrorReason: validation errors are *InvalidError, wrap
+// ErrInvalid, and Reason gives the bare rule an API message quotes, with
+// no trimming of error text.
+func TestInvalidErrorReason(t *testing.T) {
+	err := ValidateSalt("a/b")
+	var ie *InvalidError
+	if !errors.As(err, &ie) || !errors.Is(err, ErrInvalid) {
+		t.Fatalf("err = %#v", err)
+	}
+	if got := Reason(fmt.Errorf("wrapped: %w", err)); got != ie.Reason || got != `cache_salt must not contain {"/"} (got 'a/b')` {
+		t.Fatalf("Reason = %q", got)
+	}
+	if err.Error() != "invalid object key: "+ie.Reason {
+		t.Fatalf("Error() = %q", err.Error())
+	}
+	if got := Reason(errors.New("other")); got != "other" {
+		t.Fatalf("Reason(other) = %q", got)
 	}
 }

@@ -352,7 +352,7 @@ func (a *Adapter) List(ctx context.Context, modelName string, pageSize int, page
 	if pageToken != "" {
 		b, err := base64.RawURLEncoding.DecodeString(pageToken)
 		if err != nil {
-			return l2.Page{}, fmt.Errorf("dax: list: invalid page token: %w", err)
+			return l2.Page{}, fmt.Errorf("dax: list: %w: %w", l2.ErrBadPageToken, err)
 		}
 		after = string(b)
 	}

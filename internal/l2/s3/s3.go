@@ -35,6 +35,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/lmcache-go/lmcache/internal/l2"
@@ -573,6 +574,12 @@ func (a *Adapter) List(ctx context.Context, modelName string, pageSize int, page
 	})
 	if errors.Is(err, errBroken) {
 		return l2.Page{}, fmt.Errorf("%w; listing unavailable", err)
+	}
+	// S3 answers a continuation token it did not issue with
+	// InvalidArgument; that is the client's token, not an adapter fault.
+	var ae smithy.APIError
+	if pageToken != "" && errors.As(err, &ae) && ae.ErrorCode() == "InvalidArgument" {
+		return l2.Page{}, fmt.Errorf("s3: list: %w: %w", l2.ErrBadPageToken, err)
 	}
 	if err != nil {
 		return l2.Page{}, fmt.Errorf("s3: list: %w", err)
