@@ -3,9 +3,11 @@ package e2e
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -79,8 +81,39 @@ func TestHelpAndVersion(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "--l1-size-gb") || !strings.Contains(out, "--coordinator-url") {
 		t.Fatalf("server --help: exit %d\n%s", code, out)
 	}
-	code, out, _ = runBin(t, nil, "version")
-	if code != 0 || strings.TrimSpace(out) != "NA-NA" {
-		t.Fatalf("version: exit %d %q (unstamped build reports NA-NA)", code, out)
+}
+
+// TestVersionFromBuildVCS builds the binary both ways explicitly (the
+// environment's GOFLAGS may say either): with VCS stamping `lmcache
+// version` names the checkout's commit, without it (and without -ldflags
+// -X) it reports upstream's NA-NA.
+func TestVersionFromBuildVCS(t *testing.T) {
+	dir := t.TempDir()
+	head := func() string {
+		out, err := exec.Command("git", "rev-parse", "HEAD").Output()
+		if err != nil {
+			t.Fatalf("git rev-parse HEAD: %v", err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	for _, vcs := range []bool{true, false} {
+		bin := filepath.Join(dir, fmt.Sprintf("lmcache-vcs-%v", vcs))
+		before := head()
+		build := exec.Command("go", "build", fmt.Sprintf("-buildvcs=%v", vcs), "-o", bin, "github.com/lmcache-go/lmcache/cmd/lmcache")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build -buildvcs=%v: %v\n%s", vcs, err, out)
+		}
+		after := head() // a commit landing during the build may be either
+		out, err := exec.Command(bin, "version").Output()
+		if err != nil {
+			t.Fatalf("version (buildvcs=%v): %v", vcs, err)
+		}
+		got := strings.TrimSpace(string(out))
+		if vcs && !strings.HasSuffix(got, "-"+before) && !strings.HasSuffix(got, "-"+after) {
+			t.Errorf("-buildvcs=true: version %q does not end with HEAD %s", got, after)
+		}
+		if !vcs && got != "NA-NA" {
+			t.Errorf("-buildvcs=false: version %q, want NA-NA", got)
+		}
 	}
 }
