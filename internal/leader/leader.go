@@ -243,7 +243,9 @@ func (e *Elector) term(ctx context.Context) error {
 		return fmt.Errorf("grant lease: %w", err)
 	}
 	lease := grant.ID
-	e.setValid(sent)
+	e.mu.Lock()
+	e.validUntil = sent.Add(e.cfg.RenewDeadline) // validity is per lease
+	e.mu.Unlock()
 	// Revoke on every way out: a resigning or demoted leader's key goes
 	// with its lease, and a standby's queued key stops blocking nobody.
 	defer e.revoke(lease)
@@ -252,18 +254,33 @@ func (e *Elector) term(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
 	}
+	// A standby whose lease dies while queued abandons the campaign at once
+	// and queues again with a fresh lease, rather than waiting keyless.
+	cctx, ccancel := context.WithCancel(tctx)
+	defer ccancel()
 	lost := make(chan error, 1)
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() { // owned by this term; stops with tctx
 		defer wg.Done()
-		e.renew(tctx, lease, lost)
+		e.renew(tctx, lease, lost, ccancel)
+	}()
+	go func() { // owned by this term; stops with cctx
+		defer wg.Done()
+		select {
+		case <-sess.Done():
+			ccancel()
+		case <-cctx.Done():
+		}
 	}()
 	defer wg.Wait()
 	defer cancel()
 
 	elect := concurrency.NewElection(sess, e.cfg.Prefix)
-	if err := elect.Campaign(tctx, e.cfg.ID); err != nil {
+	if err := elect.Campaign(cctx, e.cfg.ID); err != nil {
+		if ctx.Err() == nil && cctx.Err() != nil {
+			return fmt.Errorf("campaign abandoned, lease %x lost: %w", lease, errLost)
+		}
 		return fmt.Errorf("campaign: %w", err)
 	}
 	rev, key := elect.Rev(), elect.Key()
@@ -328,8 +345,8 @@ func hasDelete(wr clientv3.WatchResponse) bool {
 
 // renew sends a renewal every RenewDeadline/3; each success extends
 // validity to its send time + RenewDeadline. A lease etcd no longer knows is
-// reported on lost.
-func (e *Elector) renew(ctx context.Context, lease clientv3.LeaseID, lost chan<- error) {
+// reported on lost, and abort is called (it ends a pending campaign).
+func (e *Elector) renew(ctx context.Context, lease clientv3.LeaseID, lost chan<- error, abort func()) {
 	every := e.cfg.RenewDeadline / 3
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -352,6 +369,7 @@ func (e *Elector) renew(ctx context.Context, lease clientv3.LeaseID, lost chan<-
 			case lost <- fmt.Errorf("lease %x expired: %w", lease, errLost):
 			default:
 			}
+			abort()
 			return
 		case ctx.Err() != nil:
 			return

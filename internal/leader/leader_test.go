@@ -156,13 +156,7 @@ func TestStandbyTakesOverWhenLeaderClientDies(t *testing.T) {
 func TestPartitionedLeaderStopsBeforeLeaseExpires(t *testing.T) {
 	c := startCluster(t)
 	admin := newClient(t, c.endpoints)
-	var proxies []*proxy
-	var viaProxy []string
-	for _, ep := range c.endpoints {
-		p := startProxy(t, ep)
-		proxies = append(proxies, p)
-		viaProxy = append(viaProxy, p.url())
-	}
+	proxies, viaProxy := proxyAll(t, c)
 	a := runElector(t, newClient(t, viaProxy), "coord-a")
 	gainA := a.next(t, true)
 	b := runElector(t, newClient(t, c.endpoints), "coord-b")
@@ -213,6 +207,33 @@ func TestLeaderStepsDownWhenItsKeyIsDeleted(t *testing.T) {
 	waitKeys(t, p.admin, 1)
 	if !p.b.e.Leading() {
 		t.Error("B stopped leading when the standby left")
+	}
+}
+
+// A standby cut off from etcd long enough for its lease to expire queues
+// again with a fresh lease once it reconnects (it does not wait keyless in
+// its old campaign), and takes over when the leader resigns.
+func TestStandbyRequeuesAfterItsLeaseExpires(t *testing.T) {
+	c := startCluster(t)
+	admin := newClient(t, c.endpoints)
+	a := runElector(t, newClient(t, c.endpoints), "coord-a")
+	gainA := a.next(t, true)
+	proxies, viaProxy := proxyAll(t, c)
+	b := runElector(t, newClient(t, viaProxy), "coord-b")
+	waitKeys(t, admin, 2)
+	for _, p := range proxies {
+		p.cut()
+	}
+	waitKeys(t, admin, 1) // B's lease expired
+	for _, p := range proxies {
+		p.heal()
+	}
+	waitKeys(t, admin, 2) // B queued again
+	a.stop()
+	a.next(t, false)
+	gainB := b.next(t, true)
+	if gainB.Revision <= gainA.Revision || !b.e.Leading() {
+		t.Errorf("B after A resigned: %+v Leading %v", gainB, b.e.Leading())
 	}
 }
 

@@ -73,6 +73,13 @@ func (p *proxy) pipe(dst, src net.Conn) {
 	src.Close()
 }
 
+// heal accepts and forwards connections again.
+func (p *proxy) heal() {
+	p.mu.Lock()
+	p.isCut = false
+	p.mu.Unlock()
+}
+
 // cut closes every forwarded connection and refuses new ones.
 func (p *proxy) cut() {
 	p.mu.Lock()
@@ -82,4 +89,18 @@ func (p *proxy) cut() {
 		c.Close()
 	}
 	p.conns = nil
+}
+
+// proxyAll puts a proxy in front of every member of c and returns them with
+// the endpoints that go through them.
+func proxyAll(t *testing.T, c *cluster) ([]*proxy, []string) {
+	t.Helper()
+	var proxies []*proxy
+	var urls []string
+	for _, ep := range c.endpoints {
+		p := startProxy(t, ep)
+		proxies = append(proxies, p)
+		urls = append(urls, p.url())
+	}
+	return proxies, urls
 }
