@@ -2,9 +2,12 @@
 // a (optionally shared-memory) pool, an ordered list of L2 adapters, eviction,
 // quotas, write-behind from L1 to L2 and prefetch from L2 into L1.
 //
-// This file is the engine's public surface. The HTTP API and the ZMQ data path
-// code against it; each of them declares its own narrow interface over
-// *Engine, so keep signatures stable.
+// This file holds the engine's public types, sentinel errors and the
+// methods that are one call into a part (table, quotas, prefetch jobs); the
+// other exported methods are implemented where their work is (engine.go,
+// prefetch.go, layouts.go). The HTTP API and the ZMQ data path code against
+// them; each declares its own narrow interface over *Engine, so keep
+// signatures stable.
 //
 // Concurrency: every exported method is safe for concurrent use. Background
 // work (eviction loops, write-behind uploads, prefetch jobs) is owned by Run
@@ -16,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"time"
 
@@ -301,21 +303,6 @@ type ClearResult struct {
 	Bytes   int64
 }
 
-// New builds an engine over the given adapters (index order = cascade
-// order). It maps the pool but starts nothing; call Run.
-func New(cfg Config, adapters []l2.Adapter, logger *slog.Logger) (*Engine, error) {
-	return newEngine(cfg, adapters, logger)
-}
-
-// Run owns every background goroutine (eviction loops, write-behind,
-// prefetch workers). It returns nil when ctx is cancelled, after all of them
-// have stopped. Ready reports true while Run is active.
-func (e *Engine) Run(ctx context.Context) error { return e.run(ctx) }
-
-// Close unmaps the pool and unlinks the shared-memory file. Call it after
-// Run has returned; adapters are not closed (their owner closes them).
-func (e *Engine) Close() error { return e.close() }
-
 // Leaks lists the references the L1 table still holds (read leases, pins
 // of unsettled uploads, staged writes), one line per object naming its key.
 // After Run returned and every client released what it took, it is empty;
@@ -325,18 +312,10 @@ func (e *Engine) Leaks() []string { return e.table.Leaks() }
 // Ready reports whether Run is serving (readiness probe).
 func (e *Engine) Ready() bool { return e.ready.Load() }
 
-// Pool describes the L1 pool for the data path's registration reply.
-func (e *Engine) Pool() PoolInfo { return e.poolInfo() }
-
 // Bytes returns the pool memory of a slot. The slice aliases the pool: it is
 // valid only while the caller holds the write reservation or a read lock
 // that produced the slot. It panics on a slot outside the pool.
 func (e *Engine) Bytes(s Slot) []byte { return e.pool.Bytes(s.Offset, s.Size) }
-
-// Prefetch starts a job: L1 hits are read-locked at once (Readers > 0), L2
-// hits are loaded into L1 in the background. Observe it with PollPrefetch
-// or WaitPrefetch. Only ErrInvalid/ErrClosed are returned synchronously.
-func (e *Engine) Prefetch(req PrefetchRequest) error { return e.prefetch(req) }
 
 // PollPrefetch returns the job's state. A done result is returned exactly
 // once: the job is forgotten and the next poll returns ErrNotFound.
@@ -345,100 +324,6 @@ func (e *Engine) PollPrefetch(id string) (PrefetchResult, error) { return e.pf.j
 // PeekPrefetch is PollPrefetch without consuming a done job
 // (QUERY_PREFETCH_LOOKUP_HITS must not consume it).
 func (e *Engine) PeekPrefetch(id string) (PrefetchResult, error) { return e.pf.jobState(id, false) }
-
-// WaitPrefetch blocks until the job is done (consuming it, exactly once) or
-// ctx ends (the job is kept; the error wraps ctx.Err()).
-func (e *Engine) WaitPrefetch(ctx context.Context, id string) (PrefetchResult, error) {
-	return e.waitPrefetch(ctx, id)
-}
-
-// ReserveWrite (PREPARE_STORE) reserves one private staging slot per key
-// that is not already resident, on behalf of writer tag. slots[i] is the
-// zero Slot for a key that is resident or already being staged by tag with
-// a live lease. All-or-nothing: on ErrOutOfMemory nothing is reserved.
-// sizes[i] is the byte size of keys[i].
-func (e *Engine) ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]Slot, error) {
-	return e.reserveWrite(tag, keys, sizes)
-}
-
-// CommitWrite (COMMIT_STORE) publishes tag's staged objects for keys and
-// queues them for write-behind to every L2 adapter. Keys tag does not stage
-// are skipped; committed reports how many were published (a key that became
-// resident meanwhile counts, its staged copy is dropped). An expired
-// reservation yields an error wrapping ErrWrongState after the others are
-// committed.
-func (e *Engine) CommitWrite(tag string, keys []objkey.Key) (committed int, err error) {
-	return e.commitWrite(tag, keys)
-}
-
-// AbortWrite drops tag's staged objects for keys (a failed transfer).
-func (e *Engine) AbortWrite(tag string, keys []objkey.Key) { e.abortWrite(tag, keys) }
-
-// ReadSlots (PREPARE_RETRIEVE) returns the slots of resident keys. Every
-// key must be read-locked (by a lookup); otherwise nothing is returned and
-// the error wraps ErrNotFound or ErrNotReadable.
-func (e *Engine) ReadSlots(keys []objkey.Key) ([]Slot, error) { return e.readSlots(keys) }
-
-// ReleaseRead (COMMIT_RETRIEVE, FREE_LOOKUP_LOCKS) drops up to n read locks
-// per key that owner's prefetch job took and still holds; locks owner never
-// took, already released or expired are ignored, so over-release is
-// impossible. Locks of a key deleted or cleared meanwhile are still found
-// (the memory is freed on the last release). It returns the number of
-// locks released.
-func (e *Engine) ReleaseRead(owner string, keys []objkey.Key, n int) int {
-	return e.releaseRead(owner, keys, n)
-}
-
-// Touch marks keys as recently used (END_SESSION).
-func (e *Engine) Touch(keys []objkey.Key) { e.touch(keys) }
-
-// Clear (CLEAR, POST /cache/clear) removes every L1 object, locked and
-// staging ones included. Memory still referenced by a reader, a writer or an
-// upload is reclaimed only when that reference ends, so no byte in use is
-// overwritten.
-func (e *Engine) Clear() ClearResult { return e.clear() }
-
-// Put stores whole objects by value (POST /api/kv/store): keys already
-// resident are skipped. It reserves, copies and commits as one batch and
-// returns how many keys were written.
-func (e *Engine) Put(keys []objkey.Key, data [][]byte) (stored int, err error) {
-	return e.put(keys, data)
-}
-
-// Get copies resident objects out (/api/kv/retrieve, checksums). out[i] is
-// nil for a key not resident in L1.
-func (e *Engine) Get(keys []objkey.Key) (out [][]byte, err error) { return e.get(keys) }
-
-// DeleteL1 removes resident keys. Locked keys are skipped unless force.
-func (e *Engine) DeleteL1(keys []objkey.Key, force bool) (deleted, skipped int) {
-	return e.deleteL1(keys, force)
-}
-
-// Adapters lists the configured L2 adapters in index order.
-func (e *Engine) Adapters() []AdapterInfo { return e.adapterInfos() }
-
-// ListL2 pages through adapter index's keys (GET /cache/objects). Errors
-// wrap ErrNotFound (bad index) or l2.ErrListUnsupported.
-func (e *Engine) ListL2(ctx context.Context, index int, modelName string, pageSize int, pageToken string) (l2.Page, error) {
-	return e.listL2(ctx, index, modelName, pageSize, pageToken)
-}
-
-// DeleteL2 deletes keys from adapter index (DELETE /cache/objects) and
-// returns those actually removed.
-func (e *Engine) DeleteL2(ctx context.Context, index int, keys []objkey.Key) ([]objkey.Key, error) {
-	return e.deleteL2(ctx, index, keys)
-}
-
-// Reconfigure passes op through to adapter index; ErrUnsupported if it is
-// not a Reconfigurer.
-func (e *Engine) Reconfigure(ctx context.Context, index int, op string, args map[string]any) (map[string]any, error) {
-	return e.reconfigure(ctx, index, op, args)
-}
-
-// ReconfigureStatus is adapter index's ReconfigureStatus.
-func (e *Engine) ReconfigureStatus(index int) (map[string]any, error) {
-	return e.reconfigureStatus(index)
-}
 
 // SetQuota sets cache_salt's limit in bytes (negative → ErrInvalid). The
 // HTTP "_default" sentinel must already be mapped to "" (see quota.FromPath).
@@ -457,16 +342,6 @@ func (e *Engine) Quota(salt string) (limitBytes int64, exists bool) { return e.q
 
 // Quotas lists the registered limits.
 func (e *Engine) Quotas() map[string]int64 { return e.quotas.List() }
-
-// QuotaUsage is salt's usage in bytes as /quota reports it: the sum over L2
-// adapters (upstream counts L2 only).
-func (e *Engine) QuotaUsage(salt string) int64 { return e.quotaUsage(salt) }
-
-// Status is the storage_manager section of GET /status.
-func (e *Engine) Status() map[string]any { return e.status() }
-
-// Counters returns a snapshot of every counter and gauge.
-func (e *Engine) Counters() Counters { return e.counters() }
 
 // AddL2Listener attaches l to every adapter (coordinator event reporting).
 func (e *Engine) AddL2Listener(l l2.Listener) {

@@ -143,7 +143,9 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-func newEngine(cfg Config, adapters []l2.Adapter, logger *slog.Logger) (*Engine, error) {
+// New builds an engine over the given adapters (index order = cascade
+// order). It maps the pool but starts nothing; call Run.
+func New(cfg Config, adapters []l2.Adapter, logger *slog.Logger) (*Engine, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -197,10 +199,13 @@ func newEngine(cfg Config, adapters []l2.Adapter, logger *slog.Logger) (*Engine,
 	return e, nil
 }
 
-// run starts every background goroutine and waits for them. Each goroutine
-// below is owned by this call: it receives ctx, and wg.Wait returns only
-// after all of them observed cancellation.
-func (e *Engine) run(ctx context.Context) error {
+// Run owns every background goroutine (eviction loops, write-behind,
+// prefetch workers). It returns nil when ctx is cancelled, after all of them
+// have stopped. Ready reports true while Run is active.
+//
+// Each goroutine below is owned by this call: it receives ctx, and wg.Wait
+// returns only after all of them observed cancellation.
+func (e *Engine) Run(ctx context.Context) error {
 	if !e.running.CompareAndSwap(false, true) {
 		return errors.New("engine: Run called twice")
 	}
@@ -222,16 +227,20 @@ func (e *Engine) run(ctx context.Context) error {
 	return nil
 }
 
-// close refuses while Run has not returned: after its ctx ends, Run still
+// Close unmaps the pool and unlinks the shared-memory file. Call it after
+// Run has returned; adapters are not closed (their owner closes them).
+//
+// It refuses while Run has not returned: after its ctx ends, Run still
 // waits for uploads and loads that read and write pool memory.
-func (e *Engine) close() error {
+func (e *Engine) Close() error {
 	if e.running.Load() && !e.exited.Load() {
 		return errors.New("engine: Close while Run is active")
 	}
 	return e.pool.Close()
 }
 
-func (e *Engine) poolInfo() PoolInfo {
+// Pool describes the L1 pool for the data path's registration reply.
+func (e *Engine) Pool() PoolInfo {
 	return PoolInfo{Name: e.pool.Name(), Path: e.pool.Path(), Size: e.pool.Size()}
 }
 
@@ -261,7 +270,12 @@ func mapErr(err error) error {
 	return fmt.Errorf("%w: %w", ErrInvalid, err)
 }
 
-func (e *Engine) reserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]Slot, error) {
+// ReserveWrite (PREPARE_STORE) reserves one private staging slot per key
+// that is not already resident, on behalf of writer tag. slots[i] is the
+// zero Slot for a key that is resident or already being staged by tag with
+// a live lease. All-or-nothing: on ErrOutOfMemory nothing is reserved.
+// sizes[i] is the byte size of keys[i].
+func (e *Engine) ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]Slot, error) {
 	if len(sizes) != len(keys) {
 		return nil, fmt.Errorf("%w: %d keys but %d sizes", ErrInvalid, len(keys), len(sizes))
 	}
@@ -302,7 +316,13 @@ func toSlots(ls []l1.Slot) []Slot {
 	return out
 }
 
-func (e *Engine) commitWrite(tag string, keys []objkey.Key) (int, error) {
+// CommitWrite (COMMIT_STORE) publishes tag's staged objects for keys and
+// queues them for write-behind to every L2 adapter. Keys tag does not stage
+// are skipped; committed reports how many were published (a key that became
+// resident meanwhile counts, its staged copy is dropped). An expired
+// reservation yields an error wrapping ErrWrongState after the others are
+// committed.
+func (e *Engine) CommitWrite(tag string, keys []objkey.Key) (int, error) {
 	res := e.table.Commit(tag, keys, l1.CommitOpts{Pins: len(e.adapters)})
 	e.published(res.Published)
 	if res.Expired > 0 {
@@ -327,9 +347,13 @@ func (e *Engine) published(hs []l1.Handle) {
 	e.store.enqueue(hs)
 }
 
-func (e *Engine) abortWrite(tag string, keys []objkey.Key) { e.table.Abort(tag, keys) }
+// AbortWrite drops tag's staged objects for keys (a failed transfer).
+func (e *Engine) AbortWrite(tag string, keys []objkey.Key) { e.table.Abort(tag, keys) }
 
-func (e *Engine) readSlots(keys []objkey.Key) ([]Slot, error) {
+// ReadSlots (PREPARE_RETRIEVE) returns the slots of resident keys. Every
+// key must be read-locked (by a lookup); otherwise nothing is returned and
+// the error wraps ErrNotFound or ErrNotReadable.
+func (e *Engine) ReadSlots(keys []objkey.Key) ([]Slot, error) {
 	ls, err := e.table.Slots(keys)
 	if err != nil {
 		if errors.Is(err, l1.ErrNotFound) {
@@ -340,7 +364,13 @@ func (e *Engine) readSlots(keys []objkey.Key) ([]Slot, error) {
 	return toSlots(ls), nil
 }
 
-func (e *Engine) releaseRead(owner string, keys []objkey.Key, n int) int {
+// ReleaseRead (COMMIT_RETRIEVE, FREE_LOOKUP_LOCKS) drops up to n read locks
+// per key that owner's prefetch job took and still holds; locks owner never
+// took, already released or expired are ignored, so over-release is
+// impossible. Locks of a key deleted or cleared meanwhile are still found
+// (the memory is freed on the last release). It returns the number of
+// locks released.
+func (e *Engine) ReleaseRead(owner string, keys []objkey.Key, n int) int {
 	released, deleted := e.table.Release(owner, keys, n)
 	e.deletedL1(deleted)
 	return released
@@ -352,15 +382,23 @@ func (e *Engine) deletedL1(keys []objkey.Key) {
 	}
 }
 
-func (e *Engine) touch(keys []objkey.Key) { e.table.Touch(keys) }
+// Touch marks keys as recently used (END_SESSION).
+func (e *Engine) Touch(keys []objkey.Key) { e.table.Touch(keys) }
 
-func (e *Engine) clear() ClearResult {
+// Clear (CLEAR, POST /cache/clear) removes every L1 object, locked and
+// staging ones included. Memory still referenced by a reader, a writer or an
+// upload is reclaimed only when that reference ends, so no byte in use is
+// overwritten.
+func (e *Engine) Clear() ClearResult {
 	keys, bytes := e.table.Clear()
 	e.deletedL1(keys)
 	return ClearResult{Objects: len(keys), Bytes: bytes}
 }
 
-func (e *Engine) put(keys []objkey.Key, data [][]byte) (int, error) {
+// Put stores whole objects by value (POST /api/kv/store): keys already
+// resident are skipped. It reserves, copies and commits as one batch and
+// returns how many keys were written.
+func (e *Engine) Put(keys []objkey.Key, data [][]byte) (int, error) {
 	if len(keys) != len(data) {
 		return 0, fmt.Errorf("%w: %d keys but %d payloads", ErrInvalid, len(keys), len(data))
 	}
@@ -369,7 +407,7 @@ func (e *Engine) put(keys []objkey.Key, data [][]byte) (int, error) {
 		sizes[i] = int64(len(d))
 	}
 	tag := "api\x00" + strconv.FormatUint(e.seq.Add(1), 10)
-	slots, err := e.reserveWrite(tag, keys, sizes)
+	slots, err := e.ReserveWrite(tag, keys, sizes)
 	if err != nil {
 		return 0, err
 	}
@@ -385,10 +423,12 @@ func (e *Engine) put(keys []objkey.Key, data [][]byte) (int, error) {
 	return len(res.Published), nil
 }
 
-func (e *Engine) get(keys []objkey.Key) ([][]byte, error) {
+// Get copies resident objects out (/api/kv/retrieve, checksums). out[i] is
+// nil for a key not resident in L1.
+func (e *Engine) Get(keys []objkey.Key) ([][]byte, error) {
 	owner := "get\x00" + strconv.FormatUint(e.seq.Add(1), 10)
 	slots := e.table.ReadLock(owner, keys, 1)
-	defer e.releaseRead(owner, keys, 1)
+	defer e.ReleaseRead(owner, keys, 1)
 	out := make([][]byte, len(keys))
 	for i, s := range slots {
 		if s.Size > 0 {
@@ -398,7 +438,8 @@ func (e *Engine) get(keys []objkey.Key) ([][]byte, error) {
 	return out, nil
 }
 
-func (e *Engine) deleteL1(keys []objkey.Key, force bool) (int, int) {
+// DeleteL1 removes resident keys. Locked keys are skipped unless force.
+func (e *Engine) DeleteL1(keys []objkey.Key, force bool) (int, int) {
 	deleted, skipped := e.table.Delete(keys, force)
 	e.deletedL1(deleted)
 	return len(deleted), skipped
@@ -413,7 +454,8 @@ func (e *Engine) adapterAt(i int) (l2.Adapter, error) {
 	return e.adapters[i], nil
 }
 
-func (e *Engine) adapterInfos() []AdapterInfo {
+// Adapters lists the configured L2 adapters in index order.
+func (e *Engine) Adapters() []AdapterInfo {
 	out := make([]AdapterInfo, len(e.adapters))
 	for i, a := range e.adapters {
 		_, rc := a.(Reconfigurer)
@@ -422,7 +464,9 @@ func (e *Engine) adapterInfos() []AdapterInfo {
 	return out
 }
 
-func (e *Engine) listL2(ctx context.Context, i int, model string, pageSize int, token string) (l2.Page, error) {
+// ListL2 pages through adapter index's keys (GET /cache/objects). Errors
+// wrap ErrNotFound (bad index) or l2.ErrListUnsupported.
+func (e *Engine) ListL2(ctx context.Context, i int, model string, pageSize int, token string) (l2.Page, error) {
 	a, err := e.adapterAt(i)
 	if err != nil {
 		return l2.Page{}, err
@@ -430,7 +474,9 @@ func (e *Engine) listL2(ctx context.Context, i int, model string, pageSize int, 
 	return a.List(ctx, model, pageSize, token)
 }
 
-func (e *Engine) deleteL2(ctx context.Context, i int, keys []objkey.Key) ([]objkey.Key, error) {
+// DeleteL2 deletes keys from adapter index (DELETE /cache/objects) and
+// returns those actually removed.
+func (e *Engine) DeleteL2(ctx context.Context, i int, keys []objkey.Key) ([]objkey.Key, error) {
 	a, err := e.adapterAt(i)
 	if err != nil {
 		return nil, err
@@ -450,7 +496,9 @@ func (e *Engine) reconfigurer(i int) (Reconfigurer, error) {
 	return r, nil
 }
 
-func (e *Engine) reconfigure(ctx context.Context, i int, op string, args map[string]any) (map[string]any, error) {
+// Reconfigure passes op through to adapter index; ErrUnsupported if it is
+// not a Reconfigurer.
+func (e *Engine) Reconfigure(ctx context.Context, i int, op string, args map[string]any) (map[string]any, error) {
 	r, err := e.reconfigurer(i)
 	if err != nil {
 		return nil, err
@@ -458,7 +506,8 @@ func (e *Engine) reconfigure(ctx context.Context, i int, op string, args map[str
 	return r.Reconfigure(ctx, op, args)
 }
 
-func (e *Engine) reconfigureStatus(i int) (map[string]any, error) {
+// ReconfigureStatus is adapter index's ReconfigureStatus.
+func (e *Engine) ReconfigureStatus(i int) (map[string]any, error) {
 	r, err := e.reconfigurer(i)
 	if err != nil {
 		return nil, err
@@ -466,7 +515,9 @@ func (e *Engine) reconfigureStatus(i int) (map[string]any, error) {
 	return r.ReconfigureStatus(), nil
 }
 
-func (e *Engine) quotaUsage(salt string) int64 {
+// QuotaUsage is salt's usage in bytes as /quota reports it: the sum over L2
+// adapters (upstream counts L2 only).
+func (e *Engine) QuotaUsage(salt string) int64 {
 	var n int64
 	for _, a := range e.adapters {
 		n += a.Usage().BytesByCacheSalt[salt]
@@ -517,7 +568,8 @@ func (l policyListener) OnDeleted(keys []objkey.Key) {
 
 // --- status and counters ---
 
-func (e *Engine) status() map[string]any {
+// Status is the storage_manager section of GET /status.
+func (e *Engine) Status() map[string]any {
 	ts := e.table.Stats()
 	ratio := 0.0
 	if ts.TotalBytes > 0 {
@@ -580,7 +632,8 @@ func (e *Engine) status() map[string]any {
 	}
 }
 
-func (e *Engine) counters() Counters {
+// Counters returns a snapshot of every counter and gauge.
+func (e *Engine) Counters() Counters {
 	ts := e.table.Stats()
 	c := Counters{
 		L1UsedBytes: ts.UsedBytes, L1TotalBytes: ts.TotalBytes, L1StagingBytes: ts.StagingBytes,

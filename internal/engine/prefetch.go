@@ -76,7 +76,10 @@ func newPrefetchCtl(e *Engine) *prefetchCtl {
 	return &prefetchCtl{e: e, queue: make(chan *job, prefetchQueueCap), jobs: map[string]*job{}}
 }
 
-func (e *Engine) prefetch(req PrefetchRequest) error {
+// Prefetch starts a job: L1 hits are read-locked at once (Readers > 0), L2
+// hits are loaded into L1 in the background. Observe it with PollPrefetch
+// or WaitPrefetch. Only ErrInvalid/ErrClosed are returned synchronously.
+func (e *Engine) Prefetch(req PrefetchRequest) error {
 	if e.stopped.Load() {
 		return ErrClosed
 	}
@@ -464,7 +467,7 @@ func (e *Engine) finishJob(j *job) {
 			}
 		}
 		if len(beyond) > 0 {
-			e.releaseRead(j.owner, beyond, j.req.Readers)
+			e.ReleaseRead(j.owner, beyond, j.req.Readers)
 		}
 	}
 	fromL1 := j.fromL1
@@ -517,7 +520,9 @@ func (p *prefetchCtl) jobState(id string, consume bool) (PrefetchResult, error) 
 	}
 }
 
-func (e *Engine) waitPrefetch(ctx context.Context, id string) (PrefetchResult, error) {
+// WaitPrefetch blocks until the job is done (consuming it, exactly once) or
+// ctx ends (the job is kept; the error wraps ctx.Err()).
+func (e *Engine) WaitPrefetch(ctx context.Context, id string) (PrefetchResult, error) {
 	p := e.pf
 	p.mu.Lock()
 	j, ok := p.jobs[id]
