@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/kvcuda"
 	"github.com/lmcache-go/lmcache/internal/kvevents"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/periodic"
@@ -33,10 +34,13 @@ type Config struct {
 	// "localhost" binds loopback; Port 0 picks a free port (see Endpoint).
 	Host string
 	Port int
-	// TransferMode is --supported-transfer-mode: auto (default) and
-	// engine_driven serve the engine-driven shared-memory path;
-	// lmcache_driven (GPU IPC) is refused by New.
+	// TransferMode is --supported-transfer-mode: auto (default) serves
+	// both paths, engine_driven and lmcache_driven only theirs.
 	TransferMode string
+	// CUDA is the driver the lmcache-driven path opens CUDA IPC KV caches
+	// with; nil loads libcuda.so.1 at the first CUDA registration (tests
+	// pass kvcuda.Fake). Without a driver such registrations are refused.
+	CUDA kvcuda.Driver
 	// WireProfile is --wire-profile: auto (default; decided per connection
 	// from its first request), gen2m or gen3.
 	WireProfile string

@@ -13,6 +13,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/kvcopy"
+	"github.com/lmcache-go/lmcache/internal/kvcuda"
 	"github.com/lmcache-go/lmcache/internal/kvlayout"
 	"github.com/lmcache-go/lmcache/internal/kvwrap"
 	"github.com/lmcache-go/lmcache/internal/objkey"
@@ -40,6 +41,43 @@ const maxBlockIDs = 1 << 20
 type lmDriven struct {
 	mu   sync.Mutex
 	regs map[int64]*lmdReg
+
+	// The CUDA driver, loaded (and the L1 pool pinned) at the first CUDA
+	// registration; the pool is unpinned at stop.
+	cudaOnce sync.Once
+	cuda     kvcuda.Driver
+	cudaErr  error
+	pinned   []byte
+}
+
+// cudaDriver returns the CUDA driver (Config.CUDA, else libcuda.so.1),
+// pinning the whole L1 pool with it the first time.
+func (st *state) cudaDriver() (kvcuda.Driver, error) {
+	l := &st.lmd
+	l.cudaOnce.Do(func() {
+		l.cuda = st.s.cfg.CUDA
+		if l.cuda == nil {
+			d, err := kvcuda.LoadDriver()
+			if err != nil {
+				l.cudaErr = err
+				return
+			}
+			l.cuda = d
+		}
+		pb, ok := st.s.eng.(poolBytes)
+		if !ok {
+			return
+		}
+		pool := pb.Bytes(engine.Slot{Offset: 0, Size: st.s.eng.Pool().Size})
+		if err := kvcuda.Pin(l.cuda, pool); err != nil {
+			// Copies from pageable memory still work, staged by the driver.
+			st.log.Warn("could not pin the L1 pool for CUDA copies; lmcache-driven GPU transfers run slower", "err", err)
+			return
+		}
+		l.pinned = pool
+		st.log.Info("L1 pool pinned for CUDA copies", "bytes", len(pool))
+	})
+	return l.cuda, l.cudaErr
 }
 
 // lmdReg is one registered paged KV cache (one vLLM worker).
@@ -47,11 +85,21 @@ type lmdReg struct {
 	instance int64
 	model    string
 	world    int
-	cache    *kvcopy.Cache
+	layout   *kvlayout.Layout
+	cpu      *kvcopy.Cache // CPU shared-memory wrappers, or
+	gpu      *kvcuda.Cache // CUDA IPC wrappers
 	objBytes int64
 	tag      string // the engine's write-reservation owner
 	lastSeen time.Time
 	pinged   bool // a PING named this instance (reaped after WorkerReapTimeout, else after the grace)
+}
+
+// close unmaps the registration's KV cache (waiting for its transfers).
+func (r *lmdReg) close() error {
+	if r.gpu != nil {
+		return r.gpu.Close()
+	}
+	return r.cpu.Close()
 }
 
 func (l *lmDriven) get(inst int64) *lmdReg {
@@ -111,9 +159,15 @@ func (l *lmDriven) closeAll() error {
 	l.mu.Unlock()
 	var errs []error
 	for _, r := range regs {
-		if err := r.cache.Close(); err != nil {
+		if err := r.close(); err != nil {
 			errs = append(errs, fmt.Errorf("instance %d: %w", r.instance, err))
 		}
+	}
+	if l.pinned != nil {
+		if err := kvcuda.Unpin(l.cuda, l.pinned); err != nil {
+			errs = append(errs, fmt.Errorf("unpin the L1 pool: %w", err))
+		}
+		l.pinned = nil
 	}
 	return errors.Join(errs...)
 }
@@ -137,7 +191,7 @@ func (st *state) reapLMDriven(now time.Time) int {
 	regs := st.lmd.takeSilent(now, cfg.WorkerReapTimeout, cfg.WorkerRegistrationGrace)
 	for _, r := range regs {
 		st.s.metrics.ZMQReapedWorkers.Inc()
-		err := r.cache.Close()
+		err := r.close()
 		st.log.Warn("reaped a silent lmcache-driven worker and unmapped its KV cache (counted in lmcache_mp_zmq_reaped_workers_total)",
 			"instance_id", r.instance, "model", r.model, "world_size", r.world, "silent_for", now.Sub(r.lastSeen).Round(time.Millisecond),
 			"had_pinged", r.pinged, "unmap_err", err)
@@ -261,6 +315,13 @@ type lmdRegistration struct {
 	reg      kvcopy.Registration
 }
 
+// cuda reports whether the wrappers are CUDA IPC ones (the first decides;
+// a mix is refused by the backend's Open).
+func (d *lmdRegistration) cuda() bool {
+	k := d.wrappers[0].Kind
+	return k == kvwrap.KindCUDAIPC || k == kvwrap.KindRawCUDAIPC
+}
+
 func decodeLMDRegister(p [][]byte) (*lmdRegistration, error) {
 	if len(p) < 4 {
 		return nil, fmt.Errorf("REGISTER_KV_CACHE with %d frames; instance_id, kv_caches, model_name and world_size are required", len(p))
@@ -372,21 +433,35 @@ func (st *state) lmdRegister(req *request) ([]byte, error) {
 	// before the new one is opened, so a re-registration of the same
 	// segments never maps them twice.
 	if old := st.lmd.take(d.instance); old != nil {
-		_ = old.cache.Close()
+		_ = old.close()
 	}
-	cache, err := kvcopy.Open("", d.wrappers, d.reg)
-	if err != nil {
-		return wire.Nil, fmt.Errorf("instance %d: %w", d.instance, err)
+	r := &lmdReg{instance: d.instance, model: d.model, world: d.world,
+		tag: fmt.Sprintf("lmd-instance-%d", d.instance), lastSeen: time.Now()}
+	backend := "CPU shared memory"
+	if d.cuda() {
+		drv, err := st.cudaDriver()
+		if err != nil {
+			return wire.Nil, fmt.Errorf("instance %d registers CUDA IPC KV caches: %w", d.instance, err)
+		}
+		if r.gpu, err = kvcuda.Open(drv, d.wrappers, kvcuda.Registration(d.reg)); err != nil {
+			return wire.Nil, fmt.Errorf("instance %d: %w", d.instance, err)
+		}
+		r.layout, backend = r.gpu.Layout, fmt.Sprintf("CUDA IPC, device %d", r.gpu.Device())
+	} else {
+		if r.cpu, err = kvcopy.Open("", d.wrappers, d.reg); err != nil {
+			return wire.Nil, fmt.Errorf("instance %d: %w", d.instance, err)
+		}
+		r.layout = r.cpu.Layout
 	}
-	if _, err := cache.Layout.BlocksPerChunk(chunk); err != nil {
-		_ = cache.Close()
+	if _, err := r.layout.BlocksPerChunk(chunk); err != nil {
+		_ = r.close()
 		return wire.Nil, fmt.Errorf("instance %d: %w", d.instance, err)
 	}
 	if _, ok := st.s.eng.(poolBytes); !ok {
-		_ = cache.Close()
+		_ = r.close()
 		return wire.Nil, errors.New("the storage engine does not expose L1 memory; lmcache-driven transfers are not available")
 	}
-	l := cache.Layout
+	l := r.layout
 	objBytes := l.ObjectBytes(chunk)
 	if prev, err := st.s.eng.Layout(d.model, d.world); err == nil && prev.ObjectBytes != objBytes {
 		st.log.Warn("an lmcache-driven worker's layout replaces a different one; data stored under the old size is not retrievable by this worker",
@@ -396,17 +471,16 @@ func (st *state) lmdRegister(req *request) ([]byte, error) {
 	meta := map[string]any{"shape": shape, "dtype": l.Dtype, "chunk_size": st.s.cfg.ChunkSize, "num_layers": l.NumLayers,
 		"hidden_dim_size": l.Hidden(), "use_mla": l.MLA(), "format": kvFormat(l.MLA()), "transfer": "lmcache_driven", "paged_format": l.Format.String()}
 	if err := st.s.eng.RegisterLayout(engine.Layout{ModelName: d.model, WorldSize: d.world, ObjectBytes: objBytes, Meta: meta}); err != nil {
-		_ = cache.Close()
+		_ = r.close()
 		return wire.Nil, fmt.Errorf("register layout: %w", err)
 	}
-	r := &lmdReg{instance: d.instance, model: d.model, world: d.world, cache: cache, objBytes: objBytes,
-		tag: fmt.Sprintf("lmd-instance-%d", d.instance), lastSeen: time.Now()}
+	r.objBytes = objBytes
 	if old := st.lmd.put(r); old != nil { // a concurrent registration from another peer
-		_ = old.cache.Close()
+		_ = old.close()
 	}
-	st.log.Info("worker registered (lmcache-driven, CPU shared memory)", "instance_id", d.instance, "peer", req.peer.idString(),
+	st.log.Info("worker registered (lmcache-driven, "+backend+")", "instance_id", d.instance, "peer", req.peer.idString(),
 		"model", d.model, "world_size", d.world, "paged_format", l.Format.String(), "layers", l.NumLayers, "blocks", l.NumBlocks,
-		"block_size", l.BlockSize, "dtype", l.Dtype, "object_bytes", objBytes, "segments", len(cache.Segments))
+		"block_size", l.BlockSize, "dtype", l.Dtype, "object_bytes", objBytes)
 	return wire.Nil, nil
 }
 
@@ -420,7 +494,7 @@ func (st *state) lmdUnregister(req *request) ([]byte, error) {
 		st.log.Info("UNREGISTER_KV_CACHE for an unknown instance", "instance_id", int64(inst))
 		return wire.Nil, nil
 	}
-	err := r.cache.Close()
+	err := r.close()
 	st.log.Info("worker unregistered (lmcache-driven)", "instance_id", r.instance, "model", r.model, "world_size", r.world)
 	return wire.Nil, err
 }
@@ -434,6 +508,7 @@ type lmdTransfer struct {
 	first  int
 	last   int
 	hashes [][]byte
+	event  []byte // the worker's CUDA IPC event handle (empty on CPU)
 }
 
 func (st *state) lmdTransferHead(req *request) (*lmdTransfer, error) {
@@ -449,8 +524,8 @@ func (st *state) lmdTransferHead(req *request) (*lmdTransfer, error) {
 	if t.blocks, err = decodeBlockIDs(req.payloads[2]); err != nil {
 		return nil, err
 	}
-	// The event handle is empty on CPU; on CUDA it would be waited on.
-	if _, _, err := msgp.ReadBytesZC(req.payloads[3]); err != nil {
+	// The event handle is empty on CPU; on CUDA the copies wait on it.
+	if t.event, _, err = msgp.ReadBytesZC(req.payloads[3]); err != nil {
 		return nil, fmt.Errorf("decode event_ipc_handle: %w", err)
 	}
 	if t.reg = st.lmd.get(int64(inst)); t.reg == nil {
@@ -474,7 +549,7 @@ func (st *state) lmdTransferHead(req *request) (*lmdTransfer, error) {
 	}
 	// All-or-nothing: every chunk of the range needs its blocks, or
 	// nothing is copied (upstream stores nothing either).
-	bpc, err := t.reg.cache.Layout.BlocksPerChunk(int64(st.s.cfg.ChunkSize))
+	bpc, err := t.reg.layout.BlocksPerChunk(int64(st.s.cfg.ChunkSize))
 	if err != nil {
 		return nil, err
 	}
@@ -591,9 +666,26 @@ func (st *state) lmdStore(req *request) ([]byte, error) {
 	if len(reserved) == 0 {
 		return wire.Marshal(&wire.TransferReply{Handle: []byte{}, OK: true}), nil
 	}
-	plan, err := r.cache.Layout.Plan(int64(st.s.cfg.ChunkSize), t.blocks, chunks, 0)
-	if err == nil {
-		err = r.cache.Gather(plan, objs)
+	plan, err := r.layout.Plan(int64(st.s.cfg.ChunkSize), t.blocks, chunks, 0)
+	if err == nil && r.gpu != nil {
+		// Commit (or abort) once the copies completed, off this FIFO; the
+		// worker waits on the returned event before reusing its blocks.
+		var h kvcuda.IPCHandle
+		h, err = r.gpu.Submit(plan, objs, kvcuda.Store, t.event, func(err error) {
+			if err != nil {
+				st.s.eng.AbortWrite(r.tag, reserved)
+				st.lmdAsyncFailed(r, "STORE", err)
+				return
+			}
+			if n, err := st.s.eng.CommitWrite(r.tag, reserved); err != nil {
+				st.lmdAsyncFailed(r, "STORE", fmt.Errorf("commit %d chunks (%d published): %w", len(reserved), n, err))
+			}
+		})
+		if err == nil {
+			return wire.Marshal(&wire.TransferReply{Handle: h[:], OK: true}), nil
+		}
+	} else if err == nil {
+		err = r.cpu.Gather(plan, objs)
 	}
 	if err != nil {
 		st.s.eng.AbortWrite(r.tag, reserved)
@@ -639,10 +731,23 @@ func (st *state) lmdRetrieve(req *request) ([]byte, error) {
 	}
 	var plan *kvlayout.Plan
 	if err == nil {
-		plan, err = r.cache.Layout.Plan(int64(st.s.cfg.ChunkSize), t.blocks, chunks, int64(skip))
+		plan, err = r.layout.Plan(int64(st.s.cfg.ChunkSize), t.blocks, chunks, int64(skip))
 	}
-	if err == nil {
-		err = r.cache.Scatter(plan, objs)
+	if err == nil && r.gpu != nil {
+		// The read locks go once the copies completed.
+		var h kvcuda.IPCHandle
+		reqID := k.RequestID
+		h, err = r.gpu.Submit(plan, objs, kvcuda.Retrieve, t.event, func(err error) {
+			st.s.eng.ReleaseRead(reqID, keys, 1)
+			if err != nil {
+				st.lmdAsyncFailed(r, "RETRIEVE", err)
+			}
+		})
+		if err == nil {
+			return wire.Marshal(&wire.TransferReply{Handle: h[:], OK: true}), nil
+		}
+	} else if err == nil {
+		err = r.cpu.Scatter(plan, objs)
 	}
 	// The read is over either way: this rank's lock on each object goes,
 	// as COMMIT_RETRIEVE releases it on the engine-driven path.
@@ -653,6 +758,15 @@ func (st *state) lmdRetrieve(req *request) ([]byte, error) {
 	return wire.Marshal(&wire.TransferReply{Handle: []byte{}, OK: true}), nil
 }
 
+// lmdAsyncFailed reports a CUDA transfer that failed after its reply
+// (the copies or the commit): the store's chunks are dropped, counted in
+// lmcache_mp_zmq_refused_requests_total{reason="lmcache_driven_transfer"}.
+func (st *state) lmdAsyncFailed(r *lmdReg, op string, err error) {
+	st.s.metrics.ZMQRefused.WithLabelValues("lmcache_driven_transfer").Inc()
+	st.warnEvery(fmt.Sprintf("lmd/async/%d", r.instance), protocolWarnEvery,
+		"lmcache-driven "+op+" failed on the GPU after its reply (logged at most every 10 s per instance)", "instance_id", r.instance, "err", err)
+}
+
 // lmdStatus adds the lmcache-driven registrations to GET /status as
 // upstream's transfer module reports its cache contexts: each instance
 // id joins registered_gpu_ids and gets a cache_context_meta entry (keyed
@@ -661,7 +775,7 @@ func (st *state) lmdStatus(out map[string]any, ids []int64) []int64 {
 	meta := map[string]any{}
 	for _, r := range st.lmd.snapshot() {
 		ids = append(ids, r.instance)
-		l := r.cache.Layout
+		l := r.layout
 		nkv := int64(2)
 		if l.MLA() {
 			nkv = 1
@@ -723,12 +837,15 @@ func (s *Server) KVLayers(instanceID int) ([]httpapi.KVLayer, error) {
 	if r == nil {
 		return nil, &statusError{404, fmt.Errorf("instance_id %d has no lmcache-driven registration", instanceID)}
 	}
-	if _, err := r.cache.Layout.BlockExtents(0, 0); err != nil && errors.Is(err, kvlayout.ErrUnsupported) {
+	if r.cpu == nil {
+		return nil, &statusError{501, fmt.Errorf("instance_id %d is a CUDA KV cache; checksums read CPU shared-memory caches only", instanceID)}
+	}
+	if _, err := r.layout.BlockExtents(0, 0); err != nil && errors.Is(err, kvlayout.ErrUnsupported) {
 		return nil, &statusError{501, err}
 	}
-	out := make([]httpapi.KVLayer, r.cache.Layout.NumLayers)
+	out := make([]httpapi.KVLayer, r.layout.NumLayers)
 	for i := range out {
-		out[i] = KVBlockLayer{cache: r.cache, layer: i}
+		out[i] = KVBlockLayer{cache: r.cpu, layer: i}
 	}
 	return out, nil
 }

@@ -19,10 +19,9 @@ import (
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
-// lmdPickler builds CpuShmTensorWrapper pickles with Debian's python3 and
-// stand-in classes carrying upstream's module and class names (as
-// internal/kvwrap/testdata/gen_fixtures.py does), one hex line per tensor.
-const lmdPickler = `
+// picklerPrelude sets up stand-in modules and a torch.float16 global
+// that pickles by name, as upstream's classes and dtypes do.
+const picklerPrelude = `
 import json, pickle, sys, types
 def mod(name):
     parts = name.split(".")
@@ -35,6 +34,12 @@ class Dtype:
     def __reduce__(self): return self.n
 torch = mod("torch")
 torch.float16 = Dtype("float16")
+`
+
+// lmdPickler builds CpuShmTensorWrapper pickles with Debian's python3 and
+// stand-in classes carrying upstream's module and class names (as
+// internal/kvwrap/testdata/gen_fixtures.py does), one hex line per tensor.
+const lmdPickler = picklerPrelude + `
 m = mod("lmcache.v1.platform.cpu.shm")
 W = type("CpuShmTensorWrapper", (object,), {})
 W.__module__ = m.__name__

@@ -1,0 +1,172 @@
+package mq_test
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"math/rand/v2"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/lmcache-go/lmcache/internal/kvcuda"
+	"github.com/lmcache-go/lmcache/internal/mq"
+	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/wire"
+)
+
+// lmdCUDAPickler builds CudaIPCWrapper pickles (the 8-tuple handle of
+// UntypedStorage._share_cuda_()) with Debian's python3 and stand-in
+// classes carrying upstream's names, one hex line per tensor.
+const lmdCUDAPickler = picklerPrelude + `
+m = mod("lmcache.v1.multiprocess.custom_types")
+W = type("CudaIPCWrapper", (object,), {})
+W.__module__ = m.__name__
+m.CudaIPCWrapper = W
+for t in json.loads(sys.argv[1]):
+    w = W.__new__(W)
+    h = (0, bytes.fromhex(t["mem"]), t["nbytes"], 0, b"/torch_refcount", 0, bytes(64), True)
+    w.__dict__.update(handle=h, dtype=torch.float16, shape=tuple(t["shape"]), stride=tuple(t["stride"]),
+        storage_offset=0, device_uuid=t["uuid"])
+    print(pickle.dumps(w, protocol=4).hex())
+`
+
+// TestLMDCUDAFakeDriver: through the real ZMQ socket and engine, with the
+// CUDA backend on kvcuda's fake driver (host memory standing in for the
+// GPU): REGISTER_KV_CACHE with python-pickled CudaIPCWrappers opens the
+// memory handles and pins the L1 pool; STORE waits on the worker's event
+// and answers the server's completion event handle; the objects (read by
+// an engine-driven PREPARE_RETRIEVE) are byte-exact; RETRIEVE writes the
+// blocks byte-exact; UNREGISTER_KV_CACHE closes every handle and the
+// server's stop unpins the pool. No GPU is involved.
+func TestLMDCUDAFakeDriver(t *testing.T) {
+	f := kvcuda.NewFake()
+	h := start(t, opts{mq: func(c *mq.Config) { c.CUDA = f }})
+	c := h.dial(mqclient.Options{})
+	sched := h.dial(mqclient.Options{})
+
+	// A [2, 16, 8, 4, 16] fp16 cache per layer in "device" memory.
+	n := 2 * pcBlocks * pcBS * pcHeads * pcHS * 2
+	rnd := rand.New(rand.NewPCG(8, 8))
+	pc := &pagedCache{}
+	var specs []map[string]any
+	for range testLayers {
+		m := make([]byte, n)
+		for i := range m {
+			m[i] = byte(rnd.Uint32())
+		}
+		hd := f.ExportMem(m)
+		pc.maps = append(pc.maps, m)
+		specs = append(specs, map[string]any{"mem": hex.EncodeToString(hd[:]), "nbytes": n, "uuid": f.UUID,
+			"shape":  []int{2, pcBlocks, pcBS, pcHeads, pcHS},
+			"stride": []int{pcBlocks * pcBS * pcHeads * pcHS, pcBS * pcHeads * pcHS, pcHeads * pcHS, pcHS, 1}})
+	}
+	arg, _ := json.Marshal(specs)
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("python3 is required to build wrapper pickles: %v", err)
+	}
+	out, err := exec.Command(py, "-c", lmdCUDAPickler, string(arg)).Output()
+	if err != nil {
+		t.Fatalf("pickler: %v", err)
+	}
+	kv := msgp.AppendArrayHeader(nil, testLayers)
+	for _, l := range strings.Fields(string(out)) {
+		p, err := hex.DecodeString(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kv, err = msgp.AppendExtension(kv, &msgp.RawExtension{Type: 1, Data: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hints := msgp.AppendMapHeader(nil, 1)
+	hints = msgp.AppendString(hints, "kv_layout")
+	hints = msgp.AppendString(hints, "NHD")
+	frames := [][]byte{wire.EncodeInt(7), kv, msgp.AppendString(nil, "m"), wire.EncodeInt(1), msgp.AppendString(nil, "vllm"), hints, wire.EmptyList}
+	if b, err := c.Call(wire.OpRegisterKVCache, frames...); err != nil || !bytes.Equal(b, wire.Nil) {
+		t.Fatalf("REGISTER_KV_CACHE = %x %v", b, err)
+	}
+	if got := f.Open(); got != "mem=2 events=0 streams=1 pinned=1 ctx=1" {
+		t.Fatalf("after registration: %s\n%s", got, h.logs.String())
+	}
+
+	tokens := prompt(3, 2*testChunk)
+	ev, _ := f.WorkerEvent()
+	reply := func(b []byte, err error) wire.TransferReply {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r wire.TransferReply
+		if err := wire.Unmarshal(b, &r); err != nil {
+			t.Fatalf("reply %x: %v", b, err)
+		}
+		return r
+	}
+	k := wire.Marshal(key("m", 1, 0, tokens, 0, len(tokens), "r1"))
+	r := reply(c.Call(wire.OpStore, k, wire.EncodeInt(7), blockIDs(5, 6, 1, 2), msgp.AppendBytes(nil, ev[:])))
+	if !r.OK || len(r.Handle) != 64 || !bytes.HasPrefix(r.Handle, []byte("fakeevt")) {
+		t.Fatalf("STORE reply %+v: want the server's completion event handle", r)
+	}
+	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, len(tokens), "r1"), 2)
+	log := f.Log()
+	if strings.Join(log, "\n") == "" || indexIn(log, "StreamWaitEvent") > indexIn(log, "Memcpy") || indexIn(log, "Memcpy") < 0 {
+		t.Fatalf("the store did not wait on the worker's event before copying:\n%s", strings.Join(log, "\n"))
+	}
+
+	w := h.worker(8, "m", 1, 0)
+	want := [][]byte{pc.object([]int{5, 6}), pc.object([]int{1, 2})}
+	if !w.retrieve(tokens, 0, 2*testChunk, "r1", func(c int) []byte { return want[c] }) {
+		t.Fatal("engine-driven PREPARE_RETRIEVE of CUDA-stored objects failed")
+	}
+
+	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, len(tokens), "r2"), 2)
+	k = wire.Marshal(key("m", 1, 0, tokens, 0, len(tokens), "r2"))
+	r = reply(c.Call(wire.OpRetrieve, k, wire.EncodeInt(7), blockIDs(9, 10, 11, 12), msgp.AppendBytes(nil, nil), wire.EncodeInt(0)))
+	if !r.OK || len(r.Handle) != 64 {
+		t.Fatalf("RETRIEVE reply %+v", r)
+	}
+	// The copies run when the server's completion goroutine waits on the
+	// event (the fake runs the stream there, under its lock, so reading
+	// the log orders this test's reads after them).
+	waitFor(t, "the retrieve's completion", func() bool { return f.Count("EventSynchronize") == 2 })
+	src, dst := []int{5, 6, 1, 2}, []int{9, 10, 11, 12}
+	for kv := range 2 {
+		for l := range testLayers {
+			for tok := range 2 * testChunk {
+				if !bytes.Equal(pc.row(kv, l, dst[tok/pcBS], tok%pcBS), pc.row(kv, l, src[tok/pcBS], tok%pcBS)) {
+					t.Fatalf("kv %d layer %d token %d: retrieved row differs", kv, l, tok)
+				}
+			}
+		}
+	}
+
+	// POST /cache/checksums reads CPU caches only: 501 for this one.
+	if _, err := h.srv.KVLayers(7); err == nil || !strings.Contains(err.Error(), "CUDA KV cache") {
+		t.Fatalf("KVLayers of a CUDA context = %v", err)
+	} else if sc, ok := err.(interface{ HTTPStatus() int }); !ok || sc.HTTPStatus() != 501 {
+		t.Fatalf("KVLayers of a CUDA context: %v is not a 501", err)
+	}
+	if b, err := c.Call(wire.OpUnregisterKVCache, wire.EncodeInt(7)); err != nil || !bytes.Equal(b, wire.Nil) {
+		t.Fatalf("UNREGISTER_KV_CACHE = %x %v", b, err)
+	}
+	if got := f.Open(); got != "mem=0 events=0 streams=0 pinned=1 ctx=0" {
+		t.Fatalf("after UNREGISTER_KV_CACHE: %s", got)
+	}
+	h.stop()
+	if got := f.Open(); got != "mem=0 events=0 streams=0 pinned=0 ctx=0" {
+		t.Fatalf("after the server stopped: %s", got)
+	}
+}
+
+func indexIn(log []string, prefix string) int {
+	for i, l := range log {
+		if strings.HasPrefix(l, prefix) {
+			return i
+		}
+	}
+	return -1
+}
