@@ -92,7 +92,8 @@ func (r *Recorder) Unbound() int64 {
 // Bind records the tokens and parent hash of chunks a store request is
 // about to write: hashes[i] covers tokens[i]; parent is the hash of the
 // chunk before hashes[0] (nil when hashes[0] starts the sequence). The
-// slices are copied.
+// hashes are copied; the token slices are kept (records share them), so
+// the caller hands over slices it never changes again.
 func (r *Recorder) Bind(parent []byte, hashes [][]byte, tokens [][]uint32) {
 	if !r.Enabled() {
 		return
@@ -100,7 +101,7 @@ func (r *Recorder) Bind(parent []byte, hashes [][]byte, tokens [][]uint32) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, h := range hashes {
-		b := binding{tokens: append([]uint32(nil), tokens[i]...)}
+		b := binding{tokens: tokens[i]}
 		if i == 0 {
 			if parent != nil {
 				b.parent = append([]byte(nil), parent...)
