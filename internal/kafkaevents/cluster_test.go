@@ -27,6 +27,11 @@ var topicSeq atomic.Int64
 // on a kfake cluster of three brokers torn down with the test, or on the real
 // Kafka named by LMCACHE_TEST_KAFKA_BROKERS.
 func newTopic(t *testing.T, partitions int32) ([]string, string) {
+	return newTopicB(t, partitions)
+}
+
+// newTopicB is newTopic for tests and benchmarks.
+func newTopicB(t testing.TB, partitions int32) ([]string, string) {
 	t.Helper()
 	topic := fmt.Sprintf("lmcache-cache-events-%s-%d-%d", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano(), topicSeq.Add(1))
 	if env := os.Getenv(brokersEnv); env != "" {
@@ -44,7 +49,7 @@ func newTopic(t *testing.T, partitions int32) ([]string, string) {
 
 // adminClient returns a plain client closed with the test and a request
 // context bounded by its deadline.
-func adminClient(t *testing.T, brokers []string) (*kgo.Client, context.Context) {
+func adminClient(t testing.TB, brokers []string) (*kgo.Client, context.Context) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
@@ -56,7 +61,7 @@ func adminClient(t *testing.T, brokers []string) (*kgo.Client, context.Context) 
 	return cl, ctx
 }
 
-func createTopic(t *testing.T, brokers []string, topic string, partitions int32) {
+func createTopic(t testing.TB, brokers []string, topic string, partitions int32) {
 	t.Helper()
 	cl, ctx := adminClient(t, brokers)
 	req := kmsg.NewPtrCreateTopicsRequest()
