@@ -46,11 +46,11 @@ type Counters struct {
 	// PrefetchDropped counts jobs whose L2 phase never ran because the job
 	// queue was full (they complete with the L1 result only);
 	// PrefetchReaped counts finished jobs nobody polled within
-	// prefetchResultTTL, discarded to bound memory.
+	// the engine's prefetch result TTL, discarded to bound memory.
 	PrefetchDropped int64
 	PrefetchReaped  int64
 	// L2LookupTimeouts counts lookup jobs whose L2 lookup ran out of the
-	// Config.L2LookupTimeout budget and answered without (some of) the
+	// engine.Config.L2LookupTimeout budget and answered without (some of) the
 	// adapters (l2_prefetch_failure{reason=lookup_timeout}).
 	L2LookupTimeouts int64
 	// L2LookupUnavailable counts adapter lookups skipped because the
@@ -70,7 +70,7 @@ type Counters struct {
 	L2StoreCompletedObj map[string]int64 // l2_store_completed_objects{cache_salt}
 	L2EvictedObj        map[string]int64 // l2_evicted_objects{cache_salt}
 	// StoreQueueDropped counts objects whose write-behind uploads were
-	// still queued or backing off when Run returned (or that were committed
+	// still queued or backing off when engine.Run returned (or that were committed
 	// after it returned): they are unpinned and never uploaded.
 	StoreQueueDropped int64
 
@@ -87,7 +87,7 @@ type L2Counters struct {
 	StoreCompleted int64 // l2_store_completed (successful tasks)
 	StoreFailed    int64 // failed attempts (each retry counts)
 	StoreRetried   int64 // attempts after the first
-	StoreAbandoned int64 // objects given up on after StoreMaxAttempts
+	StoreAbandoned int64 // objects given up on after engine.Config.StoreMaxAttempts
 	StoreObjects   int64 // objects uploaded
 	StoreBytes     int64
 	LoadCompleted  int64 // l2_load_completed (tasks)
