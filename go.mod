@@ -27,6 +27,8 @@ require gopkg.in/yaml.v3 v3.0.1
 
 require github.com/twmb/franz-go/pkg/kadm v1.20.0
 
+require github.com/BurntSushi/toml v1.5.0
+
 require (
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/go-openapi/jsonpointer v1.0.0 // indirect

@@ -152,7 +152,7 @@ func TestErrorsHaveOneShape(t *testing.T) {
 		{[]string{"--config-file", zero}, nil, `--chunk-size: ` + zero + ` line 2: must be >= 1`},
 		{[]string{"--config-file", unknown}, nil, `--config-file: ` + unknown + ` line 2: unknown key "chunk_sise"`},
 		{nil, map[string]string{"TEST_CONFIG_FILE": unknown}, `--config-file: TEST_CONFIG_FILE: ` + unknown + ` line 2: unknown key "chunk_sise"`},
-		{[]string{"--config-file", dup}, nil, `--config-file: ` + dup + ` line 2: key "chunk-size" repeats the setting of line 1`},
+		{[]string{"--config-file", dup}, nil, `--config-file: ` + dup + ` line 2: key "chunk-size" repeats the setting of ` + dup + ` line 1`},
 		{[]string{"--config-file", list}, nil, `--chunk-size: ` + list + ` line 1: takes one value, not a list`},
 		{[]string{"--config-file", notMap}, nil, `--config-file: ` + notMap + ` line 1: want a mapping of setting names to values`},
 		{[]string{"--config-file", broken}, nil, `--config-file: ` + broken + `: yaml: line 1: did not find expected ',' or ']'`},
@@ -254,5 +254,48 @@ func TestConfigFileTooLarge(t *testing.T) {
 	err := newSettings().set.Parse([]string{"--config-file", path}, env(nil))
 	if err == nil || err.Error() != "--config-file: "+path+": larger than 1048576 bytes" {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// TestTOMLFile: a name ending in .toml is read as TOML (upstream's
+// --config-file format) with the same keys, precedence and checks; TOML
+// reports no key positions, so errors name the file only.
+func TestTOMLFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mp.toml")
+	body := "chunk-size = 512\neviction_ratio = 0.5\nmode = \"0644\"\nlazy = false\nadapter = [{type = \"fs\", base_path = \"/x\"}, \"{}\"]\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := newSettings()
+	if err := s.set.Parse(nil, env(map[string]string{"TEST_CONFIG_FILE": path, "TEST_NAME": "env"})); err != nil {
+		t.Fatal(err)
+	}
+	if s.size != 512 || s.ratio != 0.5 || s.mode != "0644" || s.lazy || s.name != "env" ||
+		!reflect.DeepEqual(s.adapters, []string{`{"base_path":"/x","type":"fs"}`, "{}"}) {
+		t.Fatalf("size %d ratio %v mode %q lazy %v name %q adapters %q", s.size, s.ratio, s.mode, s.lazy, s.name, s.adapters)
+	}
+	if got := s.set.Lookup("chunk-size").Provenance(); got != "file:"+path {
+		t.Errorf("provenance %q", got)
+	}
+	for body, want := range map[string]string{
+		"chunk_size = 1\nnull_block_id = 0\n": `--config-file: ` + path + `: unknown key "null_block_id"`,
+		"chunk_size = \"x\"\n":                `--chunk-size: ` + path + `: not an integer (got "x")`,
+		"chunk_size = [1]\n":                  `--chunk-size: ` + path + `: takes one value, not a list`,
+	} {
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		err := newSettings().set.Parse([]string{"--config-file", path}, env(nil))
+		if err == nil || err.Error() != want {
+			t.Errorf("%q:\n got %v\nwant %s", body, err, want)
+		}
+	}
+	if err := os.WriteFile(path, []byte("chunk_size = \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := newSettings().set.Parse([]string{"--config-file", path}, env(nil))
+	if err == nil || !strings.HasPrefix(err.Error(), "--config-file: "+path+": toml: ") {
+		t.Errorf("broken TOML: %v", err)
 	}
 }

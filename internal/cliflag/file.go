@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 
+	"github.com/BurntSushi/toml"
 	"gopkg.in/yaml.v3"
 )
 
@@ -64,41 +67,118 @@ func (s *Set) readConfig(lookupEnv func(string) (string, bool)) (map[*Entry]file
 	if len(data) > MaxConfigFileBytes {
 		return nil, fail("%s: larger than %d bytes", path, MaxConfigFileBytes)
 	}
+	items, err := parseConfig(path, data)
+	if err != nil {
+		return nil, fail("%v", err)
+	}
+	out := map[*Entry]fileValue{}
+	seen := map[string]string{}
+	for _, it := range items {
+		e, ok := s.byKey[normalizeKey(it.key)]
+		if !ok {
+			return nil, fail("%s: unknown key %q", it.where, it.key)
+		}
+		if first, dup := seen[e.Subject()]; dup {
+			return nil, fail("%s: key %q repeats the setting of %s", it.where, it.key, first)
+		}
+		seen[e.Subject()] = it.where
+		values, err := it.values(isList(e.Value))
+		if err != nil {
+			return nil, &Error{Subject: e.Subject(), Reason: it.where + ": " + err.Error()}
+		}
+		out[e] = fileValue{values: values, where: it.where}
+	}
+	return out, nil
+}
+
+// item is one top-level key of a config file, in file order.
+type item struct {
+	key    string
+	where  string // "path line N" (YAML) or "path" (TOML, which reports no key positions)
+	values func(list bool) ([]string, error)
+}
+
+// parseConfig reads a YAML document, or TOML when the name ends in .toml
+// (the format of upstream's --config-file).
+func parseConfig(path string, data []byte) ([]item, error) {
+	if strings.HasSuffix(strings.ToLower(path), ".toml") {
+		return parseTOML(path, data)
+	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, fail("%s: %s", path, firstLine(err.Error()))
+		return nil, fmt.Errorf("%s: %s", path, firstLine(err.Error()))
 	}
 	if len(doc.Content) == 0 { // an empty file sets nothing
 		return nil, nil
 	}
 	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {
-		return nil, fail("%s line %d: want a mapping of setting names to values", path, root.Line)
+		return nil, fmt.Errorf("%s line %d: want a mapping of setting names to values", path, root.Line)
 	}
-	out := map[*Entry]fileValue{}
-	seen := map[string]int{}
+	var items []item
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		if k.Kind != yaml.ScalarNode {
-			return nil, fail("%s line %d: a key must be a name", path, k.Line)
+			return nil, fmt.Errorf("%s line %d: a key must be a name", path, k.Line)
 		}
-		key := normalizeKey(k.Value)
-		e, ok := s.byKey[key]
-		if !ok {
-			return nil, fail("%s line %d: unknown key %q", path, k.Line, k.Value)
-		}
-		if line, dup := seen[e.Subject()]; dup {
-			return nil, fail("%s line %d: key %q repeats the setting of line %d", path, k.Line, k.Value, line)
-		}
-		seen[e.Subject()] = k.Line
-		where := fmt.Sprintf("%s line %d", path, k.Line)
-		values, err := nodeValues(v, isList(e.Value))
-		if err != nil {
-			return nil, &Error{Subject: e.Subject(), Reason: where + ": " + err.Error()}
-		}
-		out[e] = fileValue{values: values, where: where}
+		items = append(items, item{key: k.Value, where: fmt.Sprintf("%s line %d", path, k.Line),
+			values: func(list bool) ([]string, error) { return nodeValues(v, list) }})
 	}
-	return out, nil
+	return items, nil
+}
+
+func parseTOML(path string, data []byte) ([]item, error) {
+	var doc map[string]any
+	md, err := toml.Decode(string(data), &doc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s", path, firstLine(err.Error()))
+	}
+	var items []item
+	for _, k := range md.Keys() {
+		if len(k) != 1 { // keys inside a table belong to its value
+			continue
+		}
+		v := doc[k[0]]
+		items = append(items, item{key: k[0], where: path, values: func(list bool) ([]string, error) { return tomlValues(v, list) }})
+	}
+	return items, nil
+}
+
+// tomlValues is nodeValues for a decoded TOML value.
+func tomlValues(v any, list bool) ([]string, error) {
+	switch x := v.(type) {
+	case string:
+		return []string{x}, nil
+	case int64:
+		return []string{strconv.FormatInt(x, 10)}, nil
+	case float64:
+		return []string{strconv.FormatFloat(x, 'g', -1, 64)}, nil
+	case bool:
+		return []string{strconv.FormatBool(x)}, nil
+	case map[string]any:
+		b, err := json.Marshal(x)
+		if err != nil {
+			return nil, fmt.Errorf("encode table as JSON: %w", err)
+		}
+		return []string{string(b)}, nil
+	case []any:
+		if !list {
+			return nil, errors.New("takes one value, not a list")
+		}
+		out := []string{}
+		for _, e := range x {
+			vs, err := tomlValues(e, false)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, vs...)
+		}
+		if len(out) == 0 {
+			out = append(out, "")
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("unsupported value of type %T", v)
 }
 
 // nodeValues turns a YAML value into flag text. Scalars keep their text as

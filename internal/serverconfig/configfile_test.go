@@ -108,3 +108,29 @@ func TestLogFormatUpstream(t *testing.T) {
 		t.Errorf("xml: %v", err)
 	}
 }
+
+// TestUpstreamTOMLConfig: a TOML file named by upstream's LMCACHE_MP_CONFIG
+// (keys as upstream's argparse dests or flag names) configures the server;
+// LMCACHE_CONFIG_FILE, when also set, wins.
+func TestUpstreamTOMLConfig(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mp.toml")
+	if err := os.WriteFile(path, []byte("chunk_size = 512\nmax-workers = 4\nscript_allowed_imports = [\"math\"]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ParseEnv(nil, env(map[string]string{EnvUpstreamConfig: path}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ChunkSize != 512 || c.MaxWorkers != 4 || strings.Join(c.ScriptAllowedImports, ",") != "math" || c.Sources()[GroupMP]["max_workers"] != "file:"+path {
+		t.Fatalf("chunk %d workers %d imports %q source %q", c.ChunkSize, c.MaxWorkers, c.ScriptAllowedImports, c.Sources()[GroupMP]["max_workers"])
+	}
+	yml := configFile(t, "chunk_size: 64\n")
+	c, err = ParseEnv(nil, env(map[string]string{EnvUpstreamConfig: path, EnvConfigFile: yml}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ChunkSize != 64 || c.MaxWorkers != 1 {
+		t.Fatalf("%s over %s: %v chunk %d workers %d", EnvConfigFile, EnvUpstreamConfig, err, c.ChunkSize, c.MaxWorkers)
+	}
+}

@@ -121,6 +121,10 @@ type Config struct {
 // EnvConfigFile names the config file when --config-file is not given.
 const EnvConfigFile = "LMCACHE_CONFIG_FILE"
 
+// EnvUpstreamConfig is newest upstream's variable for its --config-file
+// (a TOML file), read after EnvConfigFile.
+const EnvUpstreamConfig = "LMCACHE_MP_CONFIG"
+
 // Group names as GET /config reports them.
 const (
 	GroupMP            = "mp"
@@ -197,7 +201,7 @@ func (c *Config) register() *registry {
 	c.reg = r
 	mp, h, sm, ob, co := GroupMP, GroupHTTP, GroupStorage, GroupObservability, GroupCoordinator
 
-	r.set.ConfigFile("config-file", mp, "YAML file of settings keyed by flag name in snake_case (chunk_size: 512); flags and environment variables override it", EnvConfigFile)
+	r.set.ConfigFile("config-file", mp, "YAML (or, named *.toml, TOML) file of settings keyed by flag name in snake_case (chunk_size: 512); flags and environment variables override it; env also "+EnvUpstreamConfig, EnvConfigFile, EnvUpstreamConfig)
 
 	// mp
 	r.str(&c.Host, "host", "host", mp, "", "localhost", "host the ZMQ request server binds")
