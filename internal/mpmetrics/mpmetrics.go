@@ -113,7 +113,7 @@ func New(instanceID string, src Source) *Metrics {
 	m.ZMQAbandonedTransfers = c(Namespace+"_zmq_abandoned_transfers_total", "PREPARE_STORE/PREPARE_RETRIEVE whose COMMIT never came, dropped (staged writes aborted, read locks released).")
 	m.ZMQProfileRefusedPeers = c(Namespace+"_zmq_wire_profile_refused_peers_total", "Client connections refused because their first request fingerprints a wire profile other than the forced --wire-profile.")
 
-	m.KVEventsDropped = cv(Namespace+"_kv_events_dropped_total", "KV events for KV-aware routers that were not delivered: stored chunks without known tokens (unbound_store), salted chunks (salted), batches the publisher queue had no room for (publisher_queue_full), log records discarded before every poller read them (log_overflow).", "reason")
+	m.KVEventsDropped = cv(Namespace+"_kv_events_dropped_total", "KV events for KV-aware routers that were not published or not kept: stored chunks without known tokens (unbound_store), salted chunks (salted), events the publisher queue had no room for (publisher_queue_full), the oldest POLL_KV_EVENTS records the full log discarded to make room (log_overflow; a poller that had not read them is told lost).", "reason")
 
 	m.engine = &engineCollector{src: src}
 	m.reg.MustRegister(m.engine)
