@@ -38,8 +38,10 @@ const (
 	// DropQueueFull: the publisher's queue was full; the batch is lost to
 	// subscribers (the POLL_KV_EVENTS log still has it).
 	DropQueueFull = "publisher_queue_full"
-	// DropLogOverflow: the log discarded its oldest record; a poller that
-	// had not read it is told lost.
+	// DropLogOverflow: the full log discarded its oldest record to make
+	// room (normal once the log has filled; a poller that had not read it
+	// is told lost, so a rate well above the poll rate means pollers fall
+	// behind).
 	DropLogOverflow = "log_overflow"
 )
 

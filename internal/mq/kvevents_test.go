@@ -9,6 +9,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/kvevents"
 	"github.com/lmcache-go/lmcache/internal/mq"
+	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
@@ -157,5 +158,25 @@ func TestKVEventsDisabled(t *testing.T) {
 	}
 	if r := poll(t, w, "m", 0, 10); r.Enabled || r.Lost || r.Next != 0 || len(r.Events) != 0 {
 		t.Errorf("poll of a disabled channel: %+v", r)
+	}
+}
+
+// TestKVEventsByName: the newest clients send operation names; a client
+// that sends "get_experimental" and "poll_kv_events" as strings is served
+// like a gen3 numbered one.
+func TestKVEventsByName(t *testing.T) {
+	lg, err := kvevents.NewLog(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := kvevents.NewRecorder(lg, nil, testChunk, nil)
+	h := start(t, opts{mq: func(c *mq.Config) { c.KVEvents = rec }})
+	h.clientOpts = mqclient.Options{SendNames: true}
+	w := h.worker(1, "m", 1, 0)
+	if got := experimental(t, w); got != "[kv_events]" {
+		t.Fatalf("GET_EXPERIMENTAL by name = %s", got)
+	}
+	if r := poll(t, w, "m", 0, 10); !r.Enabled || r.Lost || r.Incarnation != lg.Incarnation() {
+		t.Fatalf("POLL_KV_EVENTS by name: %+v", r)
 	}
 }
