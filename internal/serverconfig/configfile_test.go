@@ -27,6 +27,7 @@ eviction_policy: IsolatedLRU
 l1-use-lazy: false
 coordinator_url: http://file:9300
 http_auth_token: file-secret-token
+coordinator_auth_token: file-coord-token
 l2_adapter:
   - type: fs
     base_path: /tmp/l2
@@ -63,6 +64,9 @@ script_allowed_imports: [math, json]
 	}
 	if _, leaked := view[GroupHTTP]["http_auth_token"]; leaked {
 		t.Error("the HTTP token must not appear in /config")
+	}
+	if c.CoordinatorAuthToken != "file-coord-token" || view[GroupCoordinator]["coordinator_auth_token"] != Redacted {
+		t.Errorf("coordinator token %q shown as %v", c.CoordinatorAuthToken, view[GroupCoordinator]["coordinator_auth_token"])
 	}
 }
 
