@@ -121,9 +121,8 @@ func (e *Entry) Subject() string {
 	return e.Env
 }
 
-// FileKey is the entry's key in a config file: the flag name in
-// snake_case, or the variable's lower-cased suffix after prefix for an
-// env-only entry.
+// fileKeys are the entry's keys in a config file: the flag name in
+// snake_case, and Key where it differs (an env-only entry has only Key).
 func (e *Entry) fileKeys() []string {
 	var keys []string
 	if e.Name != "" {
@@ -141,7 +140,6 @@ func normalizeKey(k string) string {
 
 // Set is the settings of one subcommand.
 type Set struct {
-	command    string
 	fs         *flag.FlagSet
 	entries    []*Entry
 	byName     map[string]*Entry
@@ -157,7 +155,7 @@ func New(command string) *Set {
 	fs := flag.NewFlagSet("lmcache "+command, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	return &Set{command: command, fs: fs, byName: map[string]*Entry{}, byKey: map[string]*Entry{}}
+	return &Set{fs: fs, byName: map[string]*Entry{}, byKey: map[string]*Entry{}}
 }
 
 // Add registers e and returns it, so callers can set Validate afterwards.
