@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/lmcache-go/lmcache/internal/httproute"
 )
 
 // Body size limits. Event batches and token lists are the large bodies.
@@ -20,7 +22,7 @@ const (
 	eventsBodyLimit = 64 << 20
 )
 
-// readBody reads at most limit bytes; an oversized body is ErrTooLarge.
+// readBody reads at most limit bytes; an oversized body is 413.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	var buf bytes.Buffer
 	if err := readInto(&buf, w, r, limit); err != nil {
@@ -44,18 +46,7 @@ func readPooledBody(w http.ResponseWriter, r *http.Request, limit int64) (*bytes
 }
 
 func readInto(buf *bytes.Buffer, w http.ResponseWriter, r *http.Request, limit int64) error {
-	r.Body = http.MaxBytesReader(w, r.Body, limit)
-	if r.ContentLength > 0 && r.ContentLength <= limit {
-		buf.Grow(int(r.ContentLength))
-	}
-	if _, err := buf.ReadFrom(r.Body); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return withMsg(ErrTooLarge, "request body exceeds %d bytes", limit)
-		}
-		return withMsg(ErrBadRequest, "reading request body: %v", err)
-	}
-	return nil
+	return httproute.ReadBody(buf, w, r, limit, 0)
 }
 
 // jsonContentType reports whether FastAPI would parse the body as JSON: an

@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -41,20 +41,11 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, limit int64) (
 	// Not every ResponseWriter supports deadlines (httptest recorders);
 	// then only the size bound applies.
 	units := max(1, (limit+bodyReadUnit-1)/bodyReadUnit)
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.opts.BodyReadTimeout * time.Duration(units)))
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, errf(ErrTooLarge, "request body exceeds %d bytes", limit)
-		}
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return nil, errf(ErrTimeout, "request body not received within the read deadline")
-		}
-		return nil, errf(ErrBadRequest, "read body: %v", err)
+	var buf bytes.Buffer
+	if err := httproute.ReadBody(&buf, w, r, limit, s.opts.BodyReadTimeout*time.Duration(units)); err != nil {
+		return nil, err
 	}
-	return b, nil
+	return buf.Bytes(), nil
 }
 
 // decodeStrict unmarshals one JSON value into v, mapping failures to

@@ -901,5 +901,6 @@ func (s *Server) Status() map[string]any {
 		"pending_lookups":   len(st.lookups),
 	}
 	out["registered_gpu_ids"] = st.lmdStatus(out, ids)
+	out["kv_events"] = s.kvEventsStatus()
 	return out
 }
