@@ -303,6 +303,15 @@ func TestKVEventsPythonSubscriber(t *testing.T) {
 		t.Fatalf("log: %d records (lost %v), %d before the deletes + %d after", len(log), lost, len(beforeDeletes), len(after))
 	}
 
+	var status struct {
+		KV map[string]any `json:"kv_events"`
+	}
+	if code, _ := call(t, "GET", base+"/status", nil, nil, &status); code != http.StatusOK || status.KV["enabled"] != true ||
+		status.KV["log_depth"] != float64(len(log)) || status.KV["log_capacity"] != float64(32768) ||
+		status.KV["publisher_endpoint"] != pubEndpoint || status.KV["replay_endpoint"] != "tcp://127.0.0.1:"+itoa(replayPort) {
+		t.Errorf("GET /status = %d, kv_events %v", code, status.KV)
+	}
+
 	// What the log says happened, per medium and kind.
 	seen := map[string]map[uint64]int{}
 	evictions := 0

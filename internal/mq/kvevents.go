@@ -100,3 +100,28 @@ func (s *Server) bindKVTokens(k *wire.Key, hashes [][]byte, first, last int) {
 	}
 	rec.Bind(parent, hashes[first:last], toks)
 }
+
+// kvEventsStatus is the "kv_events" section of GET /status, upstream's
+// KVEventModule.report_status: enabled and incarnation always, the log's
+// depth, capacity, next sequence, loss markers (always 0 here: records
+// are appended synchronously, there is no event bus to drop them) and the
+// stores skipped for want of tokens when enabled; the native publisher's
+// endpoints when it runs (an extension).
+func (s *Server) kvEventsStatus() map[string]any {
+	rec := s.cfg.KVEvents
+	lg := rec.Log()
+	out := map[string]any{"enabled": lg != nil, "incarnation": int64(0)}
+	if lg != nil {
+		out["incarnation"] = lg.Incarnation()
+		out["log_depth"] = lg.Len()
+		out["log_capacity"] = lg.Capacity()
+		out["next_seq"] = lg.NextSeq()
+		out["lost_markers"] = 0
+		out["unbound_stores"] = rec.Unbound()
+	}
+	if rec != nil && rec.Publisher() != nil {
+		out["publisher_endpoint"] = rec.Publisher().Endpoint()
+		out["replay_endpoint"] = rec.Publisher().ReplayEndpoint()
+	}
+	return out
+}

@@ -105,6 +105,11 @@ func TestKVEventsPollThroughServer(t *testing.T) {
 			t.Errorf("record %d\n%v\nwant\n%v", i, e, want)
 		}
 	}
+	st := h.srv.Status()["kv_events"].(map[string]any)
+	if fmt.Sprint(st) != fmt.Sprint(map[string]any{"enabled": true, "incarnation": lg.Incarnation(), "log_depth": 3, "log_capacity": 5,
+		"next_seq": int64(4), "lost_markers": 0, "unbound_stores": int64(0)}) {
+		t.Errorf("status kv_events = %v", st)
+	}
 	if r := poll(t, w, "other-model", 0, 100); len(r.Events) != 0 || r.Next != 3 {
 		t.Errorf("another model's poll: %+v", r)
 	}
@@ -158,6 +163,9 @@ func TestKVEventsDisabled(t *testing.T) {
 	}
 	if r := poll(t, w, "m", 0, 10); r.Enabled || r.Lost || r.Next != 0 || len(r.Events) != 0 {
 		t.Errorf("poll of a disabled channel: %+v", r)
+	}
+	if st := fmt.Sprint(h.srv.Status()["kv_events"]); st != "map[enabled:false incarnation:0]" {
+		t.Errorf("status kv_events = %s", st)
 	}
 }
 
