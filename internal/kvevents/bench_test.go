@@ -43,7 +43,7 @@ func BenchmarkStoreOverhead(b *testing.B) {
 		r.Stored(MediumCPU, keys)
 		t2 := time.Now()
 		recs, _, _, _ := lg.ReadAfter(lg.NextSeq()-chunks-1, "m", chunks)
-		_ = AppendBatch(nil, time.Time{}, 0, recs)
+		_ = AppendBatch(make([]byte, 0, SizeHint(recs)), time.Time{}, 0, recs)
 		readT += time.Since(t2)
 		recordT += t2.Sub(t1)
 		hashT += t1.Sub(t0)

@@ -66,6 +66,17 @@ func AppendPollResult(b []byte, enabled bool, incarnation, next int64, lost bool
 	return b
 }
 
+// SizeHint is an upper bound of the encoded size of recs, so encoders
+// allocate once: a uint32 token is at most 5 bytes, a hash 9 (int) or 34
+// (bytes), plus the fixed keys of a record.
+func SizeHint(recs []Record) int {
+	n := 128
+	for i := range recs {
+		n += 192 + 5*len(recs[i].Tokens) + 34*(len(recs[i].Hashes)+1)
+	}
+	return n
+}
+
 func appendTokens(b []byte, name string, toks []uint32) []byte {
 	b = msgp.AppendString(b, name)
 	b = msgp.AppendArrayHeader(b, uint32(len(toks)))

@@ -242,7 +242,7 @@ func (p *Publisher) cycle(ctx context.Context) (periodic.Summary, error) {
 // send encodes and publishes one batch as (topic, seq, payload) and keeps
 // it for replay. vLLM numbers batches from 0.
 func (p *Publisher) send(events []Record) {
-	payload := AppendBatch(nil, time.Now(), p.cfg.DataParallelRank, events)
+	payload := AppendBatch(make([]byte, 0, SizeHint(events)), time.Now(), p.cfg.DataParallelRank, events)
 	var seqb [8]byte
 	binary.BigEndian.PutUint64(seqb[:], p.seq)
 	if _, err := p.pub.SendMessage(p.topic, seqb[:], payload); err != nil {

@@ -51,7 +51,7 @@ func (s *Server) pollKVEvents(req *request) []byte {
 	if err != nil { // unreachable: the arguments were checked above
 		return wire.Nil
 	}
-	return kvevents.AppendPollResult(nil, true, lg.Incarnation(), next, lost, recs)
+	return kvevents.AppendPollResult(make([]byte, 0, kvevents.SizeHint(recs)), true, lg.Incarnation(), next, lost, recs)
 }
 
 func decodePoll(p [][]byte) (string, int64, int, error) {
