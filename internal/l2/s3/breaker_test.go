@@ -441,9 +441,11 @@ func TestBreakerOpensOnDeadlineCutLookups(t *testing.T) {
 		t.Fatalf("after a cut probe: %v", st)
 	}
 
+	// No deadline on this probe: on a loaded machine S3's answer could
+	// miss a 50 ms budget, and the point is that an answer closes it.
 	o.mode.Store("")
 	clk.Advance(10 * time.Second)
-	if _, err := budgeted(); err != nil {
+	if _, err := a.LookupAndLock(context.Background(), keys); err != nil {
 		t.Fatalf("probe after recovery: %v", err)
 	}
 	if st := a.Status(); st["breaker_state"] != "closed" || st["connection_failures"] != 0 {
