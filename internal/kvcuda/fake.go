@@ -1,6 +1,7 @@
 package kvcuda
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -373,3 +374,21 @@ func (f *Fake) Count(prefix string) int {
 const fakeOffBits = 40
 
 var _ Driver = (*Fake)(nil)
+
+// WaitHandle plays the worker waiting on the server's completion event
+// (cuIpcOpenEventHandle + cuEventSynchronize): it runs the event's work
+// if the server has not waited yet, and returns once it is done.
+func (f *Fake) WaitHandle(h IPCHandle) error {
+	if !bytes.HasPrefix(h[:], []byte("fakeevt")) {
+		return errors.New("fake driver: not a fake event handle")
+	}
+	return f.EventSynchronize(Event(binary.LittleEndian.Uint64(h[8:])))
+}
+
+// Locked runs fn under the fake's lock, ordering it with the fake's
+// stream work (a worker touching its "device" memory).
+func (f *Fake) Locked(fn func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn()
+}

@@ -11,27 +11,12 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/lmcache-go/lmcache/internal/gpucheck"
 	"github.com/lmcache-go/lmcache/internal/kvcuda"
 	"github.com/lmcache-go/lmcache/internal/mq"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
-
-// lmdCUDAPickler builds CudaIPCWrapper pickles (the 8-tuple handle of
-// UntypedStorage._share_cuda_()) with Debian's python3 and stand-in
-// classes carrying upstream's names, one hex line per tensor.
-const lmdCUDAPickler = picklerPrelude + `
-m = mod("lmcache.v1.multiprocess.custom_types")
-W = type("CudaIPCWrapper", (object,), {})
-W.__module__ = m.__name__
-m.CudaIPCWrapper = W
-for t in json.loads(sys.argv[1]):
-    w = W.__new__(W)
-    h = (0, bytes.fromhex(t["mem"]), t["nbytes"], 0, b"/torch_refcount", 0, bytes(64), True)
-    w.__dict__.update(handle=h, dtype=torch.float16, shape=tuple(t["shape"]), stride=tuple(t["stride"]),
-        storage_offset=0, device_uuid=t["uuid"])
-    print(pickle.dumps(w, protocol=4).hex())
-`
 
 // TestLMDCUDAFakeDriver: through the real ZMQ socket and engine, with the
 // CUDA backend on kvcuda's fake driver (host memory standing in for the
@@ -59,7 +44,7 @@ func TestLMDCUDAFakeDriver(t *testing.T) {
 		}
 		hd := f.ExportMem(m)
 		pc.maps = append(pc.maps, m)
-		specs = append(specs, map[string]any{"mem": hex.EncodeToString(hd[:]), "nbytes": n, "uuid": f.UUID,
+		specs = append(specs, map[string]any{"mem": hex.EncodeToString(hd[:]), "event": hex.EncodeToString(make([]byte, 64)), "nbytes": n, "dtype": "float16", "uuid": f.UUID,
 			"shape":  []int{2, pcBlocks, pcBS, pcHeads, pcHS},
 			"stride": []int{pcBlocks * pcBS * pcHeads * pcHS, pcBS * pcHeads * pcHS, pcHeads * pcHS, pcHS, 1}})
 	}
@@ -68,7 +53,7 @@ func TestLMDCUDAFakeDriver(t *testing.T) {
 	if err != nil {
 		t.Fatalf("python3 is required to build wrapper pickles: %v", err)
 	}
-	out, err := exec.Command(py, "-c", lmdCUDAPickler, string(arg)).Output()
+	out, err := exec.Command(py, "-c", gpucheck.CUDAPickler, string(arg)).Output()
 	if err != nil {
 		t.Fatalf("pickler: %v", err)
 	}

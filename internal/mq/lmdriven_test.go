@@ -15,31 +15,15 @@ import (
 	"github.com/tinylib/msgp/msgp"
 	"golang.org/x/sys/unix"
 
+	"github.com/lmcache-go/lmcache/internal/gpucheck"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
-// picklerPrelude sets up stand-in modules and a torch.float16 global
-// that pickles by name, as upstream's classes and dtypes do.
-const picklerPrelude = `
-import json, pickle, sys, types
-def mod(name):
-    parts = name.split(".")
-    for i in range(1, len(parts) + 1):
-        sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
-    return sys.modules[name]
-class Dtype:
-    __module__ = "torch"
-    def __init__(self, n): self.n = n
-    def __reduce__(self): return self.n
-torch = mod("torch")
-torch.float16 = Dtype("float16")
-`
-
 // lmdPickler builds CpuShmTensorWrapper pickles with Debian's python3 and
 // stand-in classes carrying upstream's module and class names (as
 // internal/kvwrap/testdata/gen_fixtures.py does), one hex line per tensor.
-const lmdPickler = picklerPrelude + `
+const lmdPickler = gpucheck.PicklerPrelude + `
 m = mod("lmcache.v1.platform.cpu.shm")
 W = type("CpuShmTensorWrapper", (object,), {})
 W.__module__ = m.__name__
