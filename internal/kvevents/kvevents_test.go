@@ -299,6 +299,11 @@ func TestPublisherSubscribeAndReplay(t *testing.T) {
 	}
 
 	dealer := dial(t, zmq.DEALER, p.ReplayEndpoint(), nil)
+	// A malformed request (a 3-byte start) is ignored; the next valid one
+	// is answered.
+	if _, err := dealer.SendMessage([]byte{}, []byte{1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
 	var start [8]byte
 	binary.BigEndian.PutUint64(start[:], got[1])
 	if _, err := dealer.SendMessage([]byte{}, start[:]); err != nil {
@@ -357,5 +362,49 @@ func TestNewConfig(t *testing.T) {
 	r, err = New(Config{LogSize: 5})
 	if err != nil || r.Log().Capacity() != 5 || !r.Enabled() {
 		t.Errorf("log of 5: %v", err)
+	}
+}
+
+// TestPublisherConnects: an endpoint without "*" or "::" is connected to,
+// as vLLM does (a proxy or router binds); batches reach a SUB bound there.
+func TestPublisherConnects(t *testing.T) {
+	sub, err := zmq.NewSocket(zmq.SUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	_ = sub.SetLinger(0)
+	_ = sub.SetRcvtimeo(50 * time.Millisecond)
+	if err := sub.SetSubscribe(""); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := sub.GetLastEndpoint()
+	p, err := NewPublisher(PublisherConfig{Endpoint: ep}, periodic.NewRegistry(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.mode != "connect" || p.Endpoint() != ep || p.ReplayEndpoint() != "" {
+		t.Fatalf("mode %q endpoint %q replay %q", p.mode, p.Endpoint(), p.ReplayEndpoint())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.Publish([]Record{removed("m", 1)})
+		msg, err := sub.RecvMessageBytes(0)
+		if err == nil {
+			if len(msg) != 3 || len(msg[0]) != 0 {
+				t.Fatalf("frames %q", msg)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("nothing reached the bound SUB")
+		}
 	}
 }

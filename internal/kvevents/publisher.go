@@ -85,6 +85,8 @@ type Publisher struct {
 	topic []byte
 
 	endpoint, replayEndpoint string
+	// mode is "bind" or "connect" (vLLM's rule, see PublisherConfig).
+	mode string
 }
 
 // NewPublisher opens the sockets and registers the publishing loop in
@@ -125,6 +127,7 @@ func (p *Publisher) open() error {
 	}
 	ep := p.cfg.Endpoint
 	if strings.Contains(ep, "*") || strings.Contains(ep, "::") || strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://") {
+		p.mode = "bind"
 		if err := p.pub.Bind(ep); err != nil {
 			return fmt.Errorf("kvevents: bind %s: %w", ep, err)
 		}
@@ -135,7 +138,7 @@ func (p *Publisher) open() error {
 		if err := p.pub.Connect(ep); err != nil {
 			return fmt.Errorf("kvevents: connect %s: %w", ep, err)
 		}
-		p.endpoint = ep
+		p.endpoint, p.mode = ep, "connect"
 	}
 	p.poller = zmq.NewPoller()
 	if p.cfg.ReplayEndpoint != "" {
@@ -193,7 +196,7 @@ func (p *Publisher) Publish(events []Record) bool {
 // goroutine that calls Run owns them.
 func (p *Publisher) Run(ctx context.Context) {
 	defer p.closeOnce.Do(p.close)
-	p.log.Info("KV events publisher running", "endpoint", p.endpoint, "replay_endpoint", p.replayEndpoint, "topic", p.cfg.Topic)
+	p.log.Info("KV events publisher running", "endpoint", p.endpoint, "mode", p.mode, "replay_endpoint", p.replayEndpoint, "topic", p.cfg.Topic)
 	p.loop.Run(ctx)
 }
 
