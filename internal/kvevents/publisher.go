@@ -37,7 +37,7 @@ type PublisherConfig struct {
 	DataParallelRank int
 }
 
-// Defaults fills vLLM's defaults into zero fields.
+// withDefaults fills vLLM's defaults into zero fields.
 func (c PublisherConfig) withDefaults() PublisherConfig {
 	if c.BufferSteps == 0 {
 		c.BufferSteps = 10000

@@ -29,7 +29,7 @@ func TestKVEventFlags(t *testing.T) {
 	if g := c.Groups()[GroupMP]; g["kv_event_log_size"] != 0 || g["kv_events_endpoint"] != "tcp://*:5557" {
 		t.Errorf("mp group: kv_event_log_size %v, kv_events_endpoint %v", g["kv_event_log_size"], g["kv_events_endpoint"])
 	}
-	for _, bad := range [][]string{{"--kv-event-log-size", "-1"}, {"--kv-events-buffer-steps", "0"}, {"--kv-events-max-queue-size", "0"}} {
+	for _, bad := range [][]string{{"--kv-event-log-size", "-1"}, {"--kv-events-buffer-steps", "0"}, {"--kv-events-max-queue-size", "0"}, {"--kv-events-hwm", "0"}} {
 		if _, err := ParseEnv(bad, env(nil), nil); err == nil || !strings.Contains(err.Error(), bad[0]) {
 			t.Errorf("%v: err %v, want a refusal naming the flag", bad, err)
 		}

@@ -249,7 +249,7 @@ func (c *Config) register() *registry {
 	r.str(&c.KVEventsReplayEndpoint, "kv-events-replay-endpoint", "kv_events_replay_endpoint", mp, "", "", "ZMQ ROUTER address (bound) that resends retained KV event batches from a requested sequence; empty: no replay")
 	r.str(&c.KVEventsTopic, "kv-events-topic", "kv_events_topic", mp, "", "", "topic frame of every published KV event batch")
 	r.intv(&c.KVEventsBufferSteps, "kv-events-buffer-steps", "kv_events_buffer_steps", mp, "", 10000, "published KV event batches kept for replay").Validate = atLeast(&c.KVEventsBufferSteps, 1)
-	r.intv(&c.KVEventsHWM, "kv-events-hwm", "kv_events_hwm", mp, "", 100000, "send high-water mark of the KV events PUB socket").Validate = atLeast(&c.KVEventsHWM, 0)
+	r.intv(&c.KVEventsHWM, "kv-events-hwm", "kv_events_hwm", mp, "", 100000, "send high-water mark of the KV events PUB socket (messages kept for a subscriber that does not read)").Validate = atLeast(&c.KVEventsHWM, 1)
 	r.intv(&c.KVEventsMaxQueueSize, "kv-events-max-queue-size", "kv_events_max_queue_size", mp, "", 100000, "KV event batches waiting to be published; past it a batch is dropped and counted in lmcache_mp_kv_events_dropped_total{reason=\"publisher_queue_full\"}").Validate = atLeast(&c.KVEventsMaxQueueSize, 1)
 
 	// http
