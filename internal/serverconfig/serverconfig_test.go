@@ -131,6 +131,21 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 		if !strings.Contains(out, "--"+e.Name) {
 			t.Errorf("--help misses --%s", e.Name)
 		}
+		// Every flag's entry states its default and, where it has one,
+		// its env variable.
+		want := "(default " + e.Default
+		if e.Env != "" {
+			want += "; env " + e.Env + ")"
+		}
+		i := strings.Index(out, "  --"+e.Name+"\n")
+		if i < 0 {
+			i = strings.Index(out, "  --"+e.Name+" / --no-"+e.Name+"\n")
+		}
+		if i < 0 {
+			t.Errorf("--help has no line of its own for --%s", e.Name)
+		} else if entry := strings.SplitN(out[i:], ")\n", 2)[0] + ")"; !strings.Contains(entry, want) {
+			t.Errorf("--help entry of --%s lacks %q", e.Name, want)
+		}
 	}
 	for _, want := range []string{"--l1-size-gb\n      L1 size in GiB (default 1)", "--l1-use-lazy / --no-l1-use-lazy", `(default "127.0.0.1")`, "env LMCACHE_COORDINATOR_URL"} {
 		if !strings.Contains(out, want) {
