@@ -206,7 +206,7 @@ func (s *Server) handleCacheEvents(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	batches, err := decodeCacheEvents(r, body)
+	batches, err := decodeAnyCacheEvents(r, body)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,7 @@ import (
 // reply carries. For an event source other than HTTP (kafkaevents.Source).
 func (s *Server) IngestCacheEvents(body []byte) (applied, duplicates, stale int, err error) {
 	// No Content-Type: the body is read as JSON, as FastAPI does.
-	batches, err := decodeCacheEvents(&http.Request{Header: http.Header{}}, body)
+	batches, err := decodeAnyCacheEvents(&http.Request{Header: http.Header{}}, body)
 	if err != nil {
 		return 0, 0, 0, err
 	}

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
@@ -37,7 +38,8 @@ func (v *l1View) store(instance string, k ledger.Key, size int64) bool {
 	in := v.by[instance]
 	if in == nil {
 		in = &l1Instance{keys: map[ledger.Key]int64{}}
-		v.by[instance] = in
+		// Clone what is kept: decoded strings may alias the request body.
+		v.by[strings.Clone(instance)] = in
 	}
 	old, ok := in.keys[k]
 	if !ok {
@@ -45,6 +47,7 @@ func (v *l1View) store(instance string, k ledger.Key, size int64) bool {
 			return false
 		}
 		v.total++
+		k.Model, k.Salt = strings.Clone(k.Model), strings.Clone(k.Salt)
 	}
 	in.keys[k] = size
 	in.bytes += size - old
