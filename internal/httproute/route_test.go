@@ -247,3 +247,32 @@ func TestConflictingRoutesFailAtNew(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestHideInternal: with HideInternal an unmapped error (and a recovered
+// panic) is a bare text 500 that shows nothing of the error; the document
+// says so per status.
+func TestHideInternal(t *testing.T) {
+	tb, err := httproute.New(httproute.Config{Errors: httproute.Errors{HideInternal: true}}, []httproute.Route{
+		{Method: "GET", Path: "/fail", Statuses: map[int]string{200: "ok", 500: "internal"}, Handle: func(http.ResponseWriter, *http.Request) error {
+			return errors.New("db password is hunter2")
+		}},
+		{Method: "GET", Path: "/panic", Handle: func(http.ResponseWriter, *http.Request) error { panic("hunter2") }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(tb.Handler())
+	defer srv.Close()
+	for _, p := range []string{"/fail", "/panic"} {
+		if r := call(t, srv, "GET", p, "", ""); r.code != 500 || r.body != "Internal Server Error" || !strings.HasPrefix(r.hdr.Get("Content-Type"), "text/plain") {
+			t.Errorf("%s = %d %q %q", p, r.code, r.body, r.hdr.Get("Content-Type"))
+		}
+	}
+	doc, err := tb.OpenAPI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := doc.Paths.Find("/fail").Get.Responses.Value("500").Value.Content; c["text/plain"] == nil {
+		t.Errorf("500 documented as %v", c)
+	}
+}
