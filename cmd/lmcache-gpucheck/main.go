@@ -53,7 +53,7 @@ func run(cfg gpucheck.Config, fake bool) error {
 	fmt.Println("FAKE DRIVER: host memory stands in for the GPU; no figure below is a GPU figure")
 	f := kvcuda.NewFake()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	eng, err := engine.New(engine.Config{L1SizeBytes: cfg.Bytes*5/4 + 64<<20, ShmName: fmt.Sprintf("gpucheck_%d", os.Getpid())}, nil, logger)
+	eng, err := engine.New(engine.Config{L1SizeBytes: cfg.Bytes*5/4 + 64<<20, ShmName: ""}, nil, logger)
 	if err != nil {
 		return err
 	}
