@@ -22,10 +22,11 @@ import (
 
 // The lmcache-driven path (REGISTER_KV_CACHE / STORE / RETRIEVE /
 // UNREGISTER_KV_CACHE): the worker registers its paged KV cache as tensor
-// wrappers and the server copies between its blocks and L1. Only the CPU
-// shared-memory wrappers are served (internal/kvcopy); CUDA IPC wrappers
-// are refused at registration. Objects have the engine-driven layout, so
-// the two paths read each other's data.
+// wrappers and the server copies between its blocks and L1: CPU
+// shared-memory wrappers with internal/kvcopy, CUDA IPC wrappers with
+// internal/kvcuda (built and tested on its fake driver; not yet run on a
+// GPU). Objects have the engine-driven layout, so the two paths read each
+// other's data.
 //
 // All four requests run on the peer's transfer FIFO, so one worker's
 // registration, stores and retrieves stay in order.
@@ -264,7 +265,7 @@ func (st *state) serveLMDriven(req *request) []byte {
 		case req.op == wire.OpRegisterKVCache:
 			st.s.metrics.ZMQRefused.WithLabelValues("lmcache_driven_registration").Inc()
 			st.warnEvery("lmd/register/"+req.peer.idString(), protocolWarnEvery,
-				"refused REGISTER_KV_CACHE: "+err.Error()+"; its stores and retrieves are refused. The lmcache-driven path serves CPU shared-memory KV caches; for GPU KV caches "+hintEngineDriven,
+				"refused REGISTER_KV_CACHE: "+err.Error()+"; its stores and retrieves are refused. The lmcache-driven path serves CPU shared-memory KV caches, and CUDA ones where libcuda.so.1 loads and a device has the wrapper's UUID (not yet run on a GPU); otherwise "+hintEngineDriven,
 				"peer", req.peer.idString())
 		default:
 			st.s.metrics.ZMQRefused.WithLabelValues("lmcache_driven_transfer").Inc()
@@ -530,7 +531,7 @@ func (st *state) lmdTransferHead(req *request) (*lmdTransfer, error) {
 	}
 	if t.reg = st.lmd.get(int64(inst)); t.reg == nil {
 		st.warnOnce(req.peer.idString()+"/lmd/"+req.op.String(),
-			"refused "+req.op.EnumName()+": the instance has no usable REGISTER_KV_CACHE (the lmcache-driven path serves CPU shared-memory KV caches; for GPU KV caches "+hintEngineDriven+")",
+			"refused "+req.op.EnumName()+": the instance has no usable REGISTER_KV_CACHE (see the registration's log line; if it cannot be served, "+hintEngineDriven+")",
 			"instance_id", int64(inst), "peer", req.peer.idString())
 		return nil, errRefused
 	}
