@@ -36,6 +36,8 @@ var eventSeeds = []string{
 	`{"instance_id":"i","seq":1,"events":[{"type":"store","key":null,"bytes":1}]}`,
 	`{"instance_id":"i","seq":1,"events":[{"type":"store","key":{"chunk_hash_hex":"0a","model_name":"m","kv_rank":1},"bytes":1}]} `,
 	`{"instance_id":"i","seq":1,"events":[1]}`,
+	`{"instance_id":"i","seq":1,"events":[{"type":"store","key":{"chunk_hash_hex":"0a","model_name":"m","kv_rank":00},"bytes":1}]}`,
+	`{"instance_id":"i","seq":01,"events":[{"type":"store","key":{"chunk_hash_hex":"0a","model_name":"m","kv_rank":-01},"bytes":1e-05}]}`,
 	`[]`,
 	`{}`,
 	``,

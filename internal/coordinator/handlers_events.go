@@ -86,11 +86,17 @@ var eventBufs = sync.Pool{New: func() any { s := make([]ledger.Event, 0, 1024); 
 // instance_id; and goccy accepts control characters in strings that JSON
 // (and the validator) reject. Real reporters send plain ASCII with
 // lower-case keys; anything else goes to the slow validator. Found by
-// FuzzEventDecoders.
+// FuzzEventDecoders. Numbers with a leading zero, which goccy accepts and
+// JSON does not, are refused too.
 func plainKeys(b []byte) bool {
 	for i := 0; i < len(b); i++ {
 		c := b[i]
 		if c >= 0x80 {
+			return false
+		}
+		if c == '0' && i+1 < len(b) && b[i+1] >= '0' && b[i+1] <= '9' && intStart(b, i) {
+			// A leading zero ("00", "-01"): invalid JSON that goccy
+			// reads as a number. Found by FuzzCacheEventDecoders.
 			return false
 		}
 		if c != '"' {
@@ -127,6 +133,18 @@ func plainKeys(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// intStart reports whether b[i] (outside a string) begins the integer part
+// of a number: not a digit's, fraction's or exponent's continuation.
+func intStart(b []byte, i int) bool {
+	j := i - 1
+	if j >= 0 && b[j] == '-' {
+		j--
+		// "1e-05": exponent digits may have leading zeros.
+		return j < 0 || b[j] != 'e' && b[j] != 'E'
+	}
+	return j < 0 || !(b[j] >= '0' && b[j] <= '9' || b[j] == '.' || b[j] == 'e' || b[j] == 'E' || b[j] == '+')
 }
 
 // strByte classifies bytes inside a JSON string for plainKeys: 0 plain,
