@@ -43,8 +43,15 @@ type Cache struct {
 	mu      sync.Mutex // serialises enqueueing; guards the fields below
 	closed  bool
 	waits   map[IPCHandle]Event // the worker's events, opened once each
-	done    []Event             // completion events still alive, oldest first
+	done    []*liveEvent        // completion events still alive, oldest first
 	pending sync.WaitGroup      // completion goroutines
+}
+
+// liveEvent is a completion event and whether its wait finished (only
+// then may it be destroyed).
+type liveEvent struct {
+	ev       Event
+	finished bool // guarded by Cache.mu
 }
 
 // Open opens the memory handles of ws on the device whose UUID they name
@@ -218,21 +225,21 @@ func (c *Cache) Submit(p *kvlayout.Plan, objs [][]byte, store bool, waitEvent []
 		// Without the event, only a full stream wait says the copies
 		// already enqueued are over before objs go back to the caller.
 		serr := c.drv.StreamSynchronize(c.stream)
-		c.keep(ev)
+		c.keep(ev, true)
 		return none, errors.Join(qerr, fmt.Errorf("record the completion event: %w", err), serr)
 	}
 	if qerr != nil {
 		serr := c.drv.EventSynchronize(ev)
-		c.keep(ev)
+		c.keep(ev, true)
 		return none, errors.Join(fmt.Errorf("enqueue copy: %w", qerr), serr)
 	}
 	h, err := c.drv.IpcGetEventHandle(ev)
 	if err != nil {
 		serr := c.drv.EventSynchronize(ev)
-		c.keep(ev)
+		c.keep(ev, true)
 		return none, errors.Join(err, serr)
 	}
-	c.keep(ev)
+	le := c.keep(ev, false)
 	c.pending.Add(1)
 	go func() {
 		defer c.pending.Done()
@@ -240,24 +247,27 @@ func (c *Cache) Submit(p *kvlayout.Plan, objs [][]byte, store bool, waitEvent []
 		defer runtime.UnlockOSThread()
 		// The wait runs even if SetCurrent failed: done must not run
 		// while a copy may still touch objs.
-		err := c.drv.SetCurrent(c.ctx)
-		done(errors.Join(err, c.drv.EventSynchronize(ev)))
+		err := errors.Join(c.drv.SetCurrent(c.ctx), c.drv.EventSynchronize(ev))
+		c.mu.Lock()
+		le.finished = true
+		c.mu.Unlock()
+		done(err)
 	}()
 	return h, nil
 }
 
-// keep adds ev to the live completion events, destroying the oldest
-// beyond keptEvents. c.mu is held.
-func (c *Cache) keep(ev Event) {
-	c.done = append(c.done, ev)
-	if len(c.done) > keptEvents {
-		old := c.done[0]
+// keep adds ev to the live completion events and destroys the oldest
+// finished ones beyond keptEvents (one still waited on is kept, however
+// many are newer). c.mu is held.
+func (c *Cache) keep(ev Event, finished bool) *liveEvent {
+	le := &liveEvent{ev: ev, finished: finished}
+	c.done = append(c.done, le)
+	for len(c.done) > keptEvents && c.done[0].finished {
+		// A destroy error leaks only the event.
+		_ = c.drv.EventDestroy(c.done[0].ev)
 		c.done = c.done[1:]
-		// The event finished long ago (its completion goroutine waited
-		// on it before the keptEvents newer ones were created); a destroy
-		// error leaks only the event.
-		_ = c.drv.EventDestroy(old)
 	}
+	return le
 }
 
 // Close waits for every transfer in flight, then destroys the events and
@@ -287,8 +297,8 @@ func (c *Cache) release() error {
 			errs = append(errs, err)
 		}
 	}
-	for _, ev := range c.done {
-		errs = append(errs, c.drv.EventDestroy(ev))
+	for _, le := range c.done {
+		errs = append(errs, c.drv.EventDestroy(le.ev))
 	}
 	c.done = nil
 	for h, ev := range c.waits {

@@ -348,3 +348,40 @@ func TestLoadDriverWithoutCUDA(t *testing.T) {
 		t.Fatalf("LoadDriver without CUDA: %v, want ErrNoDriver", err)
 	}
 }
+
+// TestCompletionEventsBounded: a cache keeps the last keptEvents
+// completion events alive for the worker to open, destroying older
+// finished ones, and Close destroys the rest.
+func TestCompletionEventsBounded(t *testing.T) {
+	f := NewFake()
+	g := newGPUCache(t, f, rand.New(rand.NewPCG(6, 6)), 1, 4, 4, 1, 8)
+	c, err := Open(f, g.ws, Registration{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := c.Layout.Plan(4, []int64{3}, []kvlayout.Chunk{{Index: 0, Obj: 0}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := [][]byte{make([]byte, c.Layout.ObjectBytes(4))}
+	done := make(chan error, 1)
+	for range keptEvents + 44 {
+		if _, err := c.Submit(plan, objs, Store, nil, func(err error) { done <- err }); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The last completion goroutine marks its event finished just before
+	// done; the next keep would trim it. 257 or fewer are alive.
+	if got := f.Open(); got != "mem=1 events=256 streams=1 pinned=0 ctx=1" && got != "mem=1 events=257 streams=1 pinned=0 ctx=1" {
+		t.Fatalf("after %d transfers: %s", keptEvents+44, got)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Open(); got != "mem=0 events=0 streams=0 pinned=0 ctx=0" {
+		t.Fatalf("after Close: %s", got)
+	}
+}
