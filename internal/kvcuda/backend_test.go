@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -231,14 +232,23 @@ func TestCloseWaitsForTransfers(t *testing.T) {
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close() }()
-	// Close is blocked on the transfer; the memory stays open until the
-	// gate opens. Poll the fake's state for a while to see it stay open.
-	deadline := time.Now().Add(100 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		if got := f.Open(); !strings.HasPrefix(got, "mem=1 ") {
-			t.Fatalf("memory closed while a transfer was in flight: %s", got)
+	// Close marks the cache closed before it waits; once it has, the
+	// memory must stay open while the transfer is held at the gate.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		started := c.closed
+		c.mu.Unlock()
+		if started {
+			break
 		}
-		time.Sleep(5 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatal("Close did not start")
+		}
+		runtime.Gosched()
+	}
+	if got := f.Open(); !strings.HasPrefix(got, "mem=1 ") {
+		t.Fatalf("memory closed while a transfer was in flight: %s", got)
 	}
 	close(f.Gate)
 	if err := <-done; err != nil {
