@@ -132,16 +132,35 @@ func FanOut(hashes [][]byte, modelName string, worldSize, worker int, groups []i
 	} else {
 		ranks = append(ranks, RankFor(worldSize, worker))
 	}
+	// The key fields other than the hash and rank are the same for every
+	// key of a group, so one Validate per group checks them all.
+	for _, g := range groups {
+		if err := (Key{ModelName: modelName, ObjectGroupID: g, CacheSalt: cacheSalt}).Validate(); err != nil {
+			return nil, err
+		}
+	}
+	// One string holds every hash and the keys share it: a 32k-token
+	// LOOKUP fans out 128 hashes, and a string per hash was an allocation
+	// each.
+	size := 0
+	for _, h := range hashes {
+		size += len(h)
+	}
+	var all strings.Builder
+	all.Grow(size)
+	for _, h := range hashes {
+		all.Write(h)
+	}
+	joined := all.String()
 	out := make([][]Key, len(groups))
 	for gi, g := range groups {
 		keys := make([]Key, 0, len(hashes)*len(ranks))
+		off := 0
 		for _, h := range hashes {
+			hash := joined[off : off+len(h)]
+			off += len(h)
 			for _, r := range ranks {
-				k := Key{ChunkHash: string(h), ModelName: modelName, KVRank: r, ObjectGroupID: g, CacheSalt: cacheSalt}
-				if err := k.Validate(); err != nil {
-					return nil, err
-				}
-				keys = append(keys, k)
+				keys = append(keys, Key{ChunkHash: hash, ModelName: modelName, KVRank: r, ObjectGroupID: g, CacheSalt: cacheSalt})
 			}
 		}
 		out[gi] = keys

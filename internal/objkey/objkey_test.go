@@ -1,6 +1,7 @@
 package objkey
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -171,6 +172,50 @@ func TestFanOutOrder(t *testing.T) {
 	}
 	if _, err := FanOut(hashes, "m@x", 1, -1, nil, ""); !errors.Is(err, ErrInvalid) {
 		t.Errorf("FanOut with bad model: %v", err)
+	}
+}
+
+// TestFanOutSharesHashes checks the 128-hash fan-out of a 32k-token LOOKUP
+// (world size 2): every key carries its own chunk's hash, the caller's
+// hash slices may be reused afterwards, a bad salt or group is refused,
+// and the whole fan-out costs a fixed number of allocations, not one per
+// hash.
+func TestFanOutSharesHashes(t *testing.T) {
+	hashes := make([][]byte, 128)
+	for i := range hashes {
+		hashes[i] = bytes.Repeat([]byte{byte(i)}, 32)
+	}
+	groups, err := FanOut(hashes, "m", 2, -1, nil, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(groups) != 1 || len(groups[0]) != 256 {
+		t.Fatalf("fan-out shape %d groups, %d keys", len(groups), len(groups[0]))
+	}
+	for i := range hashes {
+		hashes[i][0] = 0xff // the keys must not alias the caller's bytes
+	}
+	for i, k := range groups[0] {
+		want := Key{ChunkHash: string(bytes.Repeat([]byte{byte(i / 2)}, 32)), ModelName: "m", KVRank: RankFor(2, i%2), CacheSalt: "s"}
+		if k != want {
+			t.Fatalf("key %d = %+v, want %+v", i, k, want)
+		}
+	}
+	if _, err := FanOut(hashes, "m", 1, -1, nil, "a/b"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("FanOut with bad salt: %v", err)
+	}
+	if _, err := FanOut(hashes, "m", 1, -1, []int64{0, -1}, ""); !errors.Is(err, ErrInvalid) {
+		t.Errorf("FanOut with a negative group: %v", err)
+	}
+	allocs := testing.AllocsPerRun(20, func() {
+		if _, err := FanOut(hashes, "m", 2, -1, nil, "s"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// ranks, the joined hashes, the group list, the group's keys and the
+	// default groups: 5, whatever the number of hashes.
+	if allocs > 5 {
+		t.Errorf("FanOut of 128 hashes: %v allocations, want at most 5", allocs)
 	}
 }
 
