@@ -87,6 +87,13 @@ type Config struct {
 	// 100000). A peer that lets it fill loses replies (logged), others do
 	// not wait for it.
 	SendHWM int
+	// InlineLookupBytes is the largest LOOKUP key payload (default 1 MiB,
+	// about a 200k-token prompt) that the socket goroutine answers itself
+	// instead of handing it to a control goroutine: LOOKUP never waits
+	// (its L2 part runs as a background job), so for one up to this size
+	// the hand-off costs more than the work. A negative value hands every
+	// LOOKUP off.
+	InlineLookupBytes int
 	// KVEvents, if set, records the chunks store requests bind for KV-aware
 	// routers and serves POLL_KV_EVENTS and the kv_events capability
 	// (kvevents.go); nil serves neither.
@@ -108,6 +115,7 @@ func Defaults() Config {
 		MaxControlInFlight:      1024,
 		MaxQueued:               4096,
 		SendHWM:                 100000,
+		InlineLookupBytes:       1 << 20,
 	}
 }
 
@@ -141,6 +149,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SendHWM == 0 {
 		c.SendHWM = d.SendHWM
+	}
+	if c.InlineLookupBytes == 0 {
+		c.InlineLookupBytes = d.InlineLookupBytes
 	}
 	return c
 }

@@ -494,7 +494,9 @@ func TestOverloadIsRefused(t *testing.T) {
 	h := start(t, opts{})
 	t.Run("control", func(t *testing.T) {
 		g := newGate(h.eng, false, true)
-		srv := serveGatedSrv(t, g, mq.Config{MaxControlInFlight: 1, MaxQueued: 2})
+		// LOOKUPs handed off (InlineLookupBytes -1), so the gated engine
+		// holds them on control goroutines, not on the socket goroutine.
+		srv := serveGatedSrv(t, g, mq.Config{MaxControlInFlight: 1, MaxQueued: 2, InlineLookupBytes: -1})
 		sock := rawDealer(t, srv.Endpoint())
 		if err := h.eng.RegisterLayout(engine.Layout{ModelName: "m", WorldSize: 1, ObjectBytes: testObj}); err != nil {
 			t.Fatal(err)

@@ -447,6 +447,13 @@ func (s *Server) handle(msg [][]byte) {
 			reply(wire.NegativeReply(op))
 		}
 	case wire.OpLookup, wire.OpWaitPrefetchStatus, wire.OpFreeLookupLocks, wire.OpEndSession, wire.OpClear:
+		if op == wire.OpLookup && s.inlineLookup(payloads) {
+			// LOOKUP hashes, locks the L1 hits and queues any L2 part as
+			// a background job: it never waits, so answering it here
+			// saves the goroutine hand-off and the inproc round trip.
+			reply(s.st.serve(s.handlerCtx, req))
+			return
+		}
 		select {
 		case s.admitted <- struct{}{}:
 		default:
@@ -472,6 +479,13 @@ func (s *Server) handle(msg [][]byte) {
 			"peer", p.idString(), "op", op.EnumName())
 		reply(wire.NegativeReply(op))
 	}
+}
+
+// inlineLookup reports whether a LOOKUP with these payloads is answered
+// on the socket goroutine: its key is at most Config.InlineLookupBytes,
+// which bounds how long other peers wait behind its hashing.
+func (s *Server) inlineLookup(payloads [][]byte) bool {
+	return len(payloads) > 0 && len(payloads[0]) <= s.cfg.InlineLookupBytes
 }
 
 // malformed counts a message that is not a well-formed request and logs
