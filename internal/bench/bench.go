@@ -24,6 +24,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/tokenhash"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
@@ -96,8 +97,13 @@ type Result struct {
 	LookupP50, LookupP99         time.Duration
 	LongLookupP50, LongLookupP99 time.Duration
 	LongLookupHitChunks          int
-	HitRatio                     float64
-	PingPerSec                   float64
+	// LongLookupHashP50/P99 are the floor of the long lookups: this
+	// process hashing the same prompt with internal/tokenhash (blake3,
+	// the server's chunk size, the server's default algorithm), once next
+	// to every long lookup, so both see the same machine load.
+	LongLookupHashP50, LongLookupHashP99 time.Duration
+	HitRatio                             float64
+	PingPerSec                           float64
 	// StoreP50/P99 and RetrieveP50/P99 are per-request latencies of the
 	// measured stores (PREPARE + copies + COMMIT) and retrieves.
 	StoreP50, StoreP99       time.Duration
@@ -220,11 +226,12 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Result, error) {
 	res.LookupP50, res.LookupP99 = percentiles(c.lookups)
 
 	if o.LookupSamples > 0 && o.LookupTokens > 0 {
-		lat, hits, err := longLookups(ctx, o, runID, chunk, &c)
+		lat, floor, hits, err := longLookups(ctx, o, runID, chunk, &c)
 		if err != nil {
 			return nil, err
 		}
 		res.LongLookupP50, res.LongLookupP99 = percentiles(lat)
+		res.LongLookupHashP50, res.LongLookupHashP99 = percentiles(floor)
 		res.LongLookupHitChunks = hits
 	}
 	res.Samples = slices.Clone(c.samples)
@@ -586,21 +593,23 @@ func (cnt *counters) lookup(c *mqclient.Client, k *wire.Key, record bool) (int, 
 }
 
 // longLookups times LOOKUP for LookupTokens-token prompts: a stored
-// PromptTokens prefix (hit) followed by new tokens (miss).
-func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *counters) ([]time.Duration, int, error) {
+// PromptTokens prefix (hit) followed by new tokens (miss). Before each
+// lookup it hashes the same prompt itself and returns those times too, as
+// the floor of what the server must do.
+func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *counters) (lat, floor []time.Duration, hits int, err error) {
 	c, err := mqclient.Dial(o.Endpoint, mqclient.Options{Timeout: o.Timeout})
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	defer c.Close()
 	if _, err := c.GetChunkSize(); err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	// Lookups hit only while a worker of the model is registered (as in a
 	// live vLLM instance), so keep one registered for this phase.
 	inst := int64(os.Getpid())<<16 | 0xffff
 	if _, err := c.Register(registration(o, inst)); err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	defer func() { _ = c.Unregister(inst) }()
 	// The last measured prompt of worker 0 is the stored prefix.
@@ -609,29 +618,38 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *co
 	tail := tokensFor(runID+12345, o.LookupTokens)
 	tokens := append(slices.Clone(prefix), tail[:max(0, o.LookupTokens-len(prefix))]...)
 	end := len(tokens) / chunk * chunk
-	var lat []time.Duration
-	hits := 0
+	hasher, err := tokenhash.New(tokenhash.Blake3, chunk)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	u32 := make([]uint32, end)
+	for i, t := range tokens[:end] {
+		u32[i] = uint32(t)
+	}
 	for i := range o.LookupSamples {
 		if ctx.Err() != nil {
-			return nil, 0, ctx.Err()
+			return nil, nil, 0, ctx.Err()
 		}
 		id := fmt.Sprintf("bench-long-%d-%d", runID, i)
+		t0 := time.Now()
+		hasher.ChunkHashesU32(u32)
+		floor = append(floor, time.Since(t0))
 		k := mkKey(o.Model, -1, tokens, 0, end, id)
 		n, d, err := timedLookup(c, k)
 		if err != nil {
-			return nil, 0, err
+			return nil, nil, 0, err
 		}
 		hits = n
 		lat = append(lat, d)
 		cnt.sample(KindLongLookup, 0, d)
 		if err := c.FreeLookupLocks(k, 1); err != nil {
-			return nil, 0, err
+			return nil, nil, 0, err
 		}
 		if err := c.EndSession(id); err != nil {
-			return nil, 0, err
+			return nil, nil, 0, err
 		}
 	}
-	return lat, hits, nil
+	return lat, floor, hits, nil
 }
 
 func pingPhase(ctx context.Context, o Options) (float64, error) {

@@ -131,6 +131,17 @@ func checkSummary(t *testing.T, o bench.Options, res *bench.Result) {
 	if !strings.Contains(out.String(), "lookup 640 tokens") || !strings.Contains(out.String(), "20 samples") || !strings.Contains(out.String(), "hit ratio 1.000") {
 		t.Errorf("lookup rows missing:\n%s", out.String())
 	}
+	// The hashing floor row: "hash floor 640 tokens - - - 20 samples p50 p99
+	// lookup / floor: p50 R, p99 R", the ratios computed from the result.
+	if res.LongLookupHashP50 <= 0 || res.LongLookupHashP99 < res.LongLookupHashP50 {
+		t.Errorf("hash floor p50 %v p99 %v", res.LongLookupHashP50, res.LongLookupHashP99)
+	}
+	wantFloor := fmt.Sprintf("hash floor 640 tokens - - - 20 samples %s %s lookup / floor: p50 %.2f, p99 %.2f",
+		res.LongLookupHashP50.Round(time.Microsecond), res.LongLookupHashP99.Round(time.Microsecond),
+		float64(res.LongLookupP50)/float64(res.LongLookupHashP50), float64(res.LongLookupP99)/float64(res.LongLookupHashP99))
+	if f := strings.Join(rows["hash"], " "); f != wantFloor {
+		t.Errorf("hash floor row %q, want %q", f, wantFloor)
+	}
 }
 
 // checkReports writes both report formats and checks the charts' series.
