@@ -65,7 +65,7 @@ func TestAuthEveryRoute(t *testing.T) {
 	}
 	sort.Strings(open)
 	wantOpen := []string{"GET /", "GET /commit_id", "GET /healthcheck", "GET /lmc_version", "GET /metrics", "GET /openapi.json",
-		"GET /periodic-threads", "GET /periodic-threads-health", "GET /periodic-threads/{thread_name}", "GET /version"}
+		"GET /periodic-threads", "GET /periodic-threads-health", "GET /periodic-threads/{thread_name}", "GET /ui", "GET /ui/{file}", "GET /version"}
 	if strings.Join(open, ",") != strings.Join(wantOpen, ",") {
 		t.Errorf("open routes = %q, want %q", open, wantOpen)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/webui"
 )
 
 // authMode says when a route requires the bearer token.
@@ -68,6 +69,7 @@ func routes() []route {
 		val     = "request body or query fails validation"
 		unauth  = "bearer token missing or wrong (only with --http-auth-token)"
 	)
+	ui := webui.New(webui.Server)
 	rs := []route{
 		// Liveness and health.
 		{method: "GET", path: "/", tag: "info", summary: "Static liveness ping (does not touch the engine).", statuses: st(200, "alive"), resp: RootResponse{}, h: (*Server).handleRoot},
@@ -93,12 +95,12 @@ func routes() []route {
 		{method: "POST", path: "/cache/checksums", tag: "cache", shape: shapeDetail, auth: authAlways, body: ctJSON, summary: "MD5 per chunk over registered KV blocks.",
 			statuses: st(200, "checksums", 400, "block_ids empty or chunk_size not positive", 404, "instance not registered or KV tensors empty", 422, val, 501, "no KV contexts or unsupported KV format", 503, notInit), req: ChecksumRequest{}, resp: ChecksumResponse{}, h: (*Server).handleChecksums},
 		// Bytes-level KV API.
-		{method: "POST", path: "/api/kv/store", tag: "kv", auth: authAlways, body: ctBinary, summary: "Store raw chunk objects for a token sequence (headers X-LMCache-Model, X-LMCache-Tokens, X-LMCache-Cache-Salt, X-LMCache-World-Size).",
-			statuses: st(200, "stored", 400, "bad headers, tokens, salt or body length", 409, "no layout registered", 413, "body too large", 503, notInit), req: "", resp: KVStoreResponse{}, h: (*Server).handleKVStore},
-		{method: "POST", path: "/api/kv/retrieve", tag: "kv", auth: authAlways, body: ctJSON, summary: "Return the longest cached prefix as bytes; hit counts in X-LMCache-* headers. The request is a JSON body {model_name, tokens, cache_salt, world_size} (upstream's form) or, without a JSON content type, the X-LMCache-* headers.",
-			produces: ctBinary, statuses: st(200, "prefix bytes", 400, "bad headers, tokens, model or salt", 404, "no chunk cached", 409, "no layout registered", 413, "body too large", 422, val, 503, notInit), req: KVRequest{}, h: (*Server).handleKVRetrieve},
+		{method: "POST", path: "/api/kv/store", tag: "kv", auth: authAlways, body: ctBinary, summary: "Store KV for a token sequence. Upstream's form: headers X-LMCache-Model-Name, X-LMCache-Tokens, X-LMCache-Cache-Salt and a KV_2LTD tensor body (application/x-lmcache-kv; v=1). Ours: X-LMCache-Model instead, and a body of raw per-chunk, per-rank objects. X-LMCache-World-Size picks one of several layouts.",
+			statuses: st(200, "stored", 400, "bad headers, tokens, salt or body length; model not registered", 413, "body too large", 503, notInit), req: "", resp: KVStoreResponse{}, h: (*Server).handleKVStore},
+		{method: "POST", path: "/api/kv/retrieve", tag: "kv", auth: authAlways, body: ctJSON, summary: "Return the longest cached prefix as bytes; hit counts in X-LMCache-* headers. The request is a JSON body {model_name, tokens, cache_salt, world_size} (upstream's form: the answer is a KV_2LTD tensor, application/x-lmcache-kv; v=1) or, without a JSON content type, the X-LMCache-* headers (X-LMCache-Model-Name: KV_2LTD; X-LMCache-Model: raw objects).",
+			produces: ctBinary, statuses: st(200, "prefix bytes", 400, "bad headers, tokens, model or salt; model not registered", 404, "no chunk cached (upstream's form: empty body, hit headers)", 413, "body too large", 422, val, 503, notInit), req: KVRequest{}, h: (*Server).handleKVRetrieve},
 		{method: "POST", path: "/api/kv/lookup", tag: "kv", auth: authAlways, body: ctJSON, summary: "Report how much of a token sequence is cached (JSON body or X-LMCache-* headers, as retrieve).",
-			statuses: st(200, "hit counts", 400, "bad headers, tokens, model or salt", 409, "no layout registered", 413, "body too large", 422, val, 503, notInit), req: KVRequest{}, resp: KVLookupResponse{}, h: (*Server).handleKVLookup},
+			statuses: st(200, "hit counts", 400, "bad headers, tokens, model or salt; model not registered", 413, "body too large", 422, val, 503, notInit), req: KVRequest{}, resp: KVLookupResponse{}, h: (*Server).handleKVLookup},
 		// Quota.
 		{method: "GET", path: "/quota", tag: "quota", shape: shapeError, auth: authAlways, summary: "Every registered cache_salt quota with live usage.", statuses: st(200, "quotas", 503, notInit), resp: QuotaListResponse{}, h: (*Server).handleQuotaList},
 		{method: "PUT", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, body: ctJSON, summary: "Set a cache_salt quota in GB (_default = empty salt).",
@@ -126,6 +128,11 @@ func routes() []route {
 		{method: "POST", path: "/run_script", tag: "diagnostics", shape: shapeText, auth: authAlways, body: ctForm, summary: "Run a Starlark script (field script) in a bounded sandbox; off unless --run-script-api-enabled.", produces: ctText,
 			statuses: st(200, "result", 400, "no script file provided", 404, "run_script disabled", 500, "script failed"), req: ScriptForm{}, h: (*Server).handleRunScript},
 		{method: "GET", path: "/openapi.json", tag: "info", summary: "This document.", statuses: st(200, "OpenAPI 3 document"), resp: map[string]any{}, h: (*Server).handleOpenAPI},
+		// The operator console (internal/webui), beyond upstream: static, so
+		// open; the data it fetches goes through the routes above with the token.
+		{method: "GET", path: "/ui", tag: "info", summary: "Web console page.", produces: httproute.HTML, statuses: st(200, "page"), h: serveStd(ui.ServeHTTP)},
+		{method: "GET", path: "/ui/{file}", tag: "info", summary: "Web console asset (script, style, the chart library and its licence).", produces: ctText,
+			statuses: st(200, "asset", 404, "unknown asset"), h: serveStd(ui.ServeHTTP)},
 		// Go profiling (net/http/pprof), beyond upstream.
 		{method: "GET", path: "/debug/pprof/", tag: "diagnostics", auth: authDebug, summary: "pprof index and named profiles (/debug/pprof/heap, goroutine, allocs, ...).", produces: ctText,
 			statuses: st(200, "profile", 404, "unknown profile"), h: serveStd(pprof.Index)},
