@@ -44,6 +44,10 @@ type memcpy2D struct {
 	height        uint64
 }
 
+// cHandle is CUipcMemHandle / CUipcEventHandle as C passes them by
+// value: a struct of 64 bytes (purego passes structs, not bare arrays).
+type cHandle struct{ Reserved [64]byte }
+
 // cuda is the Driver bound to libcuda.so.1.
 type cuda struct {
 	cuInit                    func(flags uint32) int32
@@ -58,9 +62,9 @@ type cuda struct {
 	cuStreamDestroy           func(s uintptr) int32
 	cuStreamSynchronize       func(s uintptr) int32
 	cuStreamWaitEvent         func(s, ev uintptr, flags uint32) int32
-	cuIpcOpenMemHandle        func(p *uint64, h IPCHandle, flags uint32) int32
+	cuIpcOpenMemHandle        func(p *uint64, h cHandle, flags uint32) int32
 	cuIpcCloseMemHandle       func(p uint64) int32
-	cuIpcOpenEventHandle      func(ev *uintptr, h IPCHandle) int32
+	cuIpcOpenEventHandle      func(ev *uintptr, h cHandle) int32
 	cuIpcGetEventHandle       func(h *IPCHandle, ev uintptr) int32
 	cuEventCreate             func(ev *uintptr, flags uint32) int32
 	cuEventRecord             func(ev, s uintptr) int32
@@ -102,6 +106,26 @@ func load() (*CUDA, error) {
 		return nil, fmt.Errorf("%w: %s: %w", ErrNoDriver, LibName, err)
 	}
 	c := &cuda{}
+	if err := c.bind(func(name string) (uintptr, error) { return purego.Dlsym(lib, name) }); err != nil {
+		return nil, err
+	}
+	d := &CUDA{c}
+	if err := d.check("cuInit", c.cuInit(0)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoDriver, err)
+	}
+	return d, nil
+}
+
+// bind resolves every driver function with sym and registers it with
+// purego (which checks each Go signature against the C calling
+// convention when it registers, so an unsupported one fails here, not
+// in a call).
+func (c *cuda) bind(sym func(string) (uintptr, error)) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: binding %s: %v", ErrNoDriver, LibName, r)
+		}
+	}()
 	for name, fn := range map[string]any{
 		"cuInit": &c.cuInit, "cuGetErrorName": &c.cuGetErrorName, "cuDeviceGetCount": &c.cuDeviceGetCount,
 		"cuDeviceGet": &c.cuDeviceGet, "cuDeviceGetUuid_v2": &c.cuDeviceGetUuid,
@@ -117,17 +141,13 @@ func load() (*CUDA, error) {
 		"cuMemAlloc_v2": &c.cuMemAlloc, "cuMemFree_v2": &c.cuMemFree, "cuIpcGetMemHandle": &c.cuIpcGetMemHandle,
 		"cuMemcpyDtoH_v2": &c.cuMemcpyDtoH, "cuMemcpyHtoD_v2": &c.cuMemcpyHtoD, "cuCtxSynchronize": &c.cuCtxSynchronize,
 	} {
-		sym, err := purego.Dlsym(lib, name)
+		addr, err := sym(name)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s lacks %s: %w", ErrNoDriver, LibName, name, err)
+			return fmt.Errorf("%w: %s lacks %s: %w", ErrNoDriver, LibName, name, err)
 		}
-		purego.RegisterFunc(fn, sym)
+		purego.RegisterFunc(fn, addr)
 	}
-	d := &CUDA{c}
-	if err := d.check("cuInit", c.cuInit(0)); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNoDriver, err)
-	}
-	return d, nil
+	return nil
 }
 
 // check turns a CUresult into an error naming it.
@@ -235,7 +255,7 @@ func (d *CUDA) StreamWaitEvent(s Stream, ev Event) error {
 // IpcOpenMemHandle implements Driver.
 func (d *CUDA) IpcOpenMemHandle(h IPCHandle) (DevPtr, error) {
 	var p uint64
-	err := d.check("cuIpcOpenMemHandle", d.c.cuIpcOpenMemHandle(&p, h, cuIpcMemLazyEnablePeerAcces))
+	err := d.check("cuIpcOpenMemHandle", d.c.cuIpcOpenMemHandle(&p, cHandle{h}, cuIpcMemLazyEnablePeerAcces))
 	return DevPtr(p), err
 }
 
@@ -247,7 +267,7 @@ func (d *CUDA) IpcCloseMemHandle(p DevPtr) error {
 // IpcOpenEventHandle implements Driver.
 func (d *CUDA) IpcOpenEventHandle(h IPCHandle) (Event, error) {
 	var ev uintptr
-	err := d.check("cuIpcOpenEventHandle", d.c.cuIpcOpenEventHandle(&ev, h))
+	err := d.check("cuIpcOpenEventHandle", d.c.cuIpcOpenEventHandle(&ev, cHandle{h}))
 	return Event(ev), err
 }
 

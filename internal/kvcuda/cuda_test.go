@@ -5,6 +5,8 @@ package kvcuda
 import (
 	"testing"
 	"unsafe"
+
+	"github.com/ebitengine/purego"
 )
 
 // TestMemcpy2DLayout: the struct matches CUDA_MEMCPY2D's 64-bit layout
@@ -19,5 +21,27 @@ func TestMemcpy2DLayout(t *testing.T) {
 	}
 	if o := unsafe.Offsetof(m.dstMemoryType); o != 72 {
 		t.Fatalf("dstMemoryType at %d, want 72", o)
+	}
+}
+
+// TestBindingSignatures: purego accepts every driver signature (it
+// checks them when registering, so a bad one would otherwise fail only
+// on a GPU machine). The functions are registered against an unrelated
+// libc symbol and never called.
+func TestBindingSignatures(t *testing.T) {
+	libc, err := purego.Dlopen("libc.so.6", purego.RTLD_NOW)
+	if err != nil {
+		t.Fatalf("libc.so.6: %v", err)
+	}
+	addr, err := purego.Dlsym(libc, "abs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cuda{}
+	if err := c.bind(func(string) (uintptr, error) { return addr, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if c.cuIpcOpenMemHandle == nil || c.cuMemcpy2DAsync == nil || c.cuCtxSynchronize == nil {
+		t.Fatal("functions left unbound")
 	}
 }
