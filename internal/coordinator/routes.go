@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/lmcache-go/lmcache/internal/httproute"
+	"github.com/lmcache-go/lmcache/internal/httproute/docsui"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/webui"
 )
@@ -67,8 +68,8 @@ func (s *Server) routeTable() []route {
 			Statuses: map[int]string{200: "Loop status", 404: "Unknown loop"}, Response: periodic.Status{}, Handle: s.handlePeriodicGet},
 		{Method: "GET", Path: "/periodic-threads-health", Tag: "observability", Summary: "Whether every critical/high loop ticks",
 			Statuses: map[int]string{200: "Health (check healthy)"}, Response: periodic.Health{}, Handle: s.handlePeriodicHealth},
-		{Method: "GET", Path: "/docs", Summary: "Swagger UI", Hidden: true, Produces: httproute.HTML, Statuses: map[int]string{200: "page"}, Handle: docsPage(swaggerHTML)},
-		{Method: "GET", Path: "/redoc", Summary: "ReDoc", Hidden: true, Produces: httproute.HTML, Statuses: map[int]string{200: "page"}, Handle: docsPage(redocHTML)},
+		{Method: "GET", Path: "/docs", Summary: "Swagger UI", Hidden: true, Produces: httproute.HTML, Statuses: map[int]string{200: "page"}, Handle: docsui.Handler(func() string { return docsui.Swagger("LMCache MP Coordinator", "/openapi.json") })},
+		{Method: "GET", Path: "/redoc", Summary: "ReDoc", Hidden: true, Produces: httproute.HTML, Statuses: map[int]string{200: "page"}, Handle: docsui.Handler(func() string { return docsui.Redoc("LMCache MP Coordinator", "/openapi.json") })},
 		// The operator console (internal/webui): static, so open; the data
 		// it fetches goes through the routes above with the token.
 		{Method: "GET", Path: "/ui", Summary: "Web console", Hidden: true, Produces: httproute.HTML, Statuses: map[int]string{200: "page"}, Handle: ui.Serve},
@@ -145,31 +146,4 @@ func (s *Server) handlePeriodicHealth(w http.ResponseWriter, _ *http.Request) er
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
 	s.metrics.handler.ServeHTTP(w, r)
 	return nil
-}
-
-// The interactive docs pages FastAPI serves at /docs and /redoc. Like
-// FastAPI's, they load their scripts from a public CDN and read
-// /openapi.json.
-const swaggerHTML = `<!DOCTYPE html>
-<html><head><title>LMCache MP Coordinator - Swagger UI</title>
-<link type="text/css" rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css">
-</head><body><div id="swagger-ui"></div>
-<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
-<script>SwaggerUIBundle({url: '/openapi.json', dom_id: '#swagger-ui'})</script>
-</body></html>
-`
-
-const redocHTML = `<!DOCTYPE html>
-<html><head><title>LMCache MP Coordinator - ReDoc</title><meta charset="utf-8"></head>
-<body><redoc spec-url="/openapi.json"></redoc>
-<script src="https://cdn.jsdelivr.net/npm/redoc@2/bundles/redoc.standalone.js"></script>
-</body></html>
-`
-
-func docsPage(html string) func(http.ResponseWriter, *http.Request) error {
-	return func(w http.ResponseWriter, r *http.Request) error {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		_, _ = w.Write([]byte(html))
-		return nil
-	}
 }
