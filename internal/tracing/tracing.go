@@ -1,0 +1,240 @@
+// Package tracing exports OpenTelemetry spans over OTLP/gRPC when
+// `lmcache server --enable-tracing --otlp-endpoint URL` asks for it (upstream
+// lmcache/v1/mp_observability: tracing needs an OTLP gRPC endpoint, e.g.
+// http://localhost:4317). Metrics stay on Prometheus.
+//
+// One Provider is active per process at a time. Call sites (HTTP routes,
+// ZMQ requests, L2 operations) start spans through the package functions,
+// which return a no-op span without touching the context when no Provider is
+// active, so the data path pays one atomic load when tracing is off.
+//
+// The trace level decides depth: "events" exports only the top-level request
+// spans (HTTP routes, ZMQ requests); "storage" (the default) adds a child
+// span per L2 adapter operation.
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Level is how deep spans go.
+type Level int
+
+const (
+	// LevelEvents exports top-level request spans only.
+	LevelEvents Level = iota + 1
+	// LevelStorage adds the L2 adapter operations under them.
+	LevelStorage
+)
+
+// ParseLevel maps the --trace-level value to a Level.
+func ParseLevel(s string) (Level, error) {
+	switch s {
+	case "events":
+		return LevelEvents, nil
+	case "storage", "":
+		return LevelStorage, nil
+	}
+	return 0, fmt.Errorf("trace level %q: want storage or events", s)
+}
+
+// ErrNoEndpoint is returned when tracing is enabled without an endpoint;
+// upstream refuses the same flags at startup.
+var ErrNoEndpoint = errors.New("--enable-tracing requires --otlp-endpoint (an OTLP gRPC endpoint such as http://localhost:4317)")
+
+// Config selects what Start sets up.
+type Config struct {
+	Enabled  bool
+	Endpoint string
+	Level    string
+	// ServiceName, ServiceVersion and InstanceID become the resource's
+	// service.name, service.version and service.instance.id.
+	ServiceName    string
+	ServiceVersion string
+	InstanceID     string
+	// Dropped, when set, is told how many spans were lost and why
+	// ("export_failed": the collector refused or could not be reached).
+	Dropped func(reason string, n int)
+}
+
+// Provider is the active tracer provider; Shutdown flushes and removes it.
+type Provider struct {
+	st *state
+}
+
+type state struct {
+	tp     *sdktrace.TracerProvider
+	tracer trace.Tracer
+	level  Level
+}
+
+// active is the one installed provider; nil when tracing is off.
+var active atomic.Pointer[state]
+
+// Start validates cfg and, when tracing is enabled, installs a provider that
+// batches spans to the OTLP gRPC endpoint. It does not wait for the
+// collector: spans queue in the batch processor and export failures are
+// counted through cfg.Dropped. With tracing disabled it returns an inert
+// Provider.
+func Start(ctx context.Context, cfg Config) (*Provider, error) {
+	level, err := ParseLevel(cfg.Level)
+	if err != nil {
+		return nil, err
+	}
+	if !cfg.Enabled {
+		return &Provider{}, nil
+	}
+	if cfg.Endpoint == "" {
+		return nil, ErrNoEndpoint
+	}
+	opts, err := endpointOptions(cfg.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	exp, err := otlptracegrpc.New(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("otlp exporter: %w", err)
+	}
+	attrs := []attribute.KeyValue{semconv.ServiceName(cfg.ServiceName)}
+	if cfg.ServiceVersion != "" {
+		attrs = append(attrs, semconv.ServiceVersion(cfg.ServiceVersion))
+	}
+	if cfg.InstanceID != "" {
+		attrs = append(attrs, semconv.ServiceInstanceID(cfg.InstanceID))
+	}
+	tp := sdktrace.NewTracerProvider(
+		sdktrace.WithBatcher(&countingExporter{SpanExporter: exp, dropped: cfg.Dropped}),
+		sdktrace.WithResource(resource.NewSchemaless(attrs...)),
+	)
+	st := &state{tp: tp, tracer: tp.Tracer("github.com/lmcache-go/lmcache"), level: level}
+	if !active.CompareAndSwap(nil, st) {
+		_ = tp.Shutdown(ctx)
+		return nil, errors.New("tracing: a provider is already active in this process")
+	}
+	return &Provider{st: st}, nil
+}
+
+// endpointOptions turns upstream's endpoint forms into exporter options:
+// "http://host:port" and a bare "host:port" are plaintext gRPC (upstream
+// passes insecure=True), "https://host:port" uses TLS with the system roots.
+func endpointOptions(ep string) ([]otlptracegrpc.Option, error) {
+	hostport, secure := ep, false
+	if strings.Contains(ep, "://") {
+		u, err := url.Parse(ep)
+		if err != nil {
+			return nil, fmt.Errorf("--otlp-endpoint %q: %w", ep, err)
+		}
+		switch u.Scheme {
+		case "http":
+		case "https":
+			secure = true
+		default:
+			return nil, fmt.Errorf("--otlp-endpoint %q: scheme must be http or https", ep)
+		}
+		hostport = u.Host
+	}
+	if hostport == "" || strings.ContainsAny(hostport, "/?#") {
+		return nil, fmt.Errorf("--otlp-endpoint %q: want host:port, http://host:port or https://host:port", ep)
+	}
+	opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(hostport)}
+	if !secure {
+		opts = append(opts, otlptracegrpc.WithInsecure())
+	}
+	return opts, nil
+}
+
+// Enabled reports whether a provider is active.
+func (p *Provider) Enabled() bool { return p != nil && p.st != nil }
+
+// Shutdown flushes queued spans (bounded by ctx) and uninstalls the
+// provider. Safe on an inert Provider and when called twice.
+func (p *Provider) Shutdown(ctx context.Context) error {
+	if !p.Enabled() {
+		return nil
+	}
+	active.CompareAndSwap(p.st, nil)
+	if err := p.st.tp.Shutdown(ctx); err != nil {
+		return fmt.Errorf("tracing shutdown: %w", err)
+	}
+	return nil
+}
+
+// noSpan is the non-recording span handed out when tracing is off.
+var noSpan = trace.SpanFromContext(context.Background())
+
+// Request starts a top-level span (an HTTP route or a ZMQ request), at every
+// level. Without an active provider it returns ctx unchanged and a no-op span.
+func Request(ctx context.Context, name string) (context.Context, trace.Span) {
+	st := active.Load()
+	if st == nil {
+		return ctx, noSpan
+	}
+	return st.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer))
+}
+
+// Storage starts a storage-level span (an L2 operation); only at
+// LevelStorage, otherwise it returns ctx unchanged and a no-op span.
+func Storage(ctx context.Context, name string) (context.Context, trace.Span) {
+	st := active.Load()
+	if st == nil || st.level < LevelStorage {
+		return ctx, noSpan
+	}
+	return st.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal))
+}
+
+// End records err (if any) as the span's status and ends it.
+func End(span trace.Span, err error) {
+	if !span.IsRecording() {
+		return
+	}
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// Attribute keys carried by lmcache spans. None of them is a secret or a
+// token id: counts, names and sizes only.
+const (
+	KeyModel     = attribute.Key("lmcache.model_name")
+	KeyTokens    = attribute.Key("lmcache.num_tokens")
+	KeyChunks    = attribute.Key("lmcache.num_chunks")
+	KeyHitChunks = attribute.Key("lmcache.hit_chunks")
+	KeyBytes     = attribute.Key("lmcache.bytes")
+	KeyAdapter   = attribute.Key("lmcache.l2.adapter")
+	KeyKeys      = attribute.Key("lmcache.l2.keys")
+	KeyHitKeys   = attribute.Key("lmcache.l2.hit_keys")
+	KeyWorldSize = attribute.Key("lmcache.world_size")
+)
+
+// countingExporter reports spans the collector did not take, so the loss
+// shows in a Prometheus counter instead of only in an OTel log line.
+type countingExporter struct {
+	sdktrace.SpanExporter
+	dropped func(reason string, n int)
+}
+
+func (e *countingExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	err := e.SpanExporter.ExportSpans(ctx, spans)
+	if err != nil && e.dropped != nil {
+		e.dropped("export_failed", len(spans))
+	}
+	return err
+}
+
+// ShutdownTimeout bounds the flush on server stop.
+const ShutdownTimeout = 5 * time.Second

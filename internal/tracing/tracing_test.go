@@ -1,0 +1,158 @@
+package tracing_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/lmcache-go/lmcache/internal/tracing"
+	"github.com/lmcache-go/lmcache/internal/tracing/otlptest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func start(t *testing.T, rcv *otlptest.Receiver, level string) *tracing.Provider {
+	t.Helper()
+	p, err := tracing.Start(context.Background(), tracing.Config{Enabled: true, Endpoint: "http://" + rcv.Addr, Level: level,
+		ServiceName: "lmcache-mp-server", ServiceVersion: "v9.9.9", InstanceID: "inst-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestStartValidates: upstream's rule that tracing needs an endpoint, the
+// endpoint forms, and the level values.
+func TestStartValidates(t *testing.T) {
+	if _, err := tracing.Start(context.Background(), tracing.Config{Enabled: true}); !errors.Is(err, tracing.ErrNoEndpoint) {
+		t.Fatalf("enabled without endpoint: %v, want ErrNoEndpoint", err)
+	}
+	for _, ep := range []string{"ftp://h:1", "http://", "http:///v1/traces", "h:1/x"} {
+		if _, err := tracing.Start(context.Background(), tracing.Config{Enabled: true, Endpoint: ep}); err == nil {
+			t.Errorf("endpoint %q accepted", ep)
+		}
+	}
+	if _, err := tracing.Start(context.Background(), tracing.Config{Level: "deep"}); err == nil {
+		t.Error("level deep accepted")
+	}
+	p, err := tracing.Start(context.Background(), tracing.Config{Endpoint: "http://127.0.0.1:1"})
+	if err != nil || p.Enabled() {
+		t.Fatalf("disabled: %v enabled=%v", err, p.Enabled())
+	}
+	ctx := context.Background()
+	if got, span := tracing.Request(ctx, "x"); got != ctx || span.IsRecording() {
+		t.Error("a span recorded with tracing off")
+	}
+}
+
+// TestSpansReachReceiver: a request span and its storage child arrive over
+// OTLP/gRPC with names, attributes, parentage and the resource; Shutdown
+// flushes them.
+func TestSpansReachReceiver(t *testing.T) {
+	rcv := otlptest.Start(t)
+	p := start(t, rcv, "storage")
+	ctx, span := tracing.Request(context.Background(), "LOOKUP")
+	span.SetAttributes(tracing.KeyModel.String("m"), tracing.KeyTokens.Int(512))
+	_, child := tracing.Storage(ctx, "l2.lookup")
+	tracing.End(child, errors.New("boom"))
+	tracing.End(span, nil)
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := rcv.WaitFor(t, 10*time.Second, "two spans", func(s []otlptest.Span) bool { return len(s) == 2 })
+	look, l2 := otlptest.Named(spans, "LOOKUP"), otlptest.Named(spans, "l2.lookup")
+	if len(look) != 1 || len(l2) != 1 {
+		t.Fatalf("spans %+v", spans)
+	}
+	if look[0].Attrs["lmcache.model_name"] != "m" || look[0].Attrs["lmcache.num_tokens"] != "512" || look[0].ParentID != "" {
+		t.Errorf("LOOKUP span %+v", look[0])
+	}
+	if l2[0].ParentID != look[0].SpanID || l2[0].TraceID != look[0].TraceID {
+		t.Errorf("l2.lookup not a child of LOOKUP: %+v", l2[0])
+	}
+	res := look[0].Resource
+	if res["service.name"] != "lmcache-mp-server" || res["service.version"] != "v9.9.9" || res["service.instance.id"] != "inst-1" {
+		t.Errorf("resource %v", res)
+	}
+	// After Shutdown nothing records and a second Shutdown is harmless.
+	if _, s := tracing.Request(context.Background(), "late"); s.IsRecording() {
+		t.Error("span recorded after Shutdown")
+	}
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Errorf("second shutdown: %v", err)
+	}
+}
+
+// TestEventsLevelTopOnly: at level events only request spans are made.
+func TestEventsLevelTopOnly(t *testing.T) {
+	rcv := otlptest.Start(t)
+	p := start(t, rcv, "events")
+	ctx, span := tracing.Request(context.Background(), "COMMIT_STORE")
+	if _, child := tracing.Storage(ctx, "l2.store"); child.IsRecording() {
+		t.Error("storage span recorded at level events")
+	}
+	tracing.End(span, nil)
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := rcv.WaitFor(t, 10*time.Second, "one span", func(s []otlptest.Span) bool { return len(s) >= 1 })
+	if len(spans) != 1 || spans[0].Name != "COMMIT_STORE" {
+		t.Fatalf("spans %+v", spans)
+	}
+}
+
+// TestHTTPHandlerNamesRoute: the wrapped handler's span is named by the
+// ServeMux pattern, with the route and status attributes.
+func TestHTTPHandlerNamesRoute(t *testing.T) {
+	rcv := otlptest.Start(t)
+	p := start(t, rcv, "storage")
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/kv/{op}", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	srv := httptest.NewServer(tracing.HTTPHandler(mux))
+	resp, err := http.Post(srv.URL+"/api/kv/store", "application/octet-stream", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	srv.Close()
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := rcv.WaitFor(t, 10*time.Second, "the HTTP span", func(s []otlptest.Span) bool { return len(s) >= 1 })
+	got := otlptest.Named(spans, "POST /api/kv/{op}")
+	if len(got) != 1 {
+		t.Fatalf("spans %+v", spans)
+	}
+	if got[0].Attrs["http.route"] != "/api/kv/{op}" || got[0].Attrs["http.response.status_code"] != "201" {
+		t.Errorf("attrs %v", got[0].Attrs)
+	}
+}
+
+// TestExportFailureCounted: spans the collector cannot take are reported
+// to Dropped.
+func TestExportFailureCounted(t *testing.T) {
+	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "300") // ms: give up on the dead endpoint fast
+	dropped := 0
+	p, err := tracing.Start(context.Background(), tracing.Config{Enabled: true, Endpoint: "127.0.0.1:1",
+		Dropped: func(reason string, n int) {
+			if reason == "export_failed" {
+				dropped += n
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := tracing.Request(context.Background(), "LOOKUP")
+	tracing.End(span, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_ = p.Shutdown(ctx) // waits for the failed export; its error may surface here
+	if dropped != 1 {
+		t.Fatalf("dropped = %d, want 1", dropped)
+	}
+}
