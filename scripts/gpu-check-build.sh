@@ -24,7 +24,7 @@ for bin in lmcache lmcache-gpucheck; do
 	done
 done
 cp scripts/gpu-check.sh "$out/"
-ldd --version | head -1 >"$out/BUILT_WITH_GLIBC"
+ldd --version | sed -n 1p >"$out/BUILT_WITH_GLIBC" # sed reads all: no SIGPIPE under pipefail
 # Every library must resolve from the bundle (plus glibc).
 if LD_LIBRARY_PATH="$out/lib" ldd "$out/lmcache" "$out/lmcache-gpucheck" | grep "not found"; then
 	echo "gpu-check-build: unresolved libraries above" >&2
