@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/net/netutil"
+
+	"github.com/lmcache-go/lmcache/internal/tracing"
 )
 
 // Defaults applied by NewServer and Listener when a Limits field is zero.
@@ -74,7 +76,9 @@ func (l Limits) Resolved() Limits { return l.withDefaults() }
 func NewServer(h http.Handler, l Limits, errLog *log.Logger) *http.Server {
 	l = l.withDefaults()
 	return &http.Server{
-		Handler:           h,
+		// Every request is a top-level span when tracing is on (a no-op
+		// pass-through otherwise).
+		Handler:           tracing.HTTPHandler(h),
 		MaxHeaderBytes:    l.MaxHeaderBytes,
 		ReadHeaderTimeout: l.ReadHeaderTimeout,
 		IdleTimeout:       l.IdleTimeout,

@@ -217,6 +217,8 @@ func (st *state) serve(ctx context.Context, req *request) []byte {
 	}
 	var resp []byte
 	var err error
+	_, span := st.traceStart(ctx, req)
+	defer func() { st.traceEnd(span, req, err) }() // before release: it may re-read the key
 	switch req.op {
 	case wire.OpLookup:
 		resp, err = st.lookup(req)
