@@ -1,7 +1,12 @@
 package httpapi
 
 import (
+	"errors"
+	"fmt"
+	"math"
 	"net/http"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -10,8 +15,12 @@ import (
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
-// Headers of the bytes-level KV API.
+// Headers of the bytes-level KV API. HeaderModelName, HeaderTokens,
+// HeaderCacheSalt and the four hit/total headers are upstream's
+// (lmcache/v1/multiprocess/http_apis/kv_api.py); HeaderModel,
+// HeaderWorldSize and the L1/L2 key counts are ours.
 const (
+	HeaderModelName   = "X-LMCache-Model-Name"
 	HeaderModel       = "X-LMCache-Model"
 	HeaderTokens      = "X-LMCache-Tokens"
 	HeaderCacheSalt   = "X-LMCache-Cache-Salt"
@@ -19,35 +28,56 @@ const (
 	HeaderHitChunks   = "X-LMCache-Hit-Chunks"
 	HeaderHitTokens   = "X-LMCache-Hit-Tokens"
 	HeaderTotalChunks = "X-LMCache-Total-Chunks"
+	HeaderTotalTokens = "X-LMCache-Total-Tokens"
 	HeaderL1Keys      = "X-LMCache-L1-Keys"
 	HeaderL2Keys      = "X-LMCache-L2-Keys"
 )
 
-// kvRequest is the parsed header set of a /api/kv/* call.
+// ContentTypeKV is upstream's media type of a KV_2LTD payload (the store
+// body and the retrieve answer of upstream's form).
+const ContentTypeKV = "application/x-lmcache-kv; v=1"
+
+// kvRequest is the parsed request of a /api/kv/* call.
 type kvRequest struct {
 	model     string
 	worldSize int
-	salt      string
-	tokens    []int64
+	// worldSet: the client named the world size; otherwise upstream's form
+	// uses the model's one registered layout, ours world size 1.
+	worldSet bool
+	salt     string
+	tokens   []int64
+	// upstream: the request is upstream's form (X-LMCache-Model-Name, or a
+	// JSON body), so payloads are KV_2LTD tensors; otherwise (X-LMCache-Model)
+	// they are our raw per-chunk, per-rank L1 objects.
+	upstream bool
 }
 
 func parseKVHeaders(h http.Header) (kvRequest, error) {
-	req := kvRequest{model: h.Get(HeaderModel), salt: h.Get(HeaderCacheSalt), worldSize: 1}
+	req := kvRequest{model: h.Get(HeaderModelName), salt: h.Get(HeaderCacheSalt), worldSize: 1, upstream: true}
+	if ours := h.Get(HeaderModel); ours != "" {
+		if req.model != "" && req.model != ours {
+			return req, errf(ErrBadRequest, "%s and %s name different models", HeaderModelName, HeaderModel)
+		}
+		req.model, req.upstream = ours, req.model != ""
+	}
 	if req.model == "" {
-		return req, errf(ErrBadRequest, "%s is required", HeaderModel)
+		return req, errf(ErrBadRequest, "missing %s header", HeaderModelName)
 	}
 	if strings.Contains(req.model, "@") {
-		return req, errf(ErrBadRequest, "%s must not contain '@'", HeaderModel)
+		return req, errf(ErrBadRequest, "the model name must not contain '@'")
 	}
 	if v := h.Get(HeaderWorldSize); v != "" {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || n < 1 || n > 255 {
 			return req, errf(ErrBadRequest, "%s must be an integer in [1, 255] (got %q)", HeaderWorldSize, v)
 		}
-		req.worldSize = n
+		req.worldSize, req.worldSet = n, true
 	}
 	if err := objkey.ValidateSalt(req.salt); err != nil {
 		return req, errf(ErrBadRequest, "%s: %v", HeaderCacheSalt, err)
+	}
+	if strings.Trim(h.Get(HeaderTokens), ", \t") == "" {
+		return req, errf(ErrBadRequest, "%s header must contain at least one token", HeaderTokens)
 	}
 	toks, err := parseTokens(h.Get(HeaderTokens))
 	if err != nil {
@@ -77,7 +107,7 @@ func decodeKVBody(body []byte) (kvRequest, error) {
 	case in.Tokens == nil:
 		return kvRequest{}, missing("body", "tokens")
 	}
-	req := kvRequest{model: *in.ModelName, tokens: *in.Tokens, worldSize: 1}
+	req := kvRequest{model: *in.ModelName, tokens: *in.Tokens, worldSize: 1, upstream: true}
 	if in.CacheSalt != nil {
 		req.salt = *in.CacheSalt
 	}
@@ -85,7 +115,7 @@ func decodeKVBody(body []byte) (kvRequest, error) {
 		if *in.WorldSize < 1 || *in.WorldSize > 255 {
 			return req, invalid("less_than_equal", "Input should be between 1 and 255", "body", "world_size")
 		}
-		req.worldSize = *in.WorldSize
+		req.worldSize, req.worldSet = *in.WorldSize, true
 	}
 	if req.model == "" || strings.Contains(req.model, "@") {
 		return req, errf(ErrBadRequest, "model_name must be non-empty and must not contain '@'")
@@ -129,7 +159,7 @@ func (s *Server) kvSetup(w http.ResponseWriter, r *http.Request, allowBody bool)
 	if err != nil {
 		return nil, engine.Layout{}, req, nil, err
 	}
-	l, err := s.layoutFor(e, req.model, req.worldSize)
+	l, err := kvLayout(e, req)
 	if err != nil {
 		return nil, l, req, nil, err
 	}
@@ -137,10 +167,163 @@ func (s *Server) kvSetup(w http.ResponseWriter, r *http.Request, allowBody bool)
 	return e, l, req, chunks, err
 }
 
+// kvLayout resolves the layout a KV request addresses. Upstream resolves a
+// model name to its one registered layout; we do the same unless the client
+// names a world size (X-LMCache-World-Size, or world_size in the body),
+// which picks one of several (model, world_size) layouts. Our raw-object
+// form (X-LMCache-Model) keeps its default of world size 1. An
+// unregistered model is upstream's 400.
+func kvLayout(e Engine, req kvRequest) (engine.Layout, error) {
+	if req.worldSet || !req.upstream {
+		l, err := e.Layout(req.model, req.worldSize)
+		if errors.Is(err, engine.ErrNoLayout) || errors.Is(err, engine.ErrNotFound) {
+			return l, errf(ErrBadRequest, "model_name '%s' is not registered with this engine (world_size=%d)", req.model, req.worldSize)
+		}
+		return l, err
+	}
+	var found []engine.Layout
+	for _, l := range e.Layouts() {
+		if l.ModelName == req.model {
+			found = append(found, l)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return engine.Layout{}, errf(ErrBadRequest, "model_name '%s' is not registered with this engine", req.model)
+	case 1:
+		return found[0], nil
+	}
+	ws := make([]int, len(found))
+	for i, l := range found {
+		ws[i] = l.WorldSize
+	}
+	slices.Sort(ws)
+	return engine.Layout{}, errf(ErrBadRequest, "model_name '%s' is registered with world sizes %v; name one with %s (or world_size in the body)", req.model, ws, HeaderWorldSize)
+}
+
+// kvGeometry is how one rank's chunk object maps into upstream's KV_2LTD
+// tensor [2, num_layers, num_tokens, hidden] (all ranks' hidden slices side
+// by side, all chunks along the token dim). An object is [planes, chunk,
+// rowBytes]: planes is 2*num_layers (K and V of each layer), or num_layers
+// for MLA, whose one latent row is not split across ranks, so the MLA
+// tensor is [num_layers, num_tokens, latent] and every rank holds a copy.
+type kvGeometry struct {
+	planes, chunk, rowBytes int64
+	world                   int
+	mla                     bool
+}
+
+// tokenRow is the bytes of one token of one plane in the KV_2LTD tensor.
+func (g kvGeometry) tokenRow() int64 {
+	if g.mla {
+		return g.rowBytes
+	}
+	return g.rowBytes * int64(g.world)
+}
+
+// tensorBytes is the size of the KV_2LTD tensor of n chunks.
+func (g kvGeometry) tensorBytes(n int) int64 { return g.planes * int64(n) * g.chunk * g.tokenRow() }
+
+// metaInt reads an integer the data path or --register-model put in a
+// layout's Meta (int, int64 or a JSON float, depending on who wrote it).
+func metaInt(m map[string]any, key string) (int64, bool) {
+	v := reflect.ValueOf(m[key])
+	switch {
+	case !v.IsValid():
+		return 0, false
+	case v.CanInt():
+		return v.Int(), true
+	case v.CanUint():
+		return int64(v.Uint()), true
+	case v.CanFloat() && v.Float() == math.Trunc(v.Float()):
+		return int64(v.Float()), true
+	}
+	return 0, false
+}
+
+// kvGeometryOf derives the KV_2LTD geometry of a registered layout from
+// its number of layers and MLA flag (vLLM's registration and
+// --register-model both record them) and checks it against the object
+// size, so a layout the tensor form cannot describe is a clear 400 (as
+// upstream's ValueError) rather than scrambled bytes.
+func kvGeometryOf(l engine.Layout, chunk int) (kvGeometry, error) {
+	g := kvGeometry{chunk: int64(chunk), world: l.WorldSize}
+	g.mla, _ = l.Meta["use_mla"].(bool)
+	if v, ok := l.Meta["is_mla"].(bool); ok {
+		g.mla = g.mla || v
+	}
+	layers, ok := metaInt(l.Meta, "num_layers")
+	if !ok || layers < 1 || len(l.GroupObjectBytes) > 1 || g.world < 1 || chunk < 1 {
+		return g, errf(ErrBadRequest, "the layout registered for model_name '%s' (world_size=%d) does not record a single KV group's num_layers, so it cannot be read as a KV_2LTD tensor; use the raw-object form (%s)", l.ModelName, l.WorldSize, HeaderModel)
+	}
+	g.planes = layers
+	if !g.mla {
+		g.planes *= 2
+	}
+	g.rowBytes = l.ObjectBytes / (g.planes * g.chunk)
+	if g.rowBytes < 1 || g.rowBytes*g.planes*g.chunk != l.ObjectBytes {
+		return g, errf(ErrBadRequest, "the layout registered for model_name '%s' has %d-byte chunk objects, which is not %d planes x %d tokens x whole rows; it cannot be read as a KV_2LTD tensor", l.ModelName, l.ObjectBytes, g.planes, g.chunk)
+	}
+	return g, nil
+}
+
+// splitKV2LTD cuts a KV_2LTD tensor of n chunks into one object per chunk
+// and rank (chunk-major, rank-minor, as the chunk keys are ordered).
+func (g kvGeometry) splitKV2LTD(src []byte, n int) [][]byte {
+	row, tokens := g.tokenRow(), int64(n)*g.chunk
+	out := make([][]byte, 0, n*g.world)
+	for c := range int64(n) {
+		for r := range int64(g.world) {
+			obj := make([]byte, g.planes*g.chunk*g.rowBytes)
+			off := r * g.rowBytes
+			if g.mla {
+				off = 0
+			}
+			for p := range g.planes {
+				for t := range g.chunk {
+					s := (p*tokens+c*g.chunk+t)*row + off
+					copy(obj[(p*g.chunk+t)*g.rowBytes:], src[s:s+g.rowBytes])
+				}
+			}
+			out = append(out, obj)
+		}
+	}
+	return out
+}
+
+// joinKV2LTD is splitKV2LTD's inverse over n chunks of objects
+// (chunk-major, rank-minor); for MLA rank 0's copy is used.
+func (g kvGeometry) joinKV2LTD(objs [][]byte, n int) []byte {
+	row, tokens := g.tokenRow(), int64(n)*g.chunk
+	dst := make([]byte, g.tensorBytes(n))
+	ranks := int64(g.world)
+	if g.mla {
+		ranks = 1
+	}
+	for c := range int64(n) {
+		for r := range ranks {
+			obj := objs[c*int64(g.world)+r]
+			for p := range g.planes {
+				for t := range g.chunk {
+					d := (p*tokens+c*g.chunk+t)*row + r*g.rowBytes
+					copy(dst[d:d+g.rowBytes], obj[(p*g.chunk+t)*g.rowBytes:])
+				}
+			}
+		}
+	}
+	return dst
+}
+
 func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
-	e, l, _, chunks, err := s.kvSetup(w, r, false)
+	e, l, req, chunks, err := s.kvSetup(w, r, false)
 	if err != nil {
 		return err
+	}
+	var g kvGeometry
+	if req.upstream {
+		if g, err = kvGeometryOf(l, s.hasher.ChunkSize()); err != nil {
+			return err
+		}
 	}
 	var keys []objkey.Key
 	var sizes []int64
@@ -153,8 +336,13 @@ func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
 			want += sz
 		}
 	}
+	what := fmt.Sprintf("%d full chunks of this layout", len(chunks))
+	if req.upstream {
+		want = g.tensorBytes(len(chunks))
+		what = fmt.Sprintf("a KV_2LTD tensor of %d full chunks (%d planes x %d tokens x %d bytes)", len(chunks), g.planes, int64(len(chunks))*g.chunk, g.tokenRow())
+	}
 	if r.ContentLength >= 0 && r.ContentLength != want {
-		return errf(ErrBadRequest, "body is %d bytes; %d full chunks of this layout need %d bytes", r.ContentLength, len(chunks), want)
+		return errf(ErrBadRequest, "body is %d bytes; %s needs %d bytes", r.ContentLength, what, want)
 	}
 	if want > s.opts.MaxKVBodyBytes {
 		return errf(ErrTooLarge, "store of %d bytes exceeds the %d-byte limit", want, s.opts.MaxKVBodyBytes)
@@ -164,13 +352,18 @@ func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if int64(len(body)) != want {
-		return errf(ErrBadRequest, "body is %d bytes; %d full chunks of this layout need %d bytes", len(body), len(chunks), want)
+		return errf(ErrBadRequest, "body is %d bytes; %s needs %d bytes", len(body), what, want)
 	}
-	data := make([][]byte, len(keys))
-	off := int64(0)
-	for i, sz := range sizes {
-		data[i] = body[off : off+sz]
-		off += sz
+	var data [][]byte
+	if req.upstream {
+		data = g.splitKV2LTD(body, len(chunks))
+	} else {
+		data = make([][]byte, len(keys))
+		off := int64(0)
+		for i, sz := range sizes {
+			data[i] = body[off : off+sz]
+			off += sz
+		}
 	}
 	stored := 0
 	if len(keys) > 0 {
@@ -178,8 +371,13 @@ func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
+	// Put is all-or-nothing (already resident objects are skipped), so on
+	// success every chunk is held: upstream's stored_* count the leading
+	// chunks whose objects are all in the cache.
+	cs := s.hasher.ChunkSize()
 	writeJSON(w, http.StatusOK, KVStoreResponse{
-		Chunks: len(chunks), Tokens: len(chunks) * s.hasher.ChunkSize(), Keys: len(keys), Stored: stored,
+		Status: "ok", TotalTokens: len(chunks) * cs, TotalChunks: len(chunks), StoredTokens: len(chunks) * cs, StoredChunks: len(chunks),
+		Chunks: len(chunks), Tokens: len(chunks) * cs, Keys: len(keys), Stored: stored,
 	})
 	return nil
 }
@@ -216,17 +414,38 @@ func setHitHeaders(h http.Header, res engine.PrefetchResult, prefix, total, chun
 	h.Set(HeaderHitChunks, strconv.Itoa(prefix))
 	h.Set(HeaderHitTokens, strconv.Itoa(prefix*chunkSize))
 	h.Set(HeaderTotalChunks, strconv.Itoa(total))
+	h.Set(HeaderTotalTokens, strconv.Itoa(total*chunkSize))
 	h.Set(HeaderL1Keys, strconv.Itoa(res.L1Keys))
 	h.Set(HeaderL2Keys, strconv.Itoa(res.L2Keys))
 }
 
+// kvMiss answers a retrieve that found nothing: upstream's form gets its
+// 404 with an empty body, the hit headers and the KV media type; ours a
+// 404 with a JSON detail.
+func kvMiss(w http.ResponseWriter, req kvRequest, msg string) error {
+	if !req.upstream {
+		return errf(ErrNotFound, "%s", msg)
+	}
+	w.Header().Set("Content-Type", ContentTypeKV)
+	w.Header().Set("Content-Length", "0")
+	w.WriteHeader(http.StatusNotFound)
+	return nil
+}
+
 func (s *Server) handleKVRetrieve(w http.ResponseWriter, r *http.Request) error {
-	e, _, req, chunks, err := s.kvSetup(w, r, true)
+	e, l, req, chunks, err := s.kvSetup(w, r, true)
 	if err != nil {
 		return err
 	}
+	var g kvGeometry
+	if req.upstream {
+		if g, err = kvGeometryOf(l, s.hasher.ChunkSize()); err != nil {
+			return err
+		}
+	}
 	if len(chunks) == 0 {
-		return errf(ErrNotFound, "no cached prefix: fewer tokens than one chunk (%d)", s.hasher.ChunkSize())
+		setHitHeaders(w.Header(), engine.PrefetchResult{}, 0, 0, s.hasher.ChunkSize())
+		return kvMiss(w, req, fmt.Sprintf("no cached prefix: fewer tokens than one chunk (%d)", s.hasher.ChunkSize()))
 	}
 	res, release, err := s.kvProbe(r, e, chunks)
 	if release != nil {
@@ -248,7 +467,6 @@ func (s *Server) handleKVRetrieve(w http.ResponseWriter, r *http.Request) error 
 	}
 	// Trust only what was actually copied out: stop at the first chunk with
 	// a missing object.
-	var out []byte
 	got := 0
 	for c := 0; c < prefix; c++ {
 		n := len(chunks[c])
@@ -262,18 +480,24 @@ func (s *Server) handleKVRetrieve(w http.ResponseWriter, r *http.Request) error 
 		if !complete {
 			break
 		}
-		for _, o := range objs[c*n : (c+1)*n] {
-			out = append(out, o...)
-		}
 		got++
 	}
 	res.PrefixChunks = got
 	s.recordLookup(req, len(chunks), res)
 	setHitHeaders(w.Header(), res, got, len(chunks), s.hasher.ChunkSize())
 	if got == 0 {
-		return errf(ErrNotFound, "no cached prefix for these tokens")
+		return kvMiss(w, req, "no cached prefix for these tokens")
 	}
-	w.Header().Set("Content-Type", ctBinary)
+	var out []byte
+	if req.upstream {
+		out = g.joinKV2LTD(objs, got)
+		w.Header().Set("Content-Type", ContentTypeKV)
+	} else {
+		for _, o := range objs[:got*len(chunks[0])] {
+			out = append(out, o...)
+		}
+		w.Header().Set("Content-Type", ctBinary)
+	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(out)

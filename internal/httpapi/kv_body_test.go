@@ -16,8 +16,9 @@ import (
 // than the header limit allows, and is validated like the header form.
 func TestKVJSONBody(t *testing.T) {
 	e := start(t, envOpts{})
-	data := payload(3, 9)
-	if m := e.store(tokens(0, 3*testChunk), "t1", data); m["stored"] != float64(3) {
+	// A JSON body is upstream's form: the answer is the KV_2LTD tensor.
+	data := kvOne.tensor(3, 9)
+	if m := e.expect(200, "POST", "/api/kv/store", data, upstreamStore(testModel, tokens(0, 3*testChunk), "t1")).json(t); m["stored"] != float64(3) {
 		t.Fatalf("store = %v", m)
 	}
 	js := map[string]string{"Content-Type": "application/json"}

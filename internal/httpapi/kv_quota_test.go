@@ -60,9 +60,17 @@ func TestKVStoreRetrieveLookup(t *testing.T) {
 	e.expect(400, "POST", "/api/kv/store", payload(1, 0), map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: tokens(0, testChunk), httpapi.HeaderWorldSize: "zero"})
 	e.expect(400, "POST", "/api/kv/retrieve", nil, h("nope"))
 	e.expect(400, "POST", "/api/kv/lookup", nil, h("nope"))
-	e.expect(409, "POST", "/api/kv/store", payload(1, 0), map[string]string{httpapi.HeaderModel: "other", httpapi.HeaderTokens: tokens(0, testChunk)})
-	e.expect(409, "POST", "/api/kv/retrieve", nil, map[string]string{httpapi.HeaderModel: "other", httpapi.HeaderTokens: tokens(0, testChunk)})
-	e.expect(409, "POST", "/api/kv/lookup", nil, map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: tokens(0, testChunk), httpapi.HeaderWorldSize: "2"})
+	// An unregistered model (or world size) is upstream's 400 (409 before
+	// upstream's statuses were adopted).
+	for _, r := range []resp{
+		e.expect(400, "POST", "/api/kv/store", payload(1, 0), map[string]string{httpapi.HeaderModel: "other", httpapi.HeaderTokens: tokens(0, testChunk)}),
+		e.expect(400, "POST", "/api/kv/retrieve", nil, map[string]string{httpapi.HeaderModel: "other", httpapi.HeaderTokens: tokens(0, testChunk)}),
+		e.expect(400, "POST", "/api/kv/lookup", nil, map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: tokens(0, testChunk), httpapi.HeaderWorldSize: "2"}),
+	} {
+		if d := r.json(t)["detail"]; !strings.Contains(d.(string), "is not registered with this engine") {
+			t.Errorf("unregistered detail = %v", d)
+		}
+	}
 	e.expect(413, "POST", "/api/kv/store", payload(5, 0), h(tokens(0, 5*testChunk)))
 }
 

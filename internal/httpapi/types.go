@@ -141,15 +141,22 @@ type KVRequest struct {
 	CacheSalt string  `json:"cache_salt,omitempty"`
 	ModelName string  `json:"model_name"`
 	Tokens    []int64 `json:"tokens"`
-	WorldSize int     `json:"world_size,omitempty" doc:"1..255, default 1"`
+	WorldSize int     `json:"world_size,omitempty" doc:"1..255; default: the model's one registered layout"`
 }
 
-// KVStoreResponse is POST /api/kv/store.
+// KVStoreResponse is POST /api/kv/store: upstream's status and
+// total_/stored_ counts, plus our chunks, tokens, keys and stored (objects
+// newly written; already resident ones are skipped).
 type KVStoreResponse struct {
-	Chunks int `json:"chunks"`
-	Keys   int `json:"keys"`
-	Stored int `json:"stored"`
-	Tokens int `json:"tokens"`
+	Chunks       int    `json:"chunks"`
+	Keys         int    `json:"keys"`
+	Status       string `json:"status"`
+	Stored       int    `json:"stored"`
+	StoredChunks int    `json:"stored_chunks"`
+	StoredTokens int    `json:"stored_tokens"`
+	Tokens       int    `json:"tokens"`
+	TotalChunks  int    `json:"total_chunks"`
+	TotalTokens  int    `json:"total_tokens"`
 }
 
 // KVLookupResponse is POST /api/kv/lookup.
