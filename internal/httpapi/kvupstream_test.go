@@ -239,6 +239,11 @@ func TestKVUpstreamErrors(t *testing.T) {
 		t.Errorf("no tokens: %q", d)
 	}
 	e.expect(400, "POST", "/api/kv/store", kvOne.tensor(1, 1), upstreamStore(testModel, "1,x", ""))
+	both := upstreamStore(testModel, toks, "")
+	both[httpapi.HeaderModel] = kvTP2.name
+	if d := detail(e.expect(400, "POST", "/api/kv/store", kvOne.tensor(1, 1), both)); !strings.Contains(d, "name different models") {
+		t.Errorf("two model headers: %q", d)
+	}
 	// One byte short: 400 naming the tensor, and nothing stored.
 	short := kvOne.tensor(2, 1)
 	if d := detail(e.expect(400, "POST", "/api/kv/store", short[:len(short)-1], upstreamStore(testModel, tokens(0, 2*testChunk), ""))); !strings.Contains(d, "KV_2LTD tensor of 2 full chunks") || !strings.Contains(d, strconv.Itoa(len(short))) {
