@@ -36,8 +36,9 @@ var secretParts = []string{
 // "tokenizer", and "auth" (LMCACHE_AUTH) but not "author".
 var secretWord = regexp.MustCompile(`(^|_)(token|auth|pat|jwt|sas|otp)($|_)|[a-z]token($|_)`)
 
-// tokenIDs are names about token ids (model input), not credentials.
-var tokenIDs = regexp.MustCompile(`(^|_)token_(ids?|count|len)($|_)`)
+// tokenIDs are names about model tokens (token ids, counts, per-token
+// sizes such as /status's cache_size_per_token), not credentials.
+var tokenIDs = regexp.MustCompile(`(^|_)token_(ids?|count|len|offset)($|_)|(^|_)per_token($|_)`)
 
 // IsSecretName reports whether a field, flag or variable with this name
 // should have its value hidden.

@@ -21,7 +21,7 @@ func TestIsSecretName(t *testing.T) {
 		}
 	}
 	plain := []string{
-		"chunk_size", "max_tokens", "token_ids", "num_tokens", "hash_algorithm", "active_sessions",
+		"chunk_size", "max_tokens", "token_ids", "cache_size_per_token", "bytes_per_token", "token_offset", "num_tokens", "hash_algorithm", "active_sessions",
 		"session_ttl_seconds", "l2_adapter", "bucket", "endpoint_url", "keys", "key_count", "tokenizer", "author", "HOME",
 	}
 	for _, n := range plain {
