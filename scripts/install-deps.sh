@@ -8,7 +8,8 @@
 #                                    # Debian python3-zmq/msgpack for interop,
 #                                    # prometheus (promtool) for deploy/,
 #                                    # etcd-server for internal/leader,
-#                                    # python3-confluent-kafka for internal/kafkaevents
+#                                    # python3-confluent-kafka for internal/kafkaevents,
+#                                    # chromium for the /ui browser tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +26,9 @@ if [[ "$mode" == "test" ]]; then
 	# librdkafka via confluent-kafka (upstream's Kafka client): internal/kafkaevents
 	# interop tests.
 	pkgs+=(python3-confluent-kafka)
+	# Headless Chromium (/usr/bin/chromium) for the web console's browser
+	# tests (internal/e2e TestWebConsoleFleet); a font so pages render text.
+	pkgs+=(chromium fonts-liberation)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
