@@ -70,7 +70,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 		dir = t.TempDir()
 	}
 	var png []byte
-	browse(t, ctx, chromedp.FullScreenshot(&png, 90))
+	browse(t, ctx, chromedp.FullScreenshot(&png, 100))
 	p := filepath.Join(dir, name+".png")
 	if err := os.WriteFile(p, png, 0o644); err != nil {
 		t.Fatal(err)
