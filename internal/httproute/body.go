@@ -18,6 +18,11 @@ func ReadBody(buf *bytes.Buffer, w http.ResponseWriter, r *http.Request, limit i
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(deadline))
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	// A declared length over the limit is refused before a byte is read,
+	// so an oversized upload costs neither the transfer nor a parse.
+	if r.ContentLength > limit {
+		return Errorf(ErrBodyTooLarge, "request body exceeds %d bytes", limit)
+	}
 	if r.ContentLength > 0 && r.ContentLength <= limit {
 		buf.Grow(int(r.ContentLength))
 	}
