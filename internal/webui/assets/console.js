@@ -140,7 +140,11 @@
         return { label: n, stroke: ["#1f6feb", "#d9480f", "#2f9e44", "#9c36b5"][i % 4], width: 2 };
       }));
       const data = [[]].concat(names.map(function () { return []; }));
-      c = state.charts[id] = new uPlot({ width: 520, height: 180, series: series }, data, body);
+      // Byte charts label their axis in KiB/MiB/GiB; a wide axis keeps the
+      // labels whole.
+      const fmt = /bytes/.test(title) ? bytes : function (v) { return String(Math.round(v * 100) / 100); };
+      const axes = [{}, { size: 80, values: function (u, vs) { return vs.map(fmt); } }];
+      c = state.charts[id] = new uPlot({ width: 520, height: 180, series: series, axes: axes }, data, body);
     }
     const d = c.data.map(function (a) { return a.slice(-keep + 1); });
     d[0].push(now / 1000);
@@ -153,7 +157,9 @@
     if (res.status !== "fulfilled") return fail(body, "/periodic-threads", res.reason);
     table(body, "loops-table", ["thread", "level", "running", "active", "last run (s ago)", "runs", "failed"],
       res.value.threads.map(function (t) {
-        return { id: t.name, cells: [t.name, t.level, health(t.is_running), health(t.is_active),
+        // A one-shot loop (the startup resync) stops when done, so
+        // "not running" is a state, not a fault; failures are.
+        return { id: t.name, cells: [t.name, t.level, t.is_running ? "yes" : "no", t.is_active ? "yes" : "no",
           { k: "last_run_ago", v: t.last_run_ago, text: t.last_run_ago === null ? "never" : num(t.last_run_ago) },
           { k: "total_runs", v: t.total_runs }, { k: "failed_runs", v: t.failed_runs, cls: t.failed_runs ? "num bad" : "num" }] };
       }));
