@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/lmcache-go/lmcache/internal/buildinfo"
 )
 
 const metricPrefix = "lmcache_coordinator_"
@@ -83,6 +85,9 @@ func newMetrics(s *Server) *metrics {
 			}
 			return 0
 		}))
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{Name: metricPrefix + "build_info", Help: "Build of this lmcache coordinator (value 1).", ConstLabels: buildinfo.Labels()})
+	buildInfo.Set(1)
+	reg.MustRegister(buildInfo)
 	reg.MustRegister(events, m.eventBatches, m.evictionCycles, m.keysDispatched, m.dispatchFailures, m.resyncPages, m.resyncKeys)
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "registered_instances", Help: "MP servers currently registered."},

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/lmcache-go/lmcache/internal/buildinfo"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics/stats"
 )
 
@@ -68,6 +69,9 @@ type Metrics struct {
 	// labelled {reason}: unbound_store, salted, publisher_queue_full,
 	// log_overflow.
 	KVEventsDropped *prometheus.CounterVec
+
+	// TraceSpansDropped counts spans the OTLP exporter lost, by {reason}.
+	TraceSpansDropped *prometheus.CounterVec
 
 	vecs     []interface{ Reset() }
 	resets   []*Counter
@@ -122,6 +126,13 @@ func New(instanceID string, src Source) *Metrics {
 		ConstLabels: prometheus.Labels{"service_name": "lmcache-mp", "service_instance_id": instanceID}})
 	ti.Set(1)
 	m.reg.MustRegister(ti)
+	// Build identity (a Go addition): version and revision from the
+	// stamped values or, when unstamped, the Go build information.
+	bi := prometheus.NewGauge(prometheus.GaugeOpts{Name: Namespace + "_build_info", Help: "Build of this lmcache server (value 1).",
+		ConstLabels: buildinfo.Labels()})
+	bi.Set(1)
+	m.reg.MustRegister(bi)
+	m.TraceSpansDropped = cv(Namespace+"_trace_spans_dropped_total", "OpenTelemetry spans lost (--enable-tracing), by reason: export_failed (the OTLP collector refused them or could not be reached).", "reason")
 	return m
 }
 
