@@ -30,6 +30,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/serverconfig"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
+	"github.com/lmcache-go/lmcache/internal/tracing"
 )
 
 func init() {
@@ -95,6 +96,7 @@ type server struct {
 	httpLn   net.Listener
 	coord    *coordclient.Client
 	kv       *kvevents.Recorder
+	tr       *tracing.Provider
 	// cfgGroups is the resolved configuration, logged (redacted) at start.
 	cfgGroups map[string]map[string]any
 }
@@ -173,6 +175,9 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 	if s.adapters, err = l2.OpenAll(ctx, specs); err != nil {
 		return nil, err
 	}
+	for i, a := range s.adapters {
+		s.adapters[i] = tracing.Adapter(a) // storage-level spans when tracing is on
+	}
 	if s.eng, err = engine.New(ecfg, s.adapters, levels.Logger("lmcache.engine")); err != nil {
 		return nil, &usageError{err}
 	}
@@ -190,6 +195,9 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		instanceID = coordclient.NewInstanceID()
 	}
 	metrics := mpmetrics.New(instanceID, nil)
+	if s.tr, err = startTracing(ctx, cfg, instanceID, metrics); err != nil {
+		return nil, &usageError{err}
+	}
 	mqcfg := mq.Defaults()
 	mqcfg.Host, mqcfg.Port = cfg.Host, cfg.Port
 	mqcfg.TransferMode, mqcfg.WireProfile = cfg.SupportedTransferMode, cfg.WireProfile
@@ -312,6 +320,9 @@ func (s *server) release() {
 	// The engine releases its pool only; adapters belong to the server.
 	for _, a := range s.adapters {
 		_ = a.Close()
+	}
+	if s.tr != nil {
+		stopTracing(s.tr) // last: spans of the shutdown itself are flushed too
 	}
 }
 
