@@ -1,0 +1,91 @@
+package e2e
+
+import (
+	"bytes"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/tracing/otlptest"
+	"github.com/lmcache-go/lmcache/internal/wire"
+)
+
+// traceRun starts a server exporting to an in-process OTLP/gRPC receiver at
+// level, stores 8 chunks over HTTP (written behind to an fs adapter), looks
+// them up over ZMQ, stops the server (which flushes) and returns the spans.
+func traceRun(t *testing.T, level string) []otlptest.Span {
+	rcv := otlptest.Start(t)
+	httpPort, zmqPort := freePort(t), freePort(t)
+	base := "http://127.0.0.1:" + itoa(httpPort)
+	p := start(t, "server-trace-"+level, nil, "server", "--http-port", itoa(httpPort), "--port", itoa(zmqPort),
+		"--chunk-size", itoa(chunkSize), "--l1-size-gb", "0.0625",
+		"--register-model", `{"model_name":"m","world_size":1,"object_bytes":8192}`,
+		"--l2-adapter", `{"type":"fs","base_path":"`+t.TempDir()+`"}`,
+		"--enable-tracing", "--otlp-endpoint", "http://"+rcv.Addr, "--trace-level", level)
+	waitFor(t, "healthcheck", healthy(base+"/healthcheck"))
+	toks := tokens(500)
+	hdr := map[string]string{"X-LMCache-Model": "m", "X-LMCache-Tokens": tokenHeader(toks)}
+	if code, _ := call(t, "POST", base+"/api/kv/store", bytes.Repeat([]byte{7}, 8*8192), hdr, nil); code != http.StatusOK {
+		t.Fatalf("store: %d", code)
+	}
+	c, err := mqclient.Dial("tcp://127.0.0.1:"+itoa(zmqPort), mqclient.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]wire.Int, len(toks))
+	for i, v := range toks {
+		ids[i] = wire.Int(v)
+	}
+	key := &wire.Key{ModelName: "m", WorldSize: 1, TokenIDs: ids, End: wire.Int(len(ids)), RequestID: "trace", NumKVReaders: 1}
+	if hits, err := c.LookupWait(key, 10*time.Millisecond); err != nil || hits != 8 {
+		t.Fatalf("LOOKUP: %d hits, %v", hits, err)
+	}
+	if err := c.FreeLookupLocks(key, 1); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if level == "storage" {
+		rcv.WaitFor(t, 30*time.Second, "l2.store span", func(s []otlptest.Span) bool { return len(otlptest.Named(s, "l2.store")) > 0 })
+	}
+	p.stop(t) // SIGTERM: the server flushes its spans before exiting
+	return rcv.WaitFor(t, 30*time.Second, "LOOKUP and store spans", func(s []otlptest.Span) bool {
+		return len(otlptest.Named(s, "LOOKUP")) == 1 && len(otlptest.Named(s, "POST /api/kv/store")) == 1
+	})
+}
+
+// TestTracingOTLPExport: with --enable-tracing the real binary exports, over
+// OTLP/gRPC, a LOOKUP span (model, token and chunk counts, no token ids), an
+// HTTP store span named by its route and, at level storage, the write-behind
+// l2.store span (adapter, keys, bytes).
+func TestTracingOTLPExport(t *testing.T) {
+	spans := traceRun(t, "storage")
+	look := otlptest.Named(spans, "LOOKUP")[0]
+	for k, want := range map[string]string{"lmcache.model_name": "m", "lmcache.num_tokens": itoa(8 * chunkSize), "lmcache.num_chunks": "8", "lmcache.world_size": "1"} {
+		if look.Attrs[k] != want {
+			t.Errorf("LOOKUP %s = %q, want %q (attrs %v)", k, look.Attrs[k], want, look.Attrs)
+		}
+	}
+	if look.Resource["service.name"] != "lmcache-mp-server" {
+		t.Errorf("resource %v", look.Resource)
+	}
+	st := otlptest.Named(spans, "POST /api/kv/store")[0]
+	if st.Attrs["http.route"] != "/api/kv/store" || st.Attrs["http.response.status_code"] != "200" {
+		t.Errorf("store span attrs %v", st.Attrs)
+	}
+	l2 := otlptest.Named(spans, "l2.store")[0]
+	if l2.Attrs["lmcache.l2.adapter"] != "fs" || l2.Attrs["lmcache.l2.keys"] == "" || l2.Attrs["lmcache.bytes"] == "" {
+		t.Errorf("l2.store attrs %v", l2.Attrs)
+	}
+}
+
+// TestTracingEventsLevelTopOnly: at --trace-level events only the request
+// spans arrive, no l2.* span.
+func TestTracingEventsLevelTopOnly(t *testing.T) {
+	spans := traceRun(t, "events")
+	for _, s := range spans {
+		if len(s.Name) > 3 && s.Name[:3] == "l2." {
+			t.Errorf("storage span %q at level events", s.Name)
+		}
+	}
+}
