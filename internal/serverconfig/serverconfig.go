@@ -305,12 +305,12 @@ func (c *Config) register() *registry {
 	r.boolFlag(&c.DisableObservability, "disable-observability", "disable_observability", ob, "", "disable metrics and event reporting")
 	r.boolFlag(&c.DisableMetrics, "disable-metrics", "disable_metrics", ob, "", "disable GET /metrics collection")
 	r.boolFlag(&c.DisableLogging, "disable-logging", "disable_logging", ob, "", "accepted for compatibility")
-	r.boolFlag(&c.EnableTracing, "enable-tracing", "enable_tracing", ob, "", "accepted for compatibility (tracing is not implemented)")
-	r.str(&c.OTLPEndpoint, "otlp-endpoint", "otlp_endpoint", ob, "", "", "accepted for compatibility")
+	r.boolFlag(&c.EnableTracing, "enable-tracing", "enable_tracing", ob, "", "export OpenTelemetry spans over OTLP/gRPC to --otlp-endpoint (required with it)")
+	r.str(&c.OTLPEndpoint, "otlp-endpoint", "otlp_endpoint", ob, "", "", "OTLP gRPC endpoint for --enable-tracing spans: http://host:4317 or host:port (plaintext), https://host:port (TLS); metrics stay on GET /metrics")
 	r.intv(&c.EventBusQueueSize, "event-bus-queue-size", "event_bus_queue_size", ob, "", 10000, "bound of the coordinator event queue").Validate = atLeast(&c.EventBusQueueSize, 1)
 	r.float(&c.MetricsSampleRate, "metrics-sample-rate", "metrics_sample_rate", ob, "", 0.01, "accepted for compatibility").Validate = inRange(&c.MetricsSampleRate, 0, 1, false)
 	r.intv(&c.PrometheusPort, "prometheus-port", "prometheus_port", ob, "", 9090, "ignored by lmcache server (metrics are on the HTTP port), as upstream")
-	r.str(&c.TraceLevel, "trace-level", "trace_level", ob, "", "storage", "accepted for compatibility").Validate = oneOf(&c.TraceLevel, "storage", "events")
+	r.str(&c.TraceLevel, "trace-level", "trace_level", ob, "", "storage", "span depth with --enable-tracing: storage (request spans plus L2 operations) or events (request spans only)").Validate = oneOf(&c.TraceLevel, "storage", "events")
 
 	// coordinator: flag > deprecated flag > env > default.
 	r.str(&c.CoordinatorURL, "coordinator-url", "coordinator_url", co, "LMCACHE_COORDINATOR_URL", "", "coordinator base URL; empty: not registered")
