@@ -17,6 +17,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordclient"
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/httpapi"
+	"github.com/lmcache-go/lmcache/internal/kafkaevents"
 	"github.com/lmcache-go/lmcache/internal/kvevents"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	_ "github.com/lmcache-go/lmcache/internal/l2/dax"   // registers type "dax"
@@ -96,6 +97,7 @@ type server struct {
 	httpLn   net.Listener
 	coord    *coordclient.Client
 	kv       *kvevents.Recorder
+	sink     *kafkaevents.Sink // --coordinator-event-transport kafka; nil otherwise
 	tr       *tracing.Provider
 	// cfgGroups is the resolved configuration, logged (redacted) at start.
 	cfgGroups map[string]map[string]any
@@ -223,6 +225,19 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		return nil, &usageError{err}
 	}
 
+	var publisher coordclient.Publisher
+	if cfg.CoordinatorEventTransport == "kafka" {
+		brokers, err := kafkaevents.ParseBrokers(cfg.CoordinatorKafkaBootstrapServers)
+		if err != nil {
+			return nil, &usageError{fmt.Errorf("--coordinator-event-transport kafka needs --coordinator-kafka-bootstrap-servers: %w", err)}
+		}
+		if s.sink, err = kafkaevents.NewSink(kafkaevents.SinkConfig{Brokers: brokers, Topic: cfg.CoordinatorKafkaTopic,
+			DeliveryTimeout: seconds(cfg.CoordinatorKafkaDeliveryTimeout), Logger: levels.Logger("lmcache.kafka_sink")}); err != nil {
+			return nil, &usageError{err}
+		}
+		metrics.Registry().MustRegister(s.sink.Collectors()...)
+		publisher = s.sink
+	}
 	s.coord, err = coordclient.New(coordclient.Config{
 		URL:                cfg.CoordinatorURL,
 		AdvertiseIP:        cfg.CoordinatorAdvertiseIP,
@@ -237,6 +252,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		Logger:             levels.Logger("lmcache.coordinator_client"),
 		AuthToken:          cfg.CoordinatorAuthToken,
 		EventEndpoint:      cfg.CoordinatorEventEndpoint,
+		Publisher:          publisher,
 	})
 	if err != nil {
 		return nil, &usageError{err}
@@ -313,6 +329,11 @@ func (s *server) release() {
 	}
 	if s.kv != nil {
 		s.kv.Close()
+	}
+	if s.sink != nil {
+		// After the coordinator client's last flush: queued records get
+		// kafkaevents.CloseFlushTimeout to reach the brokers.
+		_ = s.sink.Close()
 	}
 	if s.eng != nil {
 		_ = s.eng.Close()

@@ -94,6 +94,10 @@ type Config struct {
 	// 0 means the start time in Unix nanoseconds (upstream uses Unix
 	// seconds, which two starts within one second would share).
 	Incarnation int64
+	// Publisher, if set, carries the event batches instead of POST /events
+	// (--coordinator-event-transport kafka: a kafkaevents.Sink);
+	// registration and heartbeats stay HTTP.
+	Publisher Publisher
 	// HTTPClient defaults to a client with a 10 s timeout.
 	HTTPClient *http.Client
 	// Periodic, if set, lists the registrar and reporter loops (for
@@ -623,6 +627,9 @@ func (c *Client) Flush(ctx context.Context) error {
 func (c *Client) deliver(ctx context.Context, events []Event, prepared *eventsRequest) error {
 	var err error
 	for range 2 {
+		if c.cfg.Publisher != nil {
+			return c.publish(ctx, events)
+		}
 		if c.EventEndpoint() == EndpointEvents {
 			req := prepared
 			if req == nil {

@@ -132,3 +132,29 @@ func (c *Client) switchEndpoint(to string) {
 	c.endpoint.Store(&to)
 	c.log.Info("coordinator does not serve the event endpoint; switching", "now", to)
 }
+
+// Publisher takes built cache-event batches to a non-HTTP transport
+// (kafkaevents.Sink). Publish queues them without waiting for the broker.
+type Publisher interface {
+	Publish(ctx context.Context, batches []kafkaevents.Batch) error
+}
+
+// publish hands events to the Publisher as /events batches. Unlike the HTTP
+// door nothing is kept for a retry: the Kafka producer retries delivery
+// itself, and a refused list (buffer full or sink closed) is dropped and
+// counted by the sink (lmcache_mp_coordinator_kafka_batches_dropped_total),
+// leaving a seq gap the coordinator sees.
+func (c *Client) publish(ctx context.Context, events []Event) error {
+	req := c.buildEvents(events)
+	if err := c.cfg.Publisher.Publish(ctx, req.body.Batches); err != nil {
+		if c.cfg.Metrics != nil {
+			c.cfg.Metrics.CoordBatchesFailed.Inc()
+		}
+		return fmt.Errorf("publish cache events: %w", err)
+	}
+	c.sent.Add(1)
+	if c.cfg.Metrics != nil {
+		c.cfg.Metrics.CoordBatchesSent.Inc()
+	}
+	return nil
+}

@@ -114,6 +114,17 @@ type Config struct {
 	// /events, falling back to /quota/events on a 404), events or
 	// quota-events.
 	CoordinatorEventEndpoint string
+	// CoordinatorEventTransport is http (POST the batches) or kafka (publish
+	// them through the Kafka sink); registration and heartbeats stay HTTP.
+	CoordinatorEventTransport string
+	// CoordinatorKafkaBootstrapServers is the comma-separated broker list
+	// (required with the kafka transport).
+	CoordinatorKafkaBootstrapServers string
+	// CoordinatorKafkaTopic is the cache-event topic.
+	CoordinatorKafkaTopic string
+	// CoordinatorKafkaDeliveryTimeout is how long (seconds) the producer
+	// retries a record before dropping it.
+	CoordinatorKafkaDeliveryTimeout float64
 
 	reg *registry
 }
@@ -320,6 +331,11 @@ func (c *Config) register() *registry {
 	r.float(&c.CoordinatorEventFlushInterval, "coordinator-event-flush-interval", "coordinator_event_flush_interval", co, "LMCACHE_COORDINATOR_EVENT_FLUSH_INTERVAL", 1, "seconds between event flushes").Validate = positiveFinite(&c.CoordinatorEventFlushInterval)
 	r.secret(&c.CoordinatorAuthToken, "coordinator-auth-token", "coordinator_auth_token", co, "LMCACHE_COORDINATOR_AUTH_TOKEN", "bearer token sent to the coordinator; empty: none")
 	r.str(&c.CoordinatorEventEndpoint, "coordinator-event-endpoint", "coordinator_event_endpoint", co, "LMCACHE_COORDINATOR_EVENT_ENDPOINT", "auto", "where usage events go: auto (POST /events, and POST /quota/events once the coordinator answers 404 there), events or quota-events").Validate = oneOf(&c.CoordinatorEventEndpoint, "auto", "events", "quota-events")
+	// Upstream's Kafka transport flags have no environment fallback.
+	r.str(&c.CoordinatorEventTransport, "coordinator-event-transport", "coordinator_event_transport", co, "", "http", "how cache-event batches reach the coordinator: http (POST) or kafka (the Kafka topic; needs --coordinator-kafka-bootstrap-servers)").Validate = oneOf(&c.CoordinatorEventTransport, "http", "kafka")
+	r.str(&c.CoordinatorKafkaBootstrapServers, "coordinator-kafka-bootstrap-servers", "coordinator_kafka_bootstrap_servers", co, "", "", "comma-separated Kafka brokers for --coordinator-event-transport kafka")
+	r.str(&c.CoordinatorKafkaTopic, "coordinator-kafka-topic", "coordinator_kafka_topic", co, "", "lmcache-cache-events", "Kafka topic for cache-event batches")
+	r.float(&c.CoordinatorKafkaDeliveryTimeout, "coordinator-kafka-delivery-timeout", "coordinator_kafka_delivery_timeout", co, "", 300, "seconds the Kafka producer retries a record before dropping it").Validate = positiveFinite(&c.CoordinatorKafkaDeliveryTimeout)
 	r.alias("coordinator-l2-event-reporting", "coordinator-event-reporting", "LMCACHE_COORDINATOR_L2_EVENT_REPORTING")
 	r.alias("coordinator-l2-event-flush-interval", "coordinator-event-flush-interval", "LMCACHE_COORDINATOR_L2_EVENT_FLUSH_INTERVAL")
 	return r
