@@ -2,7 +2,10 @@ package httpapi_test
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -74,5 +77,29 @@ func TestOpenAPIValidatesWithSchemas(t *testing.T) {
 	}
 	if tier := del.Properties["tier"].Value; len(tier.Enum) != 3 {
 		t.Errorf("tier enum = %v", tier.Enum)
+	}
+}
+
+// TestDocsPagesServed: /docs and /redoc are served open (without the
+// token even when one is configured) as local-only pages over
+// /openapi.json, and are neither in the document nor in Routes(), as in
+// FastAPI.
+func TestDocsPagesServed(t *testing.T) {
+	e := start(t, envOpts{noEngine: true, mutate: func(o *httpapi.Options) { o.AuthToken = "docs-tok" }})
+	for path, marker := range map[string]string{"/docs": `url: "/openapi.json"`, "/redoc": `spec-url="/openapi.json"`} {
+		resp, err := http.Get(e.base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), marker) || resp.Header.Get("Content-Security-Policy") == "" {
+			t.Errorf("%s: %d, page without %s or CSP", path, resp.StatusCode, marker)
+		}
+		for _, rt := range httpapi.Routes() {
+			if rt.Path == path {
+				t.Errorf("%s in Routes()", path)
+			}
+		}
 	}
 }

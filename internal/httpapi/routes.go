@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/lmcache-go/lmcache/internal/httproute"
+	"github.com/lmcache-go/lmcache/internal/httproute/docsui"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/webui"
 )
@@ -46,7 +47,10 @@ type route struct {
 	// req and resp are values of the request and success body types, from
 	// which /openapi.json's schemas are generated.
 	req, resp any
-	h         func(s *Server, w http.ResponseWriter, r *http.Request) error
+	// hidden routes (the interactive docs pages) are served but, as in
+	// FastAPI, neither in /openapi.json nor in Routes().
+	hidden bool
+	h      func(s *Server, w http.ResponseWriter, r *http.Request) error
 }
 
 const (
@@ -128,6 +132,10 @@ func routes() []route {
 		{method: "POST", path: "/run_script", tag: "diagnostics", shape: shapeText, auth: authAlways, body: ctForm, summary: "Run a Starlark script (field script) in a bounded sandbox; off unless --run-script-api-enabled.", produces: ctText,
 			statuses: st(200, "result", 400, "no script file provided", 404, "run_script disabled", 500, "script failed"), req: ScriptForm{}, h: (*Server).handleRunScript},
 		{method: "GET", path: "/openapi.json", tag: "info", summary: "This document.", statuses: st(200, "OpenAPI 3 document"), resp: map[string]any{}, h: (*Server).handleOpenAPI},
+		{method: "GET", path: "/docs", summary: "Swagger UI over /openapi.json.", hidden: true, produces: httproute.HTML, statuses: st(200, "page"),
+			h: docsPage(func() string { return docsui.Swagger("LMCache HTTP API", "/openapi.json") })},
+		{method: "GET", path: "/redoc", summary: "ReDoc over /openapi.json.", hidden: true, produces: httproute.HTML, statuses: st(200, "page"),
+			h: docsPage(func() string { return docsui.Redoc("LMCache HTTP API", "/openapi.json") })},
 		// The operator console (internal/webui), beyond upstream: static, so
 		// open; the data it fetches goes through the routes above with the token.
 		{method: "GET", path: "/ui", tag: "info", summary: "Web console page.", produces: httproute.HTML, statuses: st(200, "page"), h: serveStd(ui.ServeHTTP)},
@@ -182,12 +190,18 @@ func serveStd(h http.HandlerFunc) func(*Server, http.ResponseWriter, *http.Reque
 	}
 }
 
+// docsPage serves an interactive docs page (docsui), built on first use.
+func docsPage(build func() string) func(*Server, http.ResponseWriter, *http.Request) error {
+	h := docsui.Handler(build)
+	return func(_ *Server, w http.ResponseWriter, r *http.Request) error { return h(w, r) }
+}
+
 // toolkitRoute turns a table entry into the toolkit's route, bound to s.
 func (s *Server) toolkitRoute(rt route) httproute.Route {
 	out := httproute.Route{
 		Method: rt.method, Path: rt.path, Tag: rt.tag, Summary: rt.summary, Shape: rt.shape,
 		Request: rt.req, RequestType: rt.body, Response: rt.resp, Produces: rt.produces,
-		Statuses: rt.statuses, Handle: func(w http.ResponseWriter, r *http.Request) error { return rt.h(s, w, r) },
+		Statuses: rt.statuses, Hidden: rt.hidden, Handle: func(w http.ResponseWriter, r *http.Request) error { return rt.h(s, w, r) },
 	}
 	for _, q := range rt.query {
 		out.Query = append(out.Query, httproute.Param{Name: q})
@@ -266,10 +280,14 @@ type RouteInfo struct {
 	Body string
 }
 
-// Routes lists every route the server serves.
+// Routes lists every documented route the server serves (all but the
+// hidden docs pages).
 func Routes() []RouteInfo {
 	var out []RouteInfo
 	for _, rt := range routes() {
+		if rt.hidden {
+			continue
+		}
 		tr := httproute.Route{Method: rt.method, Path: rt.path}
 		ri := RouteInfo{Method: rt.method, Path: rt.path, Pattern: tr.Pattern(), Auth: authNames[rt.auth], ErrorShape: rt.shape.String(), Body: rt.body}
 		for c := range rt.statuses {
