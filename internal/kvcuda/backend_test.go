@@ -347,12 +347,15 @@ func TestUUIDForms(t *testing.T) {
 }
 
 // TestLoadDriverWithoutCUDA: on a machine without libcuda.so.1 the load
-// fails with ErrNoDriver (skipped where a driver is installed).
+// fails with ErrNoDriver; where a driver is installed it loads and answers
+// a device count, so the test checks something on either machine.
 func TestLoadDriverWithoutCUDA(t *testing.T) {
 	d, err := LoadDriver()
 	if err == nil {
-		n, _ := d.DeviceCount()
-		t.Skipf("a CUDA driver is installed here (%d devices); nothing to check", n)
+		if n, cerr := d.DeviceCount(); cerr != nil || n < 0 {
+			t.Fatalf("driver loaded but DeviceCount = %d, %v", n, cerr)
+		}
+		return
 	}
 	if !errors.Is(err, ErrNoDriver) {
 		t.Fatalf("LoadDriver without CUDA: %v, want ErrNoDriver", err)
