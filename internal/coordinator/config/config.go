@@ -72,6 +72,8 @@ type Config struct {
 	// MP servers (eviction DELETEs, resync listing, prefetch relay), whose
 	// --http-auth-token protects those routes. Never logged or echoed.
 	MPAuthToken string
+	// HA is active/standby on etcd (ha.go); off by default.
+	HA HA
 }
 
 // Default returns the documented defaults.
@@ -95,6 +97,7 @@ func Default() Config {
 		MetricsTopSalts:       20,
 		InflightTTL:           30,
 		LogLevel:              "info",
+		HA:                    DefaultHA(),
 	}
 }
 
@@ -126,7 +129,7 @@ type field struct {
 }
 
 func fieldsTable() []field {
-	return []field{
+	return append([]field{
 		{flag: "host", env: "HOST", kind: "string", usage: "host the HTTP server binds to", s: func(c *Config) *string { return &c.Host }},
 		{flag: "port", env: "PORT", kind: "int", usage: "port the HTTP server binds to", i: func(c *Config) *int { return &c.Port },
 			check: func(c Config) string { return rangeInt(c.Port, 0, 65535) }},
@@ -195,7 +198,7 @@ func fieldsTable() []field {
 				}
 				return "must be one of debug, info, warn, error"
 			}},
-	}
+	}, haFields()...)
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
