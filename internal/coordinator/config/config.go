@@ -74,6 +74,8 @@ type Config struct {
 	MPAuthToken string
 	// HA is active/standby on etcd (ha.go); off by default.
 	HA HA
+	// Ingest is the event transport and the checkpoint (ingest.go).
+	Ingest Ingest
 }
 
 // Default returns the documented defaults.
@@ -98,6 +100,7 @@ func Default() Config {
 		InflightTTL:           30,
 		LogLevel:              "info",
 		HA:                    DefaultHA(),
+		Ingest:                DefaultIngest(),
 	}
 }
 
@@ -117,8 +120,11 @@ func (c Config) Addr() string {
 // help text and how to parse and check it. Every setting lives in this one
 // table so flags, env vars, help and validation cannot drift apart.
 type field struct {
-	flag  string
-	env   string
+	flag string
+	env  string
+	// noEnv: a CLI-only setting (the config file key is the flag's name in
+	// snake_case), as newer upstream's coordinator flags are.
+	noEnv bool
 	usage string
 	kind  string // "float", "int", "string", "secret" (a string never printed), "bool"
 	f     func(*Config) *float64
@@ -198,7 +204,7 @@ func fieldsTable() []field {
 				}
 				return "must be one of debug, info, warn, error"
 			}},
-	}, haFields()...)
+	}, append(haFields(), ingestFields()...)...)
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
@@ -276,6 +282,9 @@ func LoadSources(args []string, getenv func(string) (string, bool), out io.Write
 	for idx, fd := range table {
 		e := &cliflag.Entry{Name: fd.flag, Env: EnvPrefix + fd.env, Key: strings.ToLower(fd.env), Usage: fd.usage,
 			Default: valueString(def, fd), Secret: fd.kind == "secret"}
+		if fd.noEnv {
+			e.Env, e.Key = "", strings.ReplaceAll(fd.flag, "-", "_")
+		}
 		switch fd.kind {
 		case "float":
 			e.Value = cliflag.Float(fd.f(&cfg))
@@ -334,7 +343,11 @@ func printHelp(out io.Writer, set *cliflag.Set, table []field, def Config) {
 	}
 	sort.Slice(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
 	for _, e := range flags {
-		fmt.Fprintf(out, "  --%s %s\n      %s (env %s) (default %s)\n", e.Name, kinds[e.Name], e.Usage, e.Env, e.Default)
+		env := "env " + e.Env
+		if e.Env == "" {
+			env = "no env var"
+		}
+		fmt.Fprintf(out, "  --%s %s\n      %s (%s) (default %s)\n", e.Name, kinds[e.Name], e.Usage, env, e.Default)
 	}
 	fmt.Fprintf(out, "\nEnvironment only:\n")
 	for _, fd := range table {

@@ -48,7 +48,7 @@ func TestPrecedence(t *testing.T) {
 	want := Config{Host: "10.0.0.1", Port: 1234, InstanceTimeout: 7.5, HealthCheckInterval: 0, EvictionCheckInterval: 0,
 		EvictionRatio: 0.5, TriggerWatermark: 0.9, ChunkSize: 16, HashAlgorithm: "sha256_cbor", BlendProbeStride: 3,
 		TimeoutKeepAlive: 20, EnableStartupResync: false, ResyncPollInterval: 0.5, ResyncMaxWait: 0, ResyncPageSize: 200,
-		StateFile: "/tmp/s.json", MetricsTopSalts: 5, InflightTTL: 2.5, LogLevel: "warn", HA: DefaultHA()}
+		StateFile: "/tmp/s.json", MetricsTopSalts: 5, InflightTTL: 2.5, LogLevel: "warn", HA: DefaultHA(), Ingest: DefaultIngest()}
 	if c != want {
 		t.Fatalf("env:\n got %+v\nwant %+v", c, want)
 	}
@@ -62,7 +62,7 @@ func TestPrecedence(t *testing.T) {
 	want = Config{Host: "127.0.0.1", Port: 9999, InstanceTimeout: 3, HealthCheckInterval: 2, EvictionCheckInterval: 1,
 		EvictionRatio: 1, TriggerWatermark: 0.5, ChunkSize: 4, HashAlgorithm: "blake3", BlendProbeStride: 2,
 		TimeoutKeepAlive: 30, EnableStartupResync: false, ResyncPollInterval: 0.5, ResyncMaxWait: 0, ResyncPageSize: 200,
-		StateFile: "", MetricsTopSalts: 0, InflightTTL: 0, LogLevel: "debug", HA: DefaultHA()}
+		StateFile: "", MetricsTopSalts: 0, InflightTTL: 0, LogLevel: "debug", HA: DefaultHA(), Ingest: DefaultIngest()}
 	if c != want {
 		t.Fatalf("flags:\n got %+v\nwant %+v", c, want)
 	}
@@ -142,7 +142,7 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	flags, envs := names()
-	if len(flags) != 22 || len(envs) != 26 {
+	if len(flags) != 29 || len(envs) != 26 {
 		t.Fatalf("%d flags, %d env vars", len(flags), len(envs))
 	}
 	text := out.String()
@@ -175,7 +175,9 @@ func names() (flags, envs []string) {
 		if fd.flag != "" {
 			flags = append(flags, "--"+fd.flag)
 		}
-		envs = append(envs, EnvPrefix+fd.env)
+		if !fd.noEnv {
+			envs = append(envs, EnvPrefix+fd.env)
+		}
 	}
 	return flags, envs
 }
