@@ -14,9 +14,10 @@ import (
 // unreachable broker must never read as caught up (upstream's UNKNOWN_LAG).
 const UnknownLag = -1
 
-// Lag is how many records of the topic the group has not committed past,
-// summed over partitions: end offset minus the committed offset, or minus the
-// start offset where the group has none (consumption starts at the earliest
+// Lag is how many records of the topic are still to read, summed over
+// partitions: end offset minus the Source's position where it has one
+// (records handled, or a checkpoint's StartOffsets), else minus the group's
+// committed offset, else minus the start offset (consumption starts at the earliest
 // offset). Because the Source commits only past applied records, this is an
 // upper bound on what is still to apply, for a readiness gate such as
 // upstream's --max-ready-lag. It may be called before or during Run; each call
@@ -54,10 +55,16 @@ func (s *Source) Lag(ctx context.Context) (int64, error) {
 		return UnknownLag, fmt.Errorf("kafkaevents: committed offsets of group %s: %w", s.cfg.GroupID, err)
 	}
 	var lag int64
+	handled := s.Positions()
 	for p, end := range ends[s.cfg.Topic] {
 		pos := int64(-1)
 		if c, ok := committed.Lookup(s.cfg.Topic, p); ok {
 			pos = c.At
+		}
+		if h, ok := handled[p]; ok {
+			// The Source's own position wins: after a seek back to a
+			// checkpoint the group's commit is ahead of what is applied.
+			pos = h
 		}
 		if pos < 0 {
 			if st, ok := starts.Lookup(s.cfg.Topic, p); ok {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -71,6 +73,18 @@ type SourceConfig struct {
 	GroupID string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// StartOffsets, when non-nil, is where the stream resumes: the next
+	// offset to read for each partition of Topic (a checkpoint's stream
+	// position). On every assignment a partition the Source has a position
+	// for (from here, or from records it has handled since) is seeked
+	// there instead of to the group's committed offset, which can be ahead
+	// of the state a checkpoint restored; upstream's StreamPosition.
+	StartOffsets map[int32]int64
+	// FromStart makes an assigned partition the Source has no position for
+	// start at the earliest retained offset rather than the group's
+	// committed one: the state it feeds starts empty (no checkpoint, or a
+	// bad one moved aside), so everything retained must be read again.
+	FromStart bool
 }
 
 // Source consumes cache-event records from a topic as a member of a consumer
@@ -90,6 +104,16 @@ type Source struct {
 	crashed atomic.Bool
 	// pollRecords overrides maxPollRecords in tests.
 	pollRecords int
+
+	// cl is the consumer between Open and Close; only the goroutine that
+	// calls Open, Poll and Close uses it.
+	cl *kgo.Client
+
+	// posMu guards pos: the next offset to read per partition, advanced
+	// after a record is handled (applied, rejected or undecodable), read by
+	// Positions (a checkpoint) and Lag from other goroutines.
+	posMu sync.Mutex
+	pos   map[int32]int64
 }
 
 // SourceStats are the Source's counters.
@@ -119,7 +143,55 @@ func NewSource(cfg SourceConfig, app Applier) (*Source, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Source{cfg: cfg, app: app, log: cfg.Logger, pollRecords: maxPollRecords}, nil
+	pos := maps.Clone(cfg.StartOffsets)
+	if pos == nil {
+		pos = map[int32]int64{}
+	}
+	return &Source{cfg: cfg, app: app, log: cfg.Logger, pollRecords: maxPollRecords, pos: pos}, nil
+}
+
+// Topic is the topic the Source consumes.
+func (s *Source) Topic() string { return s.cfg.Topic }
+
+// Positions returns the next offset to read per partition: past every record
+// the Source has handled, or where StartOffsets put it. A position is
+// advanced only after the Applier returned, so state captured together with
+// it (under the Applier's own lock) never lags behind it: resuming there
+// replays at most records already applied, which the event gate drops as
+// duplicates.
+func (s *Source) Positions() map[int32]int64 {
+	s.posMu.Lock()
+	defer s.posMu.Unlock()
+	return maps.Clone(s.pos)
+}
+
+func (s *Source) advance(r *kgo.Record) {
+	s.posMu.Lock()
+	if r.Offset+1 > s.pos[r.Partition] {
+		s.pos[r.Partition] = r.Offset + 1
+	}
+	s.posMu.Unlock()
+}
+
+// adjustOffsets seeks newly assigned partitions to the Source's positions
+// (see SourceConfig.StartOffsets and FromStart).
+func (s *Source) adjustOffsets(_ context.Context, assigned map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	s.posMu.Lock()
+	defer s.posMu.Unlock()
+	for topic, parts := range assigned {
+		if topic != s.cfg.Topic {
+			continue
+		}
+		for p := range parts {
+			switch next, ok := s.pos[p]; {
+			case ok:
+				parts[p] = kgo.NewOffset().At(next)
+			case s.cfg.FromStart:
+				parts[p] = kgo.NewOffset().AtStart()
+			}
+		}
+	}
+	return assigned, nil
 }
 
 // Stats returns a snapshot of the counters.
@@ -149,6 +221,21 @@ func (s *Source) Collectors() []prometheus.Collector {
 // leaves the group. It returns nil on cancellation and an error only when the
 // client cannot be built.
 func (s *Source) Run(ctx context.Context) error {
+	if err := s.Open(); err != nil {
+		return err
+	}
+	defer s.Close()
+	for ctx.Err() == nil {
+		if _, err := s.Poll(ctx, time.Second); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// Open builds the consumer; it joins the group on the first Poll. Open,
+// Poll and Close must be called from one goroutine (a periodic worker).
+func (s *Source) Open() error {
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(s.cfg.Brokers...),
 		kgo.ClientID(sourceClientID),
@@ -156,51 +243,74 @@ func (s *Source) Run(ctx context.Context) error {
 		kgo.ConsumeTopics(s.cfg.Topic),
 		// auto.offset.reset=earliest.
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		// Offsets are committed by Run, only past applied records.
+		// Offsets are committed by Poll, only past applied records.
 		kgo.DisableAutoCommit(),
 		// No revoke can land between applying a poll's records and
 		// committing them, so a partition moving to another member never
 		// skips an applied-but-uncommitted record's commit nor commits an
 		// unapplied one.
 		kgo.BlockRebalanceOnPoll(),
+		kgo.AdjustFetchOffsetsFn(s.adjustOffsets),
 	)
 	if err != nil {
 		return fmt.Errorf("kafkaevents: new consumer: %w", err)
 	}
-	defer cl.CloseAllowingRebalance()
-	for {
-		fetches := cl.PollRecords(ctx, s.pollRecords)
-		if fetches.IsClientClosed() {
-			return nil
-		}
-		fetches.EachError(func(topic string, p int32, err error) {
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return
-			}
-			s.consumerErrors.Add(1)
-			s.log.Warn("kafka cache-event consumer error", "topic", topic, "partition", p, "err", err)
-		})
-		var done []*kgo.Record
-		stopped := false
-		fetches.EachRecord(func(r *kgo.Record) {
-			if stopped {
-				return
-			}
-			if err := s.handle(ctx, r); err != nil {
-				stopped = true
-				return
-			}
-			done = append(done, r)
-		})
-		if ctx.Err() != nil && s.crashed.Load() {
-			return nil
-		}
-		s.commit(ctx, cl, done)
-		if ctx.Err() != nil {
-			return nil
-		}
-		cl.AllowRebalance()
+	s.cl = cl
+	return nil
+}
+
+// Close leaves the group and closes the consumer (after Open).
+func (s *Source) Close() {
+	if s.cl != nil {
+		s.cl.CloseAllowingRebalance()
+		s.cl = nil
 	}
+}
+
+// errClosed is Poll's answer once the client is closed.
+var errClosed = errors.New("kafkaevents: source closed")
+
+// Poll waits up to wait for records, hands each to the Applier in partition
+// order and commits past the ones handled. It returns how many records it
+// handled; an error only when the client is closed (or Open was not
+// called). When ctx is cancelled mid-poll it still commits what it applied.
+func (s *Source) Poll(ctx context.Context, wait time.Duration) (int, error) {
+	cl := s.cl
+	if cl == nil {
+		return 0, errClosed
+	}
+	pctx, cancel := context.WithTimeout(ctx, wait)
+	fetches := cl.PollRecords(pctx, s.pollRecords)
+	cancel()
+	if fetches.IsClientClosed() {
+		return 0, errClosed
+	}
+	fetches.EachError(func(topic string, p int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return
+		}
+		s.consumerErrors.Add(1)
+		s.log.Warn("kafka cache-event consumer error", "topic", topic, "partition", p, "err", err)
+	})
+	var done []*kgo.Record
+	stopped := false
+	fetches.EachRecord(func(r *kgo.Record) {
+		if stopped {
+			return
+		}
+		if err := s.handle(ctx, r); err != nil {
+			stopped = true
+			return
+		}
+		s.advance(r)
+		done = append(done, r)
+	})
+	if ctx.Err() != nil && s.crashed.Load() {
+		return len(done), nil
+	}
+	s.commit(ctx, cl, done)
+	cl.AllowRebalance()
+	return len(done), nil
 }
 
 // commit commits past the applied records. It outlives ctx's cancellation
