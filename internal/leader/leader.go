@@ -90,9 +90,19 @@ type Elector struct {
 
 	renewals    atomic.Int64
 	transitions atomic.Int64
+	elections   atomic.Int64 // terms won
+	lost        atomic.Int64 // terms ended other than by resigning
+
+	// Step's state, touched only by the goroutine calling Step.
+	termDone chan error
+	retryAt  time.Time
+	termWG   sync.WaitGroup
 }
 
 var errLost = errors.New("leadership lost")
+
+// whyResigned is stepDown's reason at shutdown (not counted as lost).
+const whyResigned = "resigned"
 
 var rpcLeaseNotFound = rpctypes.ErrLeaseNotFound
 
@@ -177,6 +187,33 @@ func (e *Elector) Fence() (revision int64, ok bool) {
 	return e.rev, true
 }
 
+// FenceKey is Fence with the term's election key, for a write that must
+// only land while this term holds: compare the key's create revision with
+// the token in the same etcd transaction.
+func (e *Elector) FenceKey() (key string, revision int64, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.leading || !time.Now().Before(e.validUntil) {
+		return "", 0, false
+	}
+	return e.key, e.rev, true
+}
+
+// Leader reads the current leader's election value (its ID) and fencing
+// token from etcd: the oldest key under the prefix, as the election orders
+// campaigners. ok is false when nobody campaigns.
+func Leader(ctx context.Context, cli *clientv3.Client, prefix string) (id string, revision int64, ok bool, err error) {
+	resp, err := cli.Get(ctx, prefix+"/", clientv3.WithFirstCreate()...)
+	if err != nil {
+		return "", 0, false, fmt.Errorf("leader: read election: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", 0, false, nil
+	}
+	kv := resp.Kvs[0]
+	return string(kv.Value), kv.CreateRevision, true, nil
+}
+
 // Revision is the fencing token while leading, 0 otherwise.
 func (e *Elector) Revision() int64 {
 	rev, _ := e.Fence()
@@ -204,6 +241,79 @@ func (e *Elector) Collectors() []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lmcache_coordinator_leader_transitions_total",
 			Help: "Times this coordinator became or stopped being leader."},
 			func() float64 { return float64(e.transitions.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lmcache_coordinator_leader_elections_total",
+			Help: "Leadership terms this coordinator won."},
+			func() float64 { return float64(e.elections.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lmcache_coordinator_leader_lost_total",
+			Help: "Leadership terms that ended other than by resigning at shutdown (lease lost, renew deadline passed, key deleted)."},
+			func() float64 { return float64(e.lost.Load()) }),
+	}
+}
+
+// Describe is Step's one-line state for a periodic-loop summary.
+func (e *Elector) Describe() string {
+	if rev, ok := e.Fence(); ok {
+		return fmt.Sprintf("leading revision=%d", rev)
+	}
+	return "standby"
+}
+
+// Step is one cycle of Run for a caller that drives the election from its
+// own worker loop (the coordinator's periodic registry): it starts a term
+// when none runs, then waits at most wait for it to end. A term that ends
+// while ctx is live is returned as an error, and the next term starts after
+// a backoff. Step must be called from one goroutine; the term it starts
+// runs on a goroutine the Elector owns until ctx is cancelled, which Wait
+// joins.
+func (e *Elector) Step(ctx context.Context, wait time.Duration) (string, error) {
+	if ctx.Err() != nil {
+		return "stopping", nil
+	}
+	if e.termDone == nil {
+		if d := time.Until(e.retryAt); d > 0 {
+			if !sleepCtx(ctx, min(d, wait)) {
+				return "stopping", nil
+			}
+			return "backing off before campaigning again", nil
+		}
+		ch := make(chan error, 1)
+		e.termDone = ch
+		e.termWG.Add(1)
+		go func() { // owned by the Elector; stops with ctx
+			defer e.termWG.Done()
+			ch <- e.term(ctx)
+		}()
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case err := <-e.termDone:
+		e.termDone = nil
+		if ctx.Err() != nil {
+			return "stopped", nil
+		}
+		e.retryAt = time.Now().Add(min(e.cfg.TTL/4, time.Second))
+		e.log.Warn("leader election term ended; campaigning again", "id", e.cfg.ID, "err", err)
+		return "", fmt.Errorf("leader: term ended: %w", err)
+	case <-t.C:
+		return e.Describe(), nil
+	case <-ctx.Done():
+		return "stopping", nil
+	}
+}
+
+// Wait blocks until the term goroutine Step started has returned (after
+// Step's ctx is cancelled it resigns first).
+func (e *Elector) Wait() { e.termWG.Wait() }
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -212,21 +322,11 @@ func (e *Elector) Collectors() []prometheus.Collector {
 // resigns (its key is deleted, so a standby takes over at once) and Run
 // returns nil.
 func (e *Elector) Run(ctx context.Context) error {
-	backoff := min(e.cfg.TTL/4, time.Second)
-	for {
-		err := e.term(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		e.log.Warn("leader election term ended; campaigning again", "id", e.cfg.ID, "err", err, "backoff", backoff)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
+	defer e.Wait()
+	for ctx.Err() == nil {
+		_, _ = e.Step(ctx, e.cfg.TTL)
 	}
+	return nil
 }
 
 // term runs one lease: grant, campaign, hold until lost or ctx ends.
@@ -300,7 +400,7 @@ func (e *Elector) term(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			e.stepDown("resigned", time.Now())
+			e.stepDown(whyResigned, time.Now())
 			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewDeadline)
 			if err := elect.Resign(rctx); err != nil {
 				e.log.Warn("resign failed; the lease expires instead", "id", e.cfg.ID, "err", err)
@@ -398,6 +498,7 @@ func (e *Elector) become(rev int64, key string) bool {
 	e.leading, e.rev, e.key = true, rev, key
 	e.mu.Unlock()
 	e.transitions.Add(1)
+	e.elections.Add(1)
 	e.notify(Status{Leading: true, Revision: rev, Key: key, At: now})
 	return true
 }
@@ -416,6 +517,9 @@ func (e *Elector) stepDown(why string, at time.Time) {
 	}
 	e.mu.Unlock()
 	e.transitions.Add(1)
+	if why != whyResigned {
+		e.lost.Add(1)
+	}
 	e.log.Warn("stopped leading", "id", e.cfg.ID, "revision", rev, "why", why)
 	e.notify(Status{Leading: false, Revision: rev, Key: key, At: at})
 }

@@ -103,14 +103,14 @@ type pair struct {
 func startPair(t *testing.T) pair {
 	t.Helper()
 	p := pair{c: startCluster(t)}
-	p.admin = newClient(t, p.c.endpoints)
-	p.cliA = newClient(t, p.c.endpoints)
+	p.admin = newClient(t, p.c.Endpoints)
+	p.cliA = newClient(t, p.c.Endpoints)
 	p.a = runElector(t, p.cliA, "coord-a")
 	p.gainA = p.a.next(t, true)
 	if p.gainA.Revision <= 0 || !p.a.e.Leading() || p.a.e.Revision() != p.gainA.Revision {
 		t.Fatalf("A: status %+v Leading %v Revision %d", p.gainA, p.a.e.Leading(), p.a.e.Revision())
 	}
-	p.b = runElector(t, newClient(t, p.c.endpoints), "coord-b")
+	p.b = runElector(t, newClient(t, p.c.Endpoints), "coord-b")
 	waitKeys(t, p.admin, 2) // B is queued behind A
 	if p.b.e.Leading() || p.b.e.Revision() != 0 {
 		t.Fatalf("standby leads: %v rev %d", p.b.e.Leading(), p.b.e.Revision())
@@ -140,6 +140,23 @@ func TestStandbyTakesOverWhenLeaderClientDies(t *testing.T) {
 	if gainB.Revision <= gainA.Revision || b.e.Revision() != gainB.Revision {
 		t.Errorf("B's fencing token %d (Revision %d) not above A's %d", gainB.Revision, b.e.Revision(), gainA.Revision)
 	}
+	// Everyone reads the new leader's identity and token from etcd, and
+	// only B holds a fence key.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	id, rev, ok, err := leader.Leader(ctx, admin, prefix)
+	cancel()
+	if err != nil || !ok || id != "coord-b" || rev != gainB.Revision {
+		t.Errorf("Leader() = %q %d %v %v, want coord-b %d", id, rev, ok, err, gainB.Revision)
+	}
+	if key, rev, ok := b.e.FenceKey(); !ok || rev != gainB.Revision || key != gainB.Key {
+		t.Errorf("B FenceKey %q %d %v, want %q %d", key, rev, ok, gainB.Key, gainB.Revision)
+	}
+	if _, _, ok := a.e.FenceKey(); ok {
+		t.Error("deposed A still has a fence key")
+	}
+	if got := a.e.Describe(); got != "standby" {
+		t.Errorf("A Describe %q", got)
+	}
 	t.Logf("failover: %v from killing A's client to B elected (TTL %v); A stopped %v before B started",
 		gainB.At.Sub(killed).Round(time.Millisecond), ttl, gainB.At.Sub(lostA.At).Round(time.Millisecond))
 
@@ -155,11 +172,11 @@ func TestStandbyTakesOverWhenLeaderClientDies(t *testing.T) {
 // TTL - RenewDeadline before etcd can expire its lease and elect the standby.
 func TestPartitionedLeaderStopsBeforeLeaseExpires(t *testing.T) {
 	c := startCluster(t)
-	admin := newClient(t, c.endpoints)
+	admin := newClient(t, c.Endpoints)
 	proxies, viaProxy := proxyAll(t, c)
 	a := runElector(t, newClient(t, viaProxy), "coord-a")
 	gainA := a.next(t, true)
-	b := runElector(t, newClient(t, c.endpoints), "coord-b")
+	b := runElector(t, newClient(t, c.Endpoints), "coord-b")
 	waitKeys(t, admin, 2)
 
 	for _, p := range proxies {
@@ -215,8 +232,8 @@ func TestLeaderStepsDownWhenItsKeyIsDeleted(t *testing.T) {
 // its old campaign), and takes over when the leader resigns.
 func TestStandbyRequeuesAfterItsLeaseExpires(t *testing.T) {
 	c := startCluster(t)
-	admin := newClient(t, c.endpoints)
-	a := runElector(t, newClient(t, c.endpoints), "coord-a")
+	admin := newClient(t, c.Endpoints)
+	a := runElector(t, newClient(t, c.Endpoints), "coord-a")
 	gainA := a.next(t, true)
 	proxies, viaProxy := proxyAll(t, c)
 	b := runElector(t, newClient(t, viaProxy), "coord-b")
@@ -263,13 +280,13 @@ func TestLeadershipSurvivesEtcdMemberLoss(t *testing.T) {
 	p := startPair(t)
 	c, admin, a, b, gainA := p.c, p.admin, p.a, p.b, p.gainA
 
-	victim := c.follower(t, admin)
-	victim.kill(t)
+	victim := c.Follower(t, admin)
+	victim.Kill(t)
 	before := a.e.Renewals()
 	deadline := time.Now().Add(waitFor)
 	for a.e.Renewals() < before+3 {
 		if time.Now().After(deadline) {
-			t.Fatalf("A renewed %d times after %s died, want 3", a.e.Renewals()-before, victim.name)
+			t.Fatalf("A renewed %d times after %s died, want 3", a.e.Renewals()-before, victim.Name)
 		}
 		time.Sleep(50 * time.Millisecond) // polling interval
 	}
@@ -298,11 +315,11 @@ func TestLeadershipSurvivesEtcdMemberLoss(t *testing.T) {
 		got[mf.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
 	}
 	want := map[string]float64{"lmcache_coordinator_leader": 1, "lmcache_coordinator_leader_revision": float64(gainA.Revision),
-		"lmcache_coordinator_leader_transitions_total": 1}
+		"lmcache_coordinator_leader_transitions_total": 1, "lmcache_coordinator_leader_elections_total": 1, "lmcache_coordinator_leader_lost_total": 0}
 	if !maps.Equal(got, want) {
 		t.Errorf("metrics %v, want %v", got, want)
 	}
-	t.Logf("killed etcd %s; A renewed %d times since, still leader at revision %d", victim.name, a.e.Renewals()-before, gainA.Revision)
+	t.Logf("killed etcd %s; A renewed %d times since, still leader at revision %d", victim.Name, a.e.Renewals()-before, gainA.Revision)
 }
 
 func TestConfigValidation(t *testing.T) {

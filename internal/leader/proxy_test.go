@@ -97,7 +97,7 @@ func proxyAll(t *testing.T, c *cluster) ([]*proxy, []string) {
 	t.Helper()
 	var proxies []*proxy
 	var urls []string
-	for _, ep := range c.endpoints {
+	for _, ep := range c.Endpoints {
 		p := startProxy(t, ep)
 		proxies = append(proxies, p)
 		urls = append(urls, p.url())

@@ -1,0 +1,151 @@
+// Package etcdtest starts real etcd clusters on loopback for tests: Debian's
+// etcd-server binary (scripts/install-deps.sh test installs it), three
+// members by default, killed when the test ends.
+package etcdtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Binary is Debian's etcd-server.
+const Binary = "/usr/bin/etcd"
+
+// Member is one etcd process.
+type Member struct {
+	Name, ClientURL string
+	cmd             *exec.Cmd
+	exited          chan struct{}
+}
+
+// Cluster is a running etcd cluster.
+type Cluster struct {
+	Members []*Member
+	// Endpoints are the members' client URLs.
+	Endpoints []string
+	// Dir holds the members' data directories and logs.
+	Dir string
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Start runs an n-member cluster on loopback and waits until every member
+// answers; a missing etcd binary fails the test (it is a declared test
+// dependency, not optional hardware).
+func Start(t testing.TB, n int) *Cluster {
+	t.Helper()
+	if _, err := os.Stat(Binary); err != nil {
+		t.Fatalf("%s missing (run scripts/install-deps.sh test, which installs Debian's etcd-server): %v", Binary, err)
+	}
+	dir := t.TempDir()
+	peers, clients := make([]string, n), make([]string, n)
+	var initial []string
+	for i := range n {
+		peers[i] = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+		clients[i] = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+		initial = append(initial, fmt.Sprintf("m%d=%s", i, peers[i]))
+	}
+	c := &Cluster{Endpoints: clients, Dir: dir}
+	for i := range n {
+		m := &Member{Name: fmt.Sprintf("m%d", i), ClientURL: clients[i], exited: make(chan struct{})}
+		logf, err := os.Create(filepath.Join(dir, m.Name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.cmd = exec.Command(Binary,
+			"--name", m.Name, "--data-dir", filepath.Join(dir, m.Name),
+			"--listen-client-urls", clients[i], "--advertise-client-urls", clients[i],
+			"--listen-peer-urls", peers[i], "--initial-advertise-peer-urls", peers[i],
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
+			"--initial-cluster-token", "lmcache-etcdtest",
+			"--heartbeat-interval", "100", "--election-timeout", "1000")
+		m.cmd.Stdout, m.cmd.Stderr = logf, logf
+		if err := m.cmd.Start(); err != nil {
+			t.Fatalf("start %s: %v", m.Name, err)
+		}
+		go func() { _ = m.cmd.Wait(); logf.Close(); close(m.exited) }() // ends when the process exits
+		c.Members = append(c.Members, m)
+		t.Cleanup(func() { m.Kill(t) })
+	}
+	cli := NewClient(t, c.Endpoints)
+	deadline := time.Now().Add(60 * time.Second)
+	for _, ep := range c.Endpoints {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := cli.Status(ctx, ep)
+			cancel()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("etcd member %s not healthy: %v (logs in %s)", ep, err, dir)
+			}
+			time.Sleep(100 * time.Millisecond) // polling interval
+		}
+	}
+	return c
+}
+
+// Kill sends SIGKILL and waits for the exit; a member already gone is left
+// alone.
+func (m *Member) Kill(t testing.TB) {
+	t.Helper()
+	select {
+	case <-m.exited:
+		return
+	default:
+	}
+	_ = m.cmd.Process.Kill()
+	select {
+	case <-m.exited:
+	case <-time.After(30 * time.Second):
+		t.Errorf("etcd %s did not exit after SIGKILL", m.Name)
+	}
+}
+
+// Follower returns a member that is not the raft leader.
+func (c *Cluster) Follower(t testing.TB, cli *clientv3.Client) *Member {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, m := range c.Members {
+		st, err := cli.Status(ctx, m.ClientURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Leader != st.Header.MemberId {
+			return m
+		}
+	}
+	t.Fatal("no follower found")
+	return nil
+}
+
+// NewClient is an etcd client on endpoints, closed with the test.
+func NewClient(t testing.TB, endpoints []string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
