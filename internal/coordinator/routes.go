@@ -17,12 +17,8 @@ type route = httproute.Route
 func (s *Server) routeTable() []route {
 	v := "Validation error"
 	tier := []httproute.Param{{Name: "tier", Enum: []string{"l1", "l2", "all"}, Default: "l2"}}
-	levels := make([]string, len(periodic.Levels))
-	for i, l := range periodic.Levels {
-		levels[i] = string(l)
-	}
-	loopQuery := []httproute.Param{{Name: "level", Enum: levels}, {Name: "running_only", Type: "boolean", Default: false}, {Name: "active_only", Type: "boolean", Default: false}}
 	ui := webui.New(webui.Coordinator)
+	loops := httproute.Periodic(s.loops, ErrUnknownThread)
 	rts := []route{
 		{Method: "POST", Path: "/instances", Tag: "instances", Summary: "Register (or re-register) an MP server", Request: RegisterRequest{},
 			Statuses: map[int]string{200: "Registered", 422: v}, Response: RegisterResponse{}, Handle: s.handleRegister},
@@ -62,12 +58,12 @@ func (s *Server) routeTable() []route {
 			Statuses: map[int]string{200: "Prometheus text format"}, Produces: httproute.Text, Handle: s.handleMetrics},
 		{Method: "GET", Path: "/openapi.json", Tag: "observability", Summary: "This OpenAPI document",
 			Statuses: map[int]string{200: "OpenAPI 3 document"}, Response: map[string]any{}, Handle: s.handleOpenAPI},
-		{Method: "GET", Path: "/periodic-threads", Tag: "observability", Summary: "Background loops with summary counts", Query: loopQuery,
-			Statuses: map[int]string{200: "Loops listed", 400: "Unknown level"}, Response: periodic.Listing{}, Handle: s.handlePeriodicList},
+		{Method: "GET", Path: "/periodic-threads", Tag: "observability", Summary: "Background loops with summary counts", Query: httproute.PeriodicQuery(),
+			Statuses: map[int]string{200: "Loops listed", 400: "Unknown level"}, Response: periodic.Listing{}, Handle: loops.List},
 		{Method: "GET", Path: "/periodic-threads/{thread_name}", Tag: "observability", Summary: "One background loop's status", StatusShapes: map[int]httproute.Shape{404: httproute.ShapeError},
-			Statuses: map[int]string{200: "Loop status", 404: "Unknown loop"}, Response: periodic.Status{}, Handle: s.handlePeriodicGet},
+			Statuses: map[int]string{200: "Loop status", 404: "Unknown loop"}, Response: periodic.Status{}, Handle: loops.Get},
 		{Method: "GET", Path: "/periodic-threads-health", Tag: "observability", Summary: "Whether every critical/high loop ticks",
-			Statuses: map[int]string{200: "Health (check healthy)"}, Response: periodic.Health{}, Handle: s.handlePeriodicHealth},
+			Statuses: map[int]string{200: "Health (check healthy)"}, Response: periodic.Health{}, Handle: loops.Health},
 		{Method: "GET", Path: "/docs", Summary: "Swagger UI", Hidden: true, Produces: httproute.HTML, Statuses: map[int]string{200: "page"}, Handle: docsui.Handler(func() string { return docsui.Swagger("LMCache MP Coordinator", "/openapi.json") })},
 		{Method: "GET", Path: "/redoc", Summary: "ReDoc", Hidden: true, Produces: httproute.HTML, Statuses: map[int]string{200: "page"}, Handle: docsui.Handler(func() string { return docsui.Redoc("LMCache MP Coordinator", "/openapi.json") })},
 		// The operator console (internal/webui): static, so open; the data
@@ -117,30 +113,6 @@ func (s *Server) buildTable() (*httproute.Table, error) {
 
 func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
 	return s.table.ServeOpenAPI(w, r)
-}
-
-func (s *Server) handlePeriodicList(w http.ResponseWriter, r *http.Request) error {
-	l, err := s.loops.List(r.URL.Query())
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, l)
-	return nil
-}
-
-func (s *Server) handlePeriodicGet(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("thread_name")
-	st, ok := s.loops.Get(name)
-	if !ok {
-		return withMsg(ErrUnknownThread, "Thread not found: %s", name)
-	}
-	writeJSON(w, http.StatusOK, st)
-	return nil
-}
-
-func (s *Server) handlePeriodicHealth(w http.ResponseWriter, _ *http.Request) error {
-	writeJSON(w, http.StatusOK, s.loops.Health())
-	return nil
 }
 
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {

@@ -132,30 +132,6 @@ func labelsOf(rec string) string {
 	return ""
 }
 
-func (s *Server) handlePeriodicList(w http.ResponseWriter, r *http.Request) error {
-	l, err := s.loops.List(r.URL.Query())
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, l)
-	return nil
-}
-
-func (s *Server) handlePeriodicGet(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("thread_name")
-	st, ok := s.loops.Get(name)
-	if !ok {
-		return errf(ErrNotFound, "Thread not found: %s", name)
-	}
-	writeJSON(w, http.StatusOK, st)
-	return nil
-}
-
-func (s *Server) handlePeriodicHealth(w http.ResponseWriter, _ *http.Request) error {
-	writeJSON(w, http.StatusOK, s.loops.Health())
-	return nil
-}
-
 // Redacted replaces secret-looking values in GET /env (and everywhere
 // else configuration is shown).
 const Redacted = redact.Marker

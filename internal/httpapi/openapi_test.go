@@ -16,7 +16,8 @@ import (
 // TestOpenAPIValidatesWithSchemas: GET /openapi.json loads and validates
 // as OpenAPI 3 (kin-openapi), holds every registered route with every
 // documented status, each response with a schema (204 aside), and a
-// request-body schema on every route that reads a body.
+// request-body schema on every route that reads a body, and a typed schema
+// on every query parameter (integers and booleans not as strings).
 func TestOpenAPIValidatesWithSchemas(t *testing.T) {
 	e := start(t, envOpts{noEngine: true})
 	raw := e.expect(200, "GET", "/openapi.json", nil).body
@@ -66,6 +67,58 @@ func TestOpenAPIValidatesWithSchemas(t *testing.T) {
 			}
 		}
 	}
+	// Query parameters carry their types: every one is typed, and the
+	// numeric and boolean ones are not documented as strings.
+	want := map[string]string{
+		"GET /cache/objects page_size": "integer", "GET /threads thread_id": "integer",
+		"GET /periodic-threads running_only": "boolean", "GET /periodic-threads active_only": "boolean",
+		"GET /debug/pprof/profile seconds": "integer", "GET /debug/pprof/trace seconds": "integer",
+		"GET /cache/objects tier": "string", "GET /periodic-threads level": "string", "GET /loglevel logger_name": "string",
+	}
+	seen := 0
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			for _, p := range op.Parameters {
+				if p.Value.In != "query" {
+					continue
+				}
+				key := method + " " + path + " " + p.Value.Name
+				sc := p.Value.Schema
+				if sc == nil || sc.Value == nil || sc.Value.Type == nil || len(*sc.Value.Type) != 1 {
+					t.Errorf("%s: untyped query parameter", key)
+					continue
+				}
+				if w, ok := want[key]; ok {
+					seen++
+					if !sc.Value.Type.Is(w) {
+						t.Errorf("%s: type %v, want %s", key, *sc.Value.Type, w)
+					}
+				}
+			}
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("found %d of the %d checked query parameters", seen, len(want))
+	}
+	var pageSize *openapi3.Schema
+	for _, p := range doc.Paths.Value("/cache/objects").Get.Parameters {
+		if p.Value.Name == "page_size" {
+			pageSize = p.Value.Schema.Value
+		}
+	}
+	if pageSize == nil || pageSize.Min == nil || *pageSize.Min != 1 || pageSize.Max == nil || *pageSize.Max != 5000 || pageSize.Default != float64(500) {
+		t.Errorf("page_size schema = %+v", pageSize)
+	}
+	var level *openapi3.Schema
+	for _, p := range doc.Paths.Value("/periodic-threads").Get.Parameters {
+		if p.Value.Name == "level" {
+			level = p.Value.Schema.Value
+		}
+	}
+	if level == nil || len(level.Enum) != 4 {
+		t.Errorf("periodic level schema = %+v", level)
+	}
+
 	// Schemas come from the Go types: spot-check two.
 	page := doc.Paths.Value("/cache/objects").Get.Responses.Value("200").Value.Content.Get("application/json").Schema.Value
 	if next := page.Properties["next_page_token"]; next == nil || !next.Value.Nullable || !next.Value.Type.Is("string") {

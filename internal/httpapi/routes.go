@@ -40,8 +40,8 @@ type route struct {
 	statuses map[int]string
 	// body describes the request body for OpenAPI ("" = none).
 	body string
-	// query lists query parameters.
-	query []string
+	// query lists query parameters with their types.
+	query []httproute.Param
 	// produces is the success content type (default application/json).
 	produces string
 	// req and resp are values of the request and success body types, from
@@ -74,6 +74,9 @@ func routes() []route {
 		unauth  = "bearer token missing or wrong (only with --http-auth-token)"
 	)
 	ui := webui.New(webui.Server)
+	seconds := func(def int) []httproute.Param {
+		return []httproute.Param{{Name: "seconds", Type: "integer", Default: def}}
+	}
 	rs := []route{
 		// Liveness and health.
 		{method: "GET", path: "/", tag: "info", summary: "Static liveness ping (does not touch the engine).", statuses: st(200, "alive"), resp: RootResponse{}, h: (*Server).handleRoot},
@@ -86,7 +89,8 @@ func routes() []route {
 		{method: "GET", path: "/lmc_version", tag: "info", summary: "Package version string.", statuses: st(200, "version"), resp: "", h: (*Server).handleLMCVersion},
 		{method: "GET", path: "/commit_id", tag: "info", summary: "Build commit id.", statuses: st(200, "commit"), resp: "", h: (*Server).handleCommitID},
 		// Cache management.
-		{method: "GET", path: "/cache/objects", tag: "cache", auth: authAlways, summary: "Paginate objects resident in an L2 adapter.", query: []string{"tier", "adapter", "model_name", "page_size", "page_token"},
+		{method: "GET", path: "/cache/objects", tag: "cache", auth: authAlways, summary: "Paginate objects resident in an L2 adapter.", query: []httproute.Param{{Name: "tier", Enum: []string{"l1", "l2", "all"}, Default: "l2"}, {Name: "adapter"}, {Name: "model_name"},
+			{Name: "page_size", Type: "integer", Default: defaultPage, Min: httproute.Bound(1), Max: httproute.Bound(maxPage)}, {Name: "page_token"}},
 			statuses: st(200, "page", 400, "unsupported tier or malformed page_token", 404, "unknown adapter", 422, "page_size outside [1, 5000]", 501, "adapter cannot list", 503, "engine not initialized or no L2 adapters"), resp: ObjectPage{}, h: (*Server).handleListObjects},
 		{method: "DELETE", path: "/cache/objects", tag: "cache", auth: authAlways, body: ctJSON, summary: "Delete a list of object keys from a tier/adapter.",
 			statuses: st(200, "reached the adapter (check ok)", 400, "too many keys or an invalid key", 404, "unknown adapter", 422, val, 503, "engine not initialized or no L2 adapters"), req: DeleteObjectsRequest{}, resp: DeleteObjectsResponse{}, h: (*Server).handleDeleteObjects},
@@ -120,14 +124,14 @@ func routes() []route {
 		{method: "GET", path: "/metrics", tag: "observability", auth: authMetrics, summary: "Prometheus exposition.", produces: ctText, statuses: st(200, "metrics"), h: (*Server).handleMetrics},
 		{method: "POST", path: "/metrics/reset", tag: "observability", auth: authAlways, summary: "Reset observability metrics.", produces: ctText, statuses: st(200, "ok"), h: (*Server).handleMetricsReset},
 		// Diagnostics.
-		{method: "GET", path: "/loglevel", tag: "diagnostics", shape: shapeText, auth: authOnSet, summary: "List, read or (with level=) set per-logger levels.", query: []string{"logger_name", "level"}, produces: ctText,
+		{method: "GET", path: "/loglevel", tag: "diagnostics", shape: shapeText, auth: authOnSet, summary: "List, read or (with level=) set per-logger levels.", query: []httproute.Param{{Name: "logger_name"}, {Name: "level"}}, produces: ctText,
 			statuses: st(200, "levels", 400, "unknown level"), h: (*Server).handleLogLevel},
-		{method: "GET", path: "/threads", tag: "diagnostics", shape: shapeText, auth: authAlways, summary: "Goroutine stacks; name= filters on pprof labels, thread_id= on goroutine id.", query: []string{"name", "thread_id"}, produces: ctText,
+		{method: "GET", path: "/threads", tag: "diagnostics", shape: shapeText, auth: authAlways, summary: "Goroutine stacks; name= filters on pprof labels, thread_id= on goroutine id.", query: []httproute.Param{{Name: "name"}, {Name: "thread_id", Type: "integer"}}, produces: ctText,
 			statuses: st(200, "stacks"), h: (*Server).handleThreads},
-		{method: "GET", path: "/periodic-threads", tag: "diagnostics", shape: shapeError, summary: "Registered periodic loops with summary counts.", query: []string{"level", "running_only", "active_only"},
-			statuses: st(200, "snapshot", 400, "unknown level"), resp: periodic.Listing{}, h: (*Server).handlePeriodicList},
-		{method: "GET", path: "/periodic-threads/{thread_name}", tag: "diagnostics", shape: shapeError, summary: "One periodic loop.", statuses: st(200, "status", 404, "unknown loop"), resp: periodic.Status{}, h: (*Server).handlePeriodicGet},
-		{method: "GET", path: "/periodic-threads-health", tag: "diagnostics", summary: "Health of critical and high loops (always 200).", statuses: st(200, "health"), resp: periodic.Health{}, h: (*Server).handlePeriodicHealth},
+		{method: "GET", path: "/periodic-threads", tag: "diagnostics", shape: shapeError, summary: "Registered periodic loops with summary counts.", query: httproute.PeriodicQuery(),
+			statuses: st(200, "snapshot", 400, "unknown level"), resp: periodic.Listing{}, h: loops(func(p httproute.PeriodicHandlers) handler { return p.List })},
+		{method: "GET", path: "/periodic-threads/{thread_name}", tag: "diagnostics", shape: shapeError, summary: "One periodic loop.", statuses: st(200, "status", 404, "unknown loop"), resp: periodic.Status{}, h: loops(func(p httproute.PeriodicHandlers) handler { return p.Get })},
+		{method: "GET", path: "/periodic-threads-health", tag: "diagnostics", summary: "Health of critical and high loops (always 200).", statuses: st(200, "health"), resp: periodic.Health{}, h: loops(func(p httproute.PeriodicHandlers) handler { return p.Health })},
 		{method: "GET", path: "/env", tag: "diagnostics", auth: authAlways, summary: "Process environment (secret-looking values redacted).", produces: ctText, statuses: st(200, "environment"), h: (*Server).handleEnv},
 		{method: "POST", path: "/run_script", tag: "diagnostics", shape: shapeText, auth: authAlways, body: ctForm, summary: "Run a Starlark script (field script) in a bounded sandbox; off unless --run-script-api-enabled.", produces: ctText,
 			statuses: st(200, "result", 400, "no script file provided", 404, "run_script disabled", 500, "script failed"), req: ScriptForm{}, h: (*Server).handleRunScript},
@@ -146,13 +150,13 @@ func routes() []route {
 			statuses: st(200, "profile", 404, "unknown profile"), h: serveStd(pprof.Index)},
 		{method: "GET", path: "/debug/pprof/cmdline", tag: "diagnostics", auth: authDebug, summary: "The process command line, secret flag values redacted.", produces: ctText,
 			statuses: st(200, "command line"), h: (*Server).handlePprofCmdline},
-		{method: "GET", path: "/debug/pprof/profile", tag: "diagnostics", auth: authDebug, summary: "CPU profile over seconds= (default 30).", query: []string{"seconds"}, produces: ctBinary,
+		{method: "GET", path: "/debug/pprof/profile", tag: "diagnostics", auth: authDebug, summary: "CPU profile over seconds= (default 30).", query: seconds(30), produces: ctBinary,
 			statuses: st(200, "profile"), h: serveStd(pprof.Profile)},
 		{method: "GET", path: "/debug/pprof/symbol", tag: "diagnostics", auth: authDebug, summary: "Symbol lookup.", produces: ctText,
 			statuses: st(200, "symbols"), h: serveStd(pprof.Symbol)},
 		{method: "POST", path: "/debug/pprof/symbol", tag: "diagnostics", auth: authDebug, body: ctText, summary: "Symbol lookup for posted addresses.", produces: ctText,
 			statuses: st(200, "symbols"), req: "", h: serveStd(pprof.Symbol)},
-		{method: "GET", path: "/debug/pprof/trace", tag: "diagnostics", auth: authDebug, summary: "Execution trace over seconds= (default 1).", query: []string{"seconds"}, produces: ctBinary,
+		{method: "GET", path: "/debug/pprof/trace", tag: "diagnostics", auth: authDebug, summary: "Execution trace over seconds= (default 1).", query: seconds(1), produces: ctBinary,
 			statuses: st(200, "trace"), h: serveStd(pprof.Trace)},
 	}
 	// Every guarded route documents 401 (and pprof its loopback rule), so
@@ -182,6 +186,17 @@ func routes() []route {
 	return rs
 }
 
+// handler is the toolkit's handler signature.
+type handler = func(http.ResponseWriter, *http.Request) error
+
+// loops serves one of the toolkit's shared /periodic-threads handlers over
+// the server's registry (an unknown loop is ErrNotFound's 404).
+func loops(pick func(httproute.PeriodicHandlers) handler) func(*Server, http.ResponseWriter, *http.Request) error {
+	return func(s *Server, w http.ResponseWriter, r *http.Request) error {
+		return pick(httproute.Periodic(s.loops, ErrNotFound))(w, r)
+	}
+}
+
 // serveStd adapts a standard handler to the route table.
 func serveStd(h http.HandlerFunc) func(*Server, http.ResponseWriter, *http.Request) error {
 	return func(_ *Server, w http.ResponseWriter, r *http.Request) error {
@@ -203,9 +218,7 @@ func (s *Server) toolkitRoute(rt route) httproute.Route {
 		Request: rt.req, RequestType: rt.body, Response: rt.resp, Produces: rt.produces,
 		Statuses: rt.statuses, Hidden: rt.hidden, Handle: func(w http.ResponseWriter, r *http.Request) error { return rt.h(s, w, r) },
 	}
-	for _, q := range rt.query {
-		out.Query = append(out.Query, httproute.Param{Name: q})
-	}
+	out.Query = rt.query
 	switch rt.auth {
 	case authAlways:
 		out.Auth = httproute.Bearer

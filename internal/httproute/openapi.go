@@ -170,6 +170,7 @@ func paramSchema(q Param) *openapi3.Schema {
 		s.Enum = append(s.Enum, e)
 	}
 	s.Default = q.Default
+	s.Min, s.Max = q.Min, q.Max
 	return s
 }
 

@@ -52,7 +52,13 @@ type Param struct {
 	Default any
 	// Required parameters are documented as such (handlers still check).
 	Required bool
+	// Min and Max, when set, document an integer or number's inclusive
+	// range (handlers still check).
+	Min, Max *float64
 }
+
+// Bound returns a pointer to v, for Param.Min and Param.Max.
+func Bound(v float64) *float64 { return &v }
 
 // Route is one endpoint: how it is served and how it is documented.
 type Route struct {
