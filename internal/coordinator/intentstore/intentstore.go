@@ -115,6 +115,9 @@ type State struct {
 	Default  *int64
 	Pins     map[string]PinRecord // by group ID
 	Revision int64
+	// Changes lists every stored value as a Change (at its ModRevision),
+	// for a mirror replacing its state.
+	Changes []Change
 }
 
 // Store reads and writes intent under one prefix.
@@ -150,47 +153,57 @@ func (s *Store) fenced(ctx context.Context, f Fence, extra []clientv3.Cmp, ops .
 	return resp, false, nil
 }
 
+// Every write returns the etcd revision it committed at: the Revision of
+// the Change a watch delivers for it, so a mirror that applied the write
+// itself can ignore the older changes still in flight.
+
 // PutQuota sets salt's limit in bytes.
-func (s *Store) PutQuota(ctx context.Context, f Fence, salt string, limit int64) error {
-	_, _, err := s.fenced(ctx, f, nil, clientv3.OpPut(s.quotaKey(salt), strconv.FormatInt(limit, 10)))
-	return err
+func (s *Store) PutQuota(ctx context.Context, f Fence, salt string, limit int64) (int64, error) {
+	resp, _, err := s.fenced(ctx, f, nil, clientv3.OpPut(s.quotaKey(salt), strconv.FormatInt(limit, 10)))
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.Revision, nil
 }
 
 // DeleteQuota removes salt's entry and reports whether one existed.
-func (s *Store) DeleteQuota(ctx context.Context, f Fence, salt string) (bool, error) {
+func (s *Store) DeleteQuota(ctx context.Context, f Fence, salt string) (bool, int64, error) {
 	resp, _, err := s.fenced(ctx, f, nil, clientv3.OpDelete(s.quotaKey(salt)))
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
-	return resp.Responses[0].GetResponseDeleteRange().Deleted > 0, nil
+	return resp.Responses[0].GetResponseDeleteRange().Deleted > 0, resp.Header.Revision, nil
 }
 
 // SetDefault sets the default limit; nil removes it.
-func (s *Store) SetDefault(ctx context.Context, f Fence, limit *int64) error {
+func (s *Store) SetDefault(ctx context.Context, f Fence, limit *int64) (int64, error) {
 	op := clientv3.OpDelete(s.defaultKey())
 	if limit != nil {
 		op = clientv3.OpPut(s.defaultKey(), strconv.FormatInt(*limit, 10))
 	}
-	_, _, err := s.fenced(ctx, f, nil, op)
-	return err
+	resp, _, err := s.fenced(ctx, f, nil, op)
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.Revision, nil
 }
 
-// Pin adds delta to g's count and returns the new count. A count that
-// reaches zero or below deletes the record; unpinning a sequence that is
-// not pinned changes nothing and returns 0.
-func (s *Store) Pin(ctx context.Context, f Fence, g PinGroup, delta int64) (int64, error) {
+// Pin adds delta to g's count and returns the new count and the revision.
+// A count that reaches zero or below deletes the record; unpinning a
+// sequence that is not pinned changes nothing and returns 0 at revision 0.
+func (s *Store) Pin(ctx context.Context, f Fence, g PinGroup, delta int64) (int64, int64, error) {
 	id := g.ID()
 	key := s.pinKey(id)
 	for range maxRetries {
 		resp, err := s.cli.Get(ctx, key)
 		if err != nil {
-			return 0, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return 0, 0, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		var cur PinRecord
 		var mod int64
 		if len(resp.Kvs) > 0 {
 			if cur, err = decodePin(resp.Kvs[0].Value); err != nil {
-				return 0, fmt.Errorf("pin %s: %w", id, err)
+				return 0, 0, fmt.Errorf("pin %s: %w", id, err)
 			}
 			mod = resp.Kvs[0].ModRevision
 		}
@@ -200,30 +213,30 @@ func (s *Store) Pin(ctx context.Context, f Fence, g PinGroup, delta int64) (int6
 		case next > 0:
 			b, err := json.Marshal(PinRecord{PinGroup: g, Count: next})
 			if err != nil {
-				return 0, fmt.Errorf("pin %s: %w", id, err)
+				return 0, 0, fmt.Errorf("pin %s: %w", id, err)
 			}
 			if len(b) > MaxPinRecordBytes {
-				return 0, fmt.Errorf("%w: %d bytes for %d chunks (limit %d bytes)", ErrTooLarge, len(b), len(g.Hashes), MaxPinRecordBytes)
+				return 0, 0, fmt.Errorf("%w: %d bytes for %d chunks (limit %d bytes)", ErrTooLarge, len(b), len(g.Hashes), MaxPinRecordBytes)
 			}
 			op = clientv3.OpPut(key, string(b))
 		case mod == 0:
 			// Nothing pinned: still prove leadership, so a standby's
 			// no-op unpin is refused like any other write.
 			_, _, err := s.fenced(ctx, f, nil)
-			return 0, err
+			return 0, 0, err
 		default:
 			next = 0
 			op = clientv3.OpDelete(key)
 		}
-		_, ran, err := s.fenced(ctx, f, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", mod)}, op)
+		tr, ran, err := s.fenced(ctx, f, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", mod)}, op)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if ran {
-			return next, nil
+			return next, tr.Header.Revision, nil
 		}
 	}
-	return 0, fmt.Errorf("%w: pin %s: %d concurrent updates in a row", ErrUnavailable, id, maxRetries)
+	return 0, 0, fmt.Errorf("%w: pin %s: %d concurrent updates in a row", ErrUnavailable, id, maxRetries)
 }
 
 func decodePin(b []byte) (PinRecord, error) {
@@ -260,7 +273,9 @@ func (s *Store) Load(ctx context.Context) (State, error) {
 			errs = append(errs, err)
 			continue
 		}
+		c.Revision = kv.ModRevision
 		c.applyTo(&st)
+		st.Changes = append(st.Changes, c)
 	}
 	return st, errors.Join(errs...)
 }
@@ -284,6 +299,20 @@ type Change struct {
 	Bytes   int64     // KindQuota, KindDefault
 	PinID   string    // KindPin
 	Pin     PinRecord // KindPin, not Deleted
+	// Revision is the etcd revision of the change.
+	Revision int64
+}
+
+// Name identifies what the change is about ("quota/<salt>", "default",
+// "pin/<id>"), for a mirror's per-item revision bookkeeping.
+func (c Change) Name() string {
+	switch c.Kind {
+	case KindQuota:
+		return "quota/" + c.Salt
+	case KindDefault:
+		return "default"
+	}
+	return "pin/" + c.PinID
 }
 
 func (c Change) applyTo(st *State) {
@@ -361,6 +390,7 @@ func (s *Store) Decode(wr clientv3.WatchResponse) ([]Change, error) {
 			errs = append(errs, err)
 			continue
 		}
+		c.Revision = ev.Kv.ModRevision
 		out = append(out, c)
 	}
 	return out, errors.Join(errs...)

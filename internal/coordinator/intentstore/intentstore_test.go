@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -62,23 +63,30 @@ func TestIntentRoundTripFencedAndWatched(t *testing.T) {
 	defer wcancel()
 	wch := s.Watch(wctx, st0.Revision+1)
 
-	if err := s.PutQuota(ctx(t), f, "tenant-a", 1<<30); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.PutQuota(ctx(t), f, "", 5); err != nil {
-		t.Fatal(err)
+	var wrote []int64 // commit revisions, in order
+	for _, salt := range []string{"tenant-a", ""} {
+		limit := map[string]int64{"tenant-a": 1 << 30, "": 5}[salt]
+		rev, err := s.PutQuota(ctx(t), f, salt, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wrote = append(wrote, rev)
 	}
 	lim := int64(7 << 20)
-	if err := s.SetDefault(ctx(t), f, &lim); err != nil {
+	rev, err := s.SetDefault(ctx(t), f, &lim)
+	if err != nil {
 		t.Fatal(err)
 	}
+	wrote = append(wrote, rev)
 	g := group("tenant-a", 3)
 	for want := int64(1); want <= 2; want++ {
-		if n, err := s.Pin(ctx(t), f, g, 1); err != nil || n != want {
+		n, rev, err := s.Pin(ctx(t), f, g, 1)
+		if err != nil || n != want {
 			t.Fatalf("pin: %d %v, want %d", n, err, want)
 		}
+		wrote = append(wrote, rev)
 	}
-	if ok, err := s.DeleteQuota(ctx(t), f, "tenant-missing"); err != nil || ok {
+	if ok, _, err := s.DeleteQuota(ctx(t), f, "tenant-missing"); err != nil || ok {
 		t.Fatalf("delete missing: %v %v", ok, err)
 	}
 
@@ -99,7 +107,7 @@ func TestIntentRoundTripFencedAndWatched(t *testing.T) {
 
 	// The watch saw the same writes, in order.
 	var kinds []intentstore.ChangeKind
-	var pinCounts []int64
+	var pinCounts, revs []int64
 	for len(kinds) < 5 {
 		select {
 		case wr := <-wch:
@@ -109,6 +117,7 @@ func TestIntentRoundTripFencedAndWatched(t *testing.T) {
 			}
 			for _, c := range cs {
 				kinds = append(kinds, c.Kind)
+				revs = append(revs, c.Revision)
 				if c.Kind == intentstore.KindPin {
 					pinCounts = append(pinCounts, c.Pin.Count)
 				}
@@ -126,6 +135,9 @@ func TestIntentRoundTripFencedAndWatched(t *testing.T) {
 	if len(pinCounts) != 2 || pinCounts[0] != 1 || pinCounts[1] != 2 {
 		t.Fatalf("watched pin counts %v", pinCounts)
 	}
+	if !slices.Equal(revs, wrote) {
+		t.Fatalf("watched revisions %v, writes committed at %v", revs, wrote)
+	}
 
 	// A new term (the key re-created: a new create revision) fences the
 	// old one out.
@@ -133,16 +145,16 @@ func TestIntentRoundTripFencedAndWatched(t *testing.T) {
 		t.Fatal(err)
 	}
 	f2 := term(t, cli, f.Key)
-	if err := s.PutQuota(ctx(t), f, "tenant-a", 1); !errors.Is(err, intentstore.ErrFenced) {
+	if _, err := s.PutQuota(ctx(t), f, "tenant-a", 1); !errors.Is(err, intentstore.ErrFenced) {
 		t.Fatalf("stale PutQuota: %v", err)
 	}
-	if _, err := s.Pin(ctx(t), f, g, -1); !errors.Is(err, intentstore.ErrFenced) {
+	if _, _, err := s.Pin(ctx(t), f, g, -1); !errors.Is(err, intentstore.ErrFenced) {
 		t.Fatalf("stale Pin: %v", err)
 	}
-	if _, err := s.Pin(ctx(t), f, group("other", 1), -1); !errors.Is(err, intentstore.ErrFenced) {
+	if _, _, err := s.Pin(ctx(t), f, group("other", 1), -1); !errors.Is(err, intentstore.ErrFenced) {
 		t.Fatalf("stale no-op unpin: %v", err)
 	}
-	if err := s.SetDefault(ctx(t), f, nil); !errors.Is(err, intentstore.ErrFenced) {
+	if _, err := s.SetDefault(ctx(t), f, nil); !errors.Is(err, intentstore.ErrFenced) {
 		t.Fatalf("stale SetDefault: %v", err)
 	}
 	if st, _ := s.Load(ctx(t)); st.Quotas["tenant-a"] != 1<<30 || st.Pins[g.ID()].Count != 2 || st.Default == nil {
@@ -151,14 +163,14 @@ func TestIntentRoundTripFencedAndWatched(t *testing.T) {
 
 	// Unpin to zero deletes; one more unpin is a no-op.
 	for _, want := range []int64{1, 0, 0} {
-		if n, err := s.Pin(ctx(t), f2, g, -1); err != nil || n != want {
+		if n, _, err := s.Pin(ctx(t), f2, g, -1); err != nil || n != want {
 			t.Fatalf("unpin: %d %v, want %d", n, err, want)
 		}
 	}
-	if ok, err := s.DeleteQuota(ctx(t), f2, "tenant-a"); err != nil || !ok {
+	if ok, _, err := s.DeleteQuota(ctx(t), f2, "tenant-a"); err != nil || !ok {
 		t.Fatalf("delete: %v %v", ok, err)
 	}
-	if err := s.SetDefault(ctx(t), f2, nil); err != nil {
+	if _, err := s.SetDefault(ctx(t), f2, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -167,7 +179,7 @@ func TestIntentRoundTripFencedAndWatched(t *testing.T) {
 	for i := range big {
 		big[i] = make([]byte, 32)
 	}
-	if _, err := s.Pin(ctx(t), f2, intentstore.NewPinGroup("org/m", 1, "big", big), 1); !errors.Is(err, intentstore.ErrTooLarge) {
+	if _, _, err := s.Pin(ctx(t), f2, intentstore.NewPinGroup("org/m", 1, "big", big), 1); !errors.Is(err, intentstore.ErrTooLarge) {
 		t.Fatalf("big pin: %v", err)
 	}
 
@@ -182,7 +194,7 @@ func TestIntentRoundTripFencedAndWatched(t *testing.T) {
 
 	// One etcd member down: writes still commit on the quorum.
 	c.Follower(t, cli).Kill(t)
-	if err := s.PutQuota(ctx(t), f2, "after-loss", 9); err != nil {
+	if _, err := s.PutQuota(ctx(t), f2, "after-loss", 9); err != nil {
 		t.Fatalf("write with one member down: %v", err)
 	}
 	if st, _ := s.Load(ctx(t)); st.Quotas["after-loss"] != 9 {
