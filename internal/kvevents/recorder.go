@@ -26,8 +26,8 @@ type binding struct {
 // lmcache_mp_kv_events_dropped_total counter.
 const (
 	// DropUnbound: a stored chunk whose tokens the recorder never saw (an
-	// HTTP /api/kv store, an L2 load of a chunk stored before a restart,
-	// or a binding trimmed from the bounded cache): a router indexes
+	// L2 load of a chunk stored before a restart, or a binding trimmed
+	// from the bounded cache): a router indexes
 	// stored blocks by their tokens, so none is published.
 	DropUnbound = "unbound_store"
 	// DropSalted: a chunk of a request with a cache_salt. vLLM folds the
@@ -125,6 +125,26 @@ func (r *Recorder) Bind(parent []byte, hashes [][]byte, tokens [][]uint32) {
 		delete(r.binds, h)
 	}
 	r.order = append([]string(nil), r.order[cut:]...)
+}
+
+// BindTokens binds the chunks of a token sequence addressed from its
+// first token (an HTTP /api/kv store): hashes[i] covers tokens
+// [i*blockSize, (i+1)*blockSize). Token ids are vLLM's (they fit in 32
+// bits; the hasher range-checked them). A sequence shorter than its
+// hashes claim binds nothing.
+func (r *Recorder) BindTokens(hashes [][]byte, tokens []int64) {
+	if !r.Enabled() || len(hashes) == 0 || len(tokens) < len(hashes)*r.blockSize {
+		return
+	}
+	toks := make([][]uint32, len(hashes))
+	for i := range hashes {
+		t := make([]uint32, r.blockSize)
+		for j, v := range tokens[i*r.blockSize : (i+1)*r.blockSize] {
+			t[j] = uint32(v)
+		}
+		toks[i] = t
+	}
+	r.Bind(nil, hashes, toks)
 }
 
 // Stored records that keys now reside in medium: one record per distinct
