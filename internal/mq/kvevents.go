@@ -77,7 +77,8 @@ func decodePoll(p [][]byte) (string, int64, int, error) {
 }
 
 // bindKVTokens gives the KV event recorder the tokens and parent hash of
-// the chunks [first, last) a PREPARE_STORE is about to write, so their
+// the chunks [first, last) a PREPARE_STORE or an lmcache-driven STORE is
+// about to write, so their
 // store records carry what a router indexes by. hashes covers chunks
 // [0, last) and the key's token ids were range-checked by chunkHashes.
 func (s *Server) bindKVTokens(k *wire.Key, hashes [][]byte, first, last int) {

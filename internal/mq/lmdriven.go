@@ -626,6 +626,7 @@ func (st *state) lmdStore(req *request) ([]byte, error) {
 		null = mask[0]
 	}
 	keys := workerKeys(k, t.hashes, t.first, t.last)
+	st.s.bindKVTokens(k, t.hashes, t.first, t.last) // so BlockStored carries the tokens
 	idx := make([]int, 0, len(keys))
 	kept := keys[:0]
 	for i, key := range keys {
