@@ -19,6 +19,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -221,12 +222,48 @@ func (c *Cache) runRange(p *kvlayout.Plan, objs [][]byte, gather bool, lo, hi in
 			err = fmt.Errorf("%w: %v", ErrFault, r)
 		}
 	}()
-	if gather {
+	switch {
+	case haveStream && p.Bytes >= StreamMinBytes:
+		streamRuns(p.Runs[lo:hi], c.maps, objs, gather)
+	case gather:
 		p.GatherRange(c.maps, objs, lo, hi)
-	} else {
+	default:
 		p.ScatterRange(c.maps, objs, lo, hi)
 	}
 	return nil
+}
+
+// StreamMinBytes is the request size from which copies run through the
+// streaming kernel (amd64 with AVX2): non-temporal stores skip reading
+// every destination line before overwriting it, and software prefetch
+// covers the strided rows of HND layouts that the hardware prefetcher
+// misses. A request this large does not stay in the cache anyway; below
+// it plain copy() keeps the bytes cached for whoever reads them next.
+const StreamMinBytes = 1 << 20
+
+// streamRuns is the streaming form of kvlayout's GatherRange and
+// ScatterRange for runs the caller has checked: a run whose destination
+// address, step and length are 32-byte multiples goes to copyStream
+// whole; any other falls back to copy() per row.
+func streamRuns(runs []kvlayout.Run, segs, objs [][]byte, gather bool) {
+	for _, r := range runs {
+		if r.Len == 0 {
+			continue
+		}
+		dst, do, ds, src, so, ss := segs[r.Seg], r.SegOff, r.SegStep, objs[r.Obj], r.ObjOff, r.ObjStep
+		if gather {
+			dst, do, ds, src, so, ss = objs[r.Obj], r.ObjOff, r.ObjStep, segs[r.Seg], r.SegOff, r.SegStep
+		}
+		d := unsafe.Pointer(&dst[do])
+		if (uintptr(d)|uintptr(r.Len)|uintptr(ds))%32 == 0 {
+			copyStream(d, unsafe.Pointer(&src[so]), uintptr(r.Len), uintptr(r.Count), uintptr(ds), uintptr(ss))
+			continue
+		}
+		for range r.Count {
+			copy(dst[do:do+r.Len], src[so:so+r.Len])
+			do, so = do+ds, so+ss
+		}
+	}
 }
 
 // ParallelMinBytes is the request size from which a copy is split over
