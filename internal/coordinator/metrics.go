@@ -42,11 +42,13 @@ type metrics struct {
 	l1FactsFenced  prometheus.Counter
 	l1FactsDropped prometheus.Counter
 	handler        http.Handler
+	// reg is the private registry, for collectors other files add.
+	reg *prometheus.Registry
 }
 
 func newMetrics(s *Server) *metrics {
 	reg := prometheus.NewRegistry()
-	m := &metrics{}
+	m := &metrics{reg: reg}
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "events_ingested_total", Help: "Usage events ingested through POST /quota/events, by type."}, []string{"type"})
 	m.storeEvents = events.WithLabelValues("store")
 	m.lookupEvents = events.WithLabelValues("lookup")
@@ -101,6 +103,7 @@ func newMetrics(s *Server) *metrics {
 		&saltCollector{s: s, top: s.cfg.MetricsTopSalts,
 			desc: prometheus.NewDesc(metricPrefix+"salt_usage_bytes", "Tracked L2 bytes of the salts with the most usage (top N by --metrics-top-salts).", []string{"cache_salt"}, nil)},
 	)
+	reg.MustRegister(s.haCollectors()...)
 	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	return m
 }

@@ -58,6 +58,7 @@ type Server struct {
 	handler http.Handler
 	table   *httproute.Table
 	loops   *periodic.Registry
+	ha      *haState // active/standby on etcd (ha.go); nil without --ha-etcd-endpoints
 
 	drainTimeout time.Duration
 	// stateCorrupt records that the state file could not be parsed at
@@ -75,6 +76,11 @@ type Server struct {
 	gate *eventgate.Gate
 	// l1 is the per-instance L1 usage reported through POST /events.
 	l1 *l1View
+
+	// kafka is the Kafka event door (--event-transport kafka), ckpt the
+	// checkpointer (--checkpoint-path); nil when off (kafkaingest*.go).
+	kafka *kafkaIngest
+	ckpt  *checkpointer
 }
 
 // Option adjusts a Server.
@@ -127,6 +133,9 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 		s.mp.Token = cfg.MPAuthToken
 	}
 	s.log = s.log.With("component", "coordinator")
+	if err := s.initHA(); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
 	if cfg.StateFile != "" {
 		err := s.loadState()
 		if errors.Is(err, statefile.ErrCorrupt) {
@@ -151,12 +160,16 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 			return nil, fmt.Errorf("coordinator: state file: %w", err)
 		}
 	}
+	if err := s.setupIngest(); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
 	s.metrics = newMetrics(s)
+	s.metrics.reg.MustRegister(s.ingestCollectors()...)
 	t, err := s.buildTable()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	s.table, s.handler = t, t.Handler()
+	s.table, s.handler = t, s.kafkaDoors(t.Handler())
 	return s, nil
 }
 
@@ -209,7 +222,11 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	}
 	wg.Wait()
 	s.dispatchWG.Wait()
+	// Ingest has stopped (HTTP drained, the Kafka worker committed and
+	// left its group): what the checkpoint captures now is final.
+	s.finalCheckpoint()
 	s.mp.Close()
+	s.closeHA()
 	s.log.Info("MP coordinator stopped")
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
@@ -235,7 +252,7 @@ func loopback(addr net.Addr) bool {
 // a goroutine Run owns. The sweep and eviction loops wait one interval
 // before their first cycle, as a ticker does.
 func (s *Server) startLoops(ctx context.Context) []func() {
-	var out []func()
+	out := s.haLoops(ctx)
 	if s.cfg.HealthCheckInterval > 0 {
 		d := config.Seconds(s.cfg.HealthCheckInterval)
 		l := s.loops.Register(LoopHealthSweep, periodic.High, d, d, s.healthCycle)
@@ -244,12 +261,12 @@ func (s *Server) startLoops(ctx context.Context) []func() {
 	if s.cfg.EvictionCheckInterval > 0 {
 		d := config.Seconds(s.cfg.EvictionCheckInterval)
 		l := s.loops.Register(LoopEviction, periodic.High, d, d, s.evictionCycle)
-		out = append(out, func() { l.Run(ctx) })
+		out = append(out, s.afterIngestReady(ctx, func() { l.Run(ctx) }))
 	}
 	if s.cfg.EnableStartupResync {
-		out = append(out, s.resyncLoop(ctx))
+		out = append(out, s.afterIngestReady(ctx, s.resyncLoop(ctx)))
 	}
-	return out
+	return append(out, s.ingestLoops(ctx)...)
 }
 
 func (s *Server) healthCycle(context.Context) (periodic.Summary, error) {

@@ -1,0 +1,165 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lmcache-go/lmcache/internal/kafkaevents"
+	"github.com/lmcache-go/lmcache/internal/periodic"
+)
+
+// Names of the Kafka loops in the periodic registry.
+const (
+	LoopKafkaIngest = "coordinator-kafka-ingest"
+	LoopKafkaLag    = "coordinator-kafka-lag"
+)
+
+// kafkaPoll bounds one poll of the ingest worker (one cycle) and is the lag
+// refresh interval.
+const kafkaPoll = time.Second
+
+// kafkaIngest is the coordinator's Kafka event door (--event-transport
+// kafka): a kafkaevents.Source whose records go through IngestCacheEvents,
+// the gate POST /events uses in http mode, and the readiness it derives from
+// the stream's lag.
+type kafkaIngest struct {
+	src    *kafkaevents.Source
+	maxLag int64
+	// lag is the last measured lag (kafkaevents.UnknownLag until measured).
+	lag atomic.Int64
+	// ready is closed once lag was at or below maxLag; the eviction and
+	// resync loops wait for it (upstream's IngestReadiness).
+	ready     chan struct{}
+	readyOnce sync.Once
+}
+
+// newKafkaIngest builds the Source; start (nil: the group's commit, or the
+// earliest offset) and fromStart come from the checkpoint.
+func (s *Server) newKafkaIngest(start map[int32]int64, fromStart bool) error {
+	in := s.cfg.Ingest
+	src, err := kafkaevents.NewSource(kafkaevents.SourceConfig{
+		Brokers: in.KafkaBrokers(), Topic: in.KafkaTopic, GroupID: in.KafkaGroupID, Logger: s.log,
+		StartOffsets: start, FromStart: fromStart,
+	}, kafkaevents.ApplierFunc(s.applyKafkaRecord))
+	if err != nil {
+		return fmt.Errorf("kafka ingest: %w", err)
+	}
+	k := &kafkaIngest{src: src, maxLag: int64(in.MaxReadyLag), ready: make(chan struct{})}
+	k.lag.Store(kafkaevents.UnknownLag)
+	s.kafka = k
+	return nil
+}
+
+// applyKafkaRecord offers one record's batches to the event gate. A body the
+// HTTP door would refuse (422) can never apply, so it is rejected and the
+// Source moves past it; nothing else fails.
+func (s *Server) applyKafkaRecord(_ context.Context, rec kafkaevents.Record) error {
+	applied, dups, stale, err := s.IngestCacheEvents(rec.Value)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %w", kafkaevents.ErrRejected, rec.Position(), err)
+	}
+	s.log.Debug("kafka cache-event record applied", "position", rec.Position(), "applied", applied, "duplicates", dups, "stale", stale)
+	return nil
+}
+
+// kafkaLoops returns the ingest worker and the lag loop for Run. The worker
+// owns the consumer: it opens it, polls once per cycle (each cycle waits at
+// most kafkaPoll, so an idle stream still completes cycles) and closes it
+// when ctx ends, after the last commit.
+func (s *Server) kafkaLoops(ctx context.Context) []func() {
+	k := s.kafka
+	worker := s.loops.RegisterWorker(LoopKafkaIngest, periodic.High, kafkaPoll, func(ctx context.Context) (periodic.Summary, error) {
+		n, err := k.src.Poll(ctx, kafkaPoll)
+		if err != nil {
+			return periodic.Summary{}, fmt.Errorf("kafka ingest: %w", err)
+		}
+		return periodic.Summary{Message: fmt.Sprintf("records=%d", n)}, nil
+	})
+	lag := s.loops.Register(LoopKafkaLag, periodic.Medium, kafkaPoll, 0, func(ctx context.Context) (periodic.Summary, error) {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		n, err := k.src.Lag(lctx)
+		k.lag.Store(n)
+		if err != nil {
+			return periodic.Summary{Message: "lag=unknown"}, err
+		}
+		if n <= k.maxLag {
+			k.readyOnce.Do(func() {
+				s.log.Info("kafka ingest caught up; eviction and resync may start", "lag", n, "max_ready_lag", k.maxLag)
+				close(k.ready)
+			})
+		}
+		return periodic.Summary{Message: fmt.Sprintf("lag=%d", n)}, nil
+	})
+	return []func(){
+		func() {
+			if err := k.src.Open(); err != nil {
+				s.log.Error("kafka ingest cannot start", "err", err)
+				return
+			}
+			defer k.src.Close()
+			s.log.Info("kafka ingest started", "topic", k.src.Topic(), "group_id", s.cfg.Ingest.KafkaGroupID, "brokers", s.cfg.Ingest.KafkaBootstrapServers)
+			worker.Run(ctx)
+		},
+		func() { lag.Run(ctx) },
+	}
+}
+
+// afterIngestReady wraps a loop body so that, in kafka mode, it starts only
+// once the stream's lag is within --max-ready-lag: planning evictions
+// against half-replayed usage would evict what the fleet does not need. An
+// unknown lag (brokers unreachable) keeps it waiting, as upstream.
+func (s *Server) afterIngestReady(ctx context.Context, run func()) func() {
+	if s.kafka == nil {
+		return run
+	}
+	return func() {
+		select {
+		case <-s.kafka.ready:
+			run()
+		case <-ctx.Done():
+		}
+	}
+}
+
+// kafkaDoors answers 404 on /events in kafka mode, as upstream (the HTTP
+// event source is not mounted): one path per emitter stream is what the
+// gate's seq cursor assumes. POST /quota/events, the spec-era door the
+// gate only observes, stays.
+func (s *Server) kafkaDoors(h http.Handler) http.Handler {
+	if s.kafka == nil {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/events" {
+			writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// kafkaCollectors are the Source's counters and the lag and readiness
+// gauges.
+func (s *Server) kafkaCollectors() []prometheus.Collector {
+	k := s.kafka
+	return append(k.src.Collectors(),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "kafka_lag", Help: "Records of the cache-event topic still to apply, summed over partitions (-1: unknown, brokers unreachable)."},
+			func() float64 { return float64(k.lag.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "kafka_ready", Help: "1 once the Kafka lag was within --max-ready-lag (eviction and resync started)."},
+			func() float64 {
+				select {
+				case <-k.ready:
+					return 1
+				default:
+					return 0
+				}
+			}),
+	)
+}

@@ -1,0 +1,241 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/checkpoint"
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/coordinator/eventgate"
+	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
+	"github.com/lmcache-go/lmcache/internal/periodic"
+)
+
+// LoopCheckpoint is the checkpoint loop's name in the periodic registry.
+const LoopCheckpoint = "coordinator-checkpoint"
+
+// checkpointer saves derived state to --checkpoint-path on a timer and at a
+// clean stop, and restored it at startup.
+type checkpointer struct {
+	path string
+	// Set once in New.
+	restoredKeys, restoredStreams int
+	restoredFrom                  string // "" when cold
+	loadFailures                  int    // 1 when a bad artifact was moved aside
+	// Updated by saves (the loop and the final save at stop).
+	saves, saveFailures atomic.Int64
+	lastDuration        atomic.Int64 // nanoseconds
+	lastSize            atomic.Int64
+	lastSuccess         atomic.Int64 // unix nanoseconds
+}
+
+// setupIngest restores the checkpoint (when configured) and builds the
+// Kafka source (in kafka mode), positioned at the checkpoint's stream
+// position. Called by New after the state file is loaded.
+func (s *Server) setupIngest() error {
+	in := s.cfg.Ingest
+	var start map[int32]int64
+	if in.CheckpointPath != "" {
+		s.ckpt = &checkpointer{path: in.CheckpointPath}
+		pos, err := s.restoreCheckpoint()
+		if err != nil {
+			return err
+		}
+		start = pos
+	}
+	if in.Kafka() {
+		// With a checkpoint configured the stream position comes only
+		// from it: a partition it does not name is read from the earliest
+		// retained record, because the ledger holds nothing from it (the
+		// group's commit may be ahead of the state restored).
+		return s.newKafkaIngest(start, s.ckpt != nil)
+	}
+	return nil
+}
+
+// restoreCheckpoint loads the artifact into a fresh ledger and gate and
+// swaps them in only when every section decoded. A bad artifact is moved
+// aside, logged at ERROR and counted; the coordinator then starts cold. It
+// returns the stream position to resume from (nil when none applies).
+func (s *Server) restoreCheckpoint() (map[int32]int64, error) {
+	c := s.ckpt
+	began := time.Now()
+	d, err := checkpoint.Load(c.path)
+	if errors.Is(err, os.ErrNotExist) {
+		s.log.Info("no checkpoint yet; starting cold", "path", c.path)
+		return nil, nil
+	}
+	var pos map[int32]int64
+	if err == nil {
+		nl, ng := ledger.New(), eventgate.New(maxSeqTracked)
+		var topic string
+		var keys, streams int
+		err = d.Sections(map[string]func(*checkpoint.Decoder){
+			"gate":   func(d *checkpoint.Decoder) { streams = ng.Restore(d) },
+			"ledger": func(d *checkpoint.Decoder) { keys = nl.LoadCheckpoint(d) },
+			"stream": func(d *checkpoint.Decoder) { topic, pos = readStream(d) },
+		})
+		if err == nil {
+			nl.RestorePins(s.ledger.Pins())
+			s.ledger, s.gate = nl, ng
+			c.restoredKeys, c.restoredStreams, c.restoredFrom = keys, streams, c.path
+			if in := s.cfg.Ingest; pos != nil && (!in.Kafka() || topic != in.KafkaTopic) {
+				s.log.Warn("checkpoint's stream position is for another topic; reading the configured one from its start", "checkpoint_topic", topic, "topic", in.KafkaTopic)
+				pos = nil
+			}
+			s.log.Info("checkpoint restored", "path", c.path, "keys", keys, "streams", streams, "partitions", len(pos), "took", time.Since(began))
+			return pos, nil
+		}
+		err = fmt.Errorf("%w %s: %w", checkpoint.ErrCorrupt, c.path, err)
+	}
+	if !errors.Is(err, checkpoint.ErrCorrupt) {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	aside, merr := checkpoint.MoveAside(c.path, time.Now())
+	if merr != nil {
+		return nil, fmt.Errorf("%w; %w", err, merr)
+	}
+	c.loadFailures = 1
+	s.log.Error("CHECKPOINT UNUSABLE: moved aside, starting cold (usage and LRU order are empty until the stream is replayed or resync runs)", "path", c.path, "moved_to", aside, "err", err)
+	return nil, nil
+}
+
+func readStream(d *checkpoint.Decoder) (string, map[int32]int64) {
+	topic := d.String()
+	n := d.Count(2)
+	pos := make(map[int32]int64, n)
+	for i := 0; i < n && d.Err() == nil; i++ {
+		p, off := d.Varint(), d.Varint()
+		if p < 0 || p > 1<<31-1 || off < 0 {
+			d.Failf("stream position %d@%d", p, off)
+			break
+		}
+		pos[int32(p)] = off
+	}
+	return topic, pos
+}
+
+// captureCheckpoint encodes the gate's cursors, the ledger and the stream
+// position while the gate's lock holds ingest still (HTTP /events and Kafka
+// alike), so they describe one instant. The stream position is read last:
+// a position only advances after its record applied, so it never runs ahead
+// of the ledger captured with it.
+func (s *Server) captureCheckpoint() *checkpoint.Encoder {
+	var e checkpoint.Encoder
+	s.gate.Capture(&e, func(e *checkpoint.Encoder) {
+		e.Section("ledger", s.ledger.AppendCheckpoint)
+		if s.kafka != nil {
+			pos := s.kafka.src.Positions()
+			parts := make([]int32, 0, len(pos))
+			for p := range pos {
+				parts = append(parts, p)
+			}
+			sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
+			e.Section("stream", func(e *checkpoint.Encoder) {
+				e.String(s.kafka.src.Topic())
+				e.Uvarint(uint64(len(parts)))
+				for _, p := range parts {
+					e.Varint(int64(p))
+					e.Varint(pos[p])
+				}
+			})
+		}
+	})
+	return &e
+}
+
+// SaveCheckpoint captures and writes a checkpoint now (the loop, the final
+// save at a clean stop, tests and benchmarks). Without --checkpoint-path it
+// does nothing.
+func (s *Server) SaveCheckpoint() error {
+	c := s.ckpt
+	if c == nil {
+		return nil
+	}
+	began := time.Now()
+	e := s.captureCheckpoint()
+	err := checkpoint.Save(c.path, e)
+	c.lastDuration.Store(int64(time.Since(began)))
+	if err != nil {
+		c.saveFailures.Add(1)
+		return err
+	}
+	c.saves.Add(1)
+	c.lastSize.Store(int64(e.Len()))
+	c.lastSuccess.Store(time.Now().UnixNano())
+	return nil
+}
+
+// checkpointLoop is the timer; nil when --checkpoint-interval is 0.
+func (s *Server) checkpointLoop(ctx context.Context) func() {
+	if s.ckpt == nil || s.cfg.Ingest.CheckpointInterval <= 0 {
+		return nil
+	}
+	d := config.Seconds(s.cfg.Ingest.CheckpointInterval)
+	l := s.loops.Register(LoopCheckpoint, periodic.Medium, d, d, func(context.Context) (periodic.Summary, error) {
+		if err := s.SaveCheckpoint(); err != nil {
+			s.log.Error("checkpoint failed; the previous one stays", "path", s.ckpt.path, "err", err)
+			return periodic.Summary{}, err
+		}
+		return periodic.Summary{Message: fmt.Sprintf("bytes=%d took=%s", s.ckpt.lastSize.Load(), time.Duration(s.ckpt.lastDuration.Load()))}, nil
+	})
+	return func() { l.Run(ctx) }
+}
+
+// finalCheckpoint is the save at a clean stop, after ingest has stopped.
+func (s *Server) finalCheckpoint() {
+	if s.ckpt == nil {
+		return
+	}
+	if err := s.SaveCheckpoint(); err != nil {
+		s.log.Error("final checkpoint failed; the previous one stays", "path", s.ckpt.path, "err", err)
+		return
+	}
+	s.log.Info("checkpoint saved at stop", "path", s.ckpt.path, "bytes", s.ckpt.lastSize.Load())
+}
+
+// ingestLoops are the loops this file and kafkaingest.go add to Run.
+func (s *Server) ingestLoops(ctx context.Context) []func() {
+	var out []func()
+	if s.kafka != nil {
+		out = append(out, s.kafkaLoops(ctx)...)
+	}
+	if l := s.checkpointLoop(ctx); l != nil {
+		out = append(out, l)
+	}
+	return out
+}
+
+// ingestCollectors are the checkpoint and Kafka metrics.
+func (s *Server) ingestCollectors() []prometheus.Collector {
+	var out []prometheus.Collector
+	if s.kafka != nil {
+		out = append(out, s.kafkaCollectors()...)
+	}
+	c := s.ckpt
+	if c == nil {
+		return out
+	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metricPrefix + name, Help: help}, f)
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + name, Help: help}, f)
+	}
+	return append(out,
+		counter("checkpoint_saves_total", "Checkpoints written to --checkpoint-path.", func() float64 { return float64(c.saves.Load()) }),
+		counter("checkpoint_save_failures_total", "Checkpoint writes that failed (the previous artifact stays).", func() float64 { return float64(c.saveFailures.Load()) }),
+		counter("checkpoint_load_failures_total", "Checkpoints found unusable at startup (truncated, bad checksum, other version), moved aside; the coordinator started cold.", func() float64 { return float64(c.loadFailures) }),
+		gauge("checkpoint_restored_keys", "Ledger keys restored from the checkpoint at startup.", func() float64 { return float64(c.restoredKeys) }),
+		gauge("checkpoint_last_duration_seconds", "Time the last checkpoint took (capture under the ingest lock plus the write).", func() float64 { return time.Duration(c.lastDuration.Load()).Seconds() }),
+		gauge("checkpoint_last_size_bytes", "Payload size of the last checkpoint written.", func() float64 { return float64(c.lastSize.Load()) }),
+		gauge("checkpoint_last_success_timestamp_seconds", "Unix time of the last checkpoint written (0: none yet).", func() float64 { return float64(c.lastSuccess.Load()) / 1e9 }),
+	)
+}
