@@ -69,6 +69,8 @@ type Server struct {
 	dispatchWG sync.WaitGroup
 	// cycleMu serialises eviction cycles (the loop and RunEvictionCycle).
 	cycleMu sync.Mutex
+	// intentMu serialises applyIntent's change-write-undo sequences.
+	intentMu sync.Mutex
 
 	// gate holds the per-emitter seq cursors of both event doors: POST
 	// /events is fenced and deduplicated, POST /quota/events only observed
@@ -313,8 +315,33 @@ func (s *Server) countReset(out eventgate.Outcome) {
 	}
 }
 
+// applyIntent makes one operator-intent change (a quota, the default limit,
+// pins) durable before it returns: apply runs, then the state file is
+// written and fsync'd, so a 200 sent after it survives kill -9. When the
+// write fails the change is undone (quotas and pins restored as they were)
+// and the error is returned for a 500: the caller must not answer 200.
+// Changes are serialised so an undo never discards another write.
+func (s *Server) applyIntent(apply func()) error {
+	s.intentMu.Lock()
+	defer s.intentMu.Unlock()
+	if s.state == nil {
+		apply()
+		return nil
+	}
+	quotas, pins := s.quotas.Snapshot(), s.ledger.Pins()
+	apply()
+	if err := s.state.Save(s.stateSnapshot); err != nil {
+		s.quotas.Restore(quotas)
+		s.ledger.ReplacePins(pins)
+		s.log.Error("writing state file failed; change undone", "path", s.cfg.StateFile, "err", err)
+		return fmt.Errorf("coordinator: state file %s: %w", s.cfg.StateFile, err)
+	}
+	return nil
+}
+
 // persist writes the state file after a quota or pin change. A write
 // failure is logged, never surfaced: the in-memory change already applied.
+// Prefer applyIntent, which fails the request instead.
 func (s *Server) persist() {
 	if s.state == nil {
 		return

@@ -105,3 +105,12 @@ func (l *Ledger) LoadCheckpoint(d *checkpoint.Decoder) int {
 	}
 	return stored
 }
+
+// ReplacePins sets the pin counts to exactly pins, dropping every other pin
+// (undoing a pin change whose state-file write failed).
+func (l *Ledger) ReplacePins(pins []PinCount) {
+	l.mu.Lock()
+	clear(l.pins)
+	l.mu.Unlock()
+	l.RestorePins(pins)
+}
