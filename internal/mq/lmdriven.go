@@ -192,12 +192,60 @@ func (st *state) reapLMDriven(now time.Time) int {
 	regs := st.lmd.takeSilent(now, cfg.WorkerReapTimeout, cfg.WorkerRegistrationGrace)
 	for _, r := range regs {
 		st.s.metrics.ZMQReapedWorkers.Inc()
-		err := r.close()
+		err := st.lmdDrop(r)
 		st.log.Warn("reaped a silent lmcache-driven worker and unmapped its KV cache (counted in lmcache_mp_zmq_reaped_workers_total)",
 			"instance_id", r.instance, "model", r.model, "world_size", r.world, "silent_for", now.Sub(r.lastSeen).Round(time.Millisecond),
 			"had_pinged", r.pinged, "unmap_err", err)
 	}
 	return len(regs)
+}
+
+// lmdAcquireLayout takes a layout reference for an lmcache-driven
+// registration, counted with the engine-driven ones of the same (model,
+// world_size) in st.layouts and the engine: while any registration of
+// either path holds the pair, a registration whose chunk objects have
+// another size is refused (the stored objects would not fit it). Under
+// st.mu, so the two counts move in step (the engine's layout lock is a
+// leaf); st.lmd.mu is not held here.
+func (st *state) lmdAcquireLayout(l engine.Layout) error {
+	lk := layoutKey{l.ModelName, l.WorldSize}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	lr := st.layouts[lk]
+	if lr != nil && lr.refs > 0 && lr.objectBytes != l.ObjectBytes {
+		return fmt.Errorf("%w: layout conflict for (%s, world_size %d): registered chunk objects are %d bytes, this worker's are %d",
+			kvlayout.ErrBadRequest, l.ModelName, l.WorldSize, lr.objectBytes, l.ObjectBytes)
+	}
+	if err := st.s.eng.AcquireLayout(l); err != nil {
+		return fmt.Errorf("register layout: %w", err)
+	}
+	if lr == nil {
+		lr = &layoutRef{objectBytes: l.ObjectBytes}
+		st.layouts[lk] = lr
+	}
+	lr.refs++
+	return nil
+}
+
+// lmdDrop unmaps a registration already taken out of st.lmd (waiting for
+// its transfers) and drops its layout reference: after the last
+// registration of its (model, world_size), of either path, lookups report
+// no hits, unless --register-model gave the pair a layout.
+func (st *state) lmdDrop(r *lmdReg) error {
+	err := r.close()
+	if r.objBytes == 0 { // never acquired (a registration that failed half way)
+		return err
+	}
+	lk := layoutKey{r.model, r.world}
+	st.mu.Lock()
+	if lr := st.layouts[lk]; lr != nil {
+		st.s.eng.ReleaseLayout(r.model, r.world)
+		if lr.refs--; lr.refs <= 0 {
+			delete(st.layouts, lk)
+		}
+	}
+	st.mu.Unlock()
+	return err
 }
 
 func (l *lmDriven) put(r *lmdReg) (old *lmdReg) {
@@ -431,10 +479,10 @@ func (st *state) lmdRegister(req *request) ([]byte, error) {
 	}
 	chunk := int64(st.s.cfg.ChunkSize)
 	// A re-registration replaces the old mapping; the old one is closed
-	// before the new one is opened, so a re-registration of the same
-	// segments never maps them twice.
+	// (and its layout reference dropped) before the new one is opened, so
+	// a re-registration of the same segments never maps them twice.
 	if old := st.lmd.take(d.instance); old != nil {
-		_ = old.close()
+		st.lmdDrop(old)
 	}
 	r := &lmdReg{instance: d.instance, model: d.model, world: d.world,
 		tag: fmt.Sprintf("lmd-instance-%d", d.instance), lastSeen: time.Now()}
@@ -464,20 +512,21 @@ func (st *state) lmdRegister(req *request) ([]byte, error) {
 	}
 	l := r.layout
 	objBytes := l.ObjectBytes(chunk)
-	if prev, err := st.s.eng.Layout(d.model, d.world); err == nil && prev.ObjectBytes != objBytes {
-		st.log.Warn("an lmcache-driven worker's layout replaces a different one; data stored under the old size is not retrievable by this worker",
-			"model", d.model, "world_size", d.world, "old_object_bytes", prev.ObjectBytes, "object_bytes", objBytes)
-	}
 	shape := l.ObjectShape(chunk)
 	meta := map[string]any{"shape": shape, "dtype": l.Dtype, "chunk_size": st.s.cfg.ChunkSize, "num_layers": l.NumLayers,
 		"hidden_dim_size": l.Hidden(), "use_mla": l.MLA(), "format": kvFormat(l.MLA()), "transfer": "lmcache_driven", "paged_format": l.Format.String()}
-	if err := st.s.eng.RegisterLayout(engine.Layout{ModelName: d.model, WorldSize: d.world, ObjectBytes: objBytes, Meta: meta}); err != nil {
+	prev, prevErr := st.s.eng.Layout(d.model, d.world)
+	if err := st.lmdAcquireLayout(engine.Layout{ModelName: d.model, WorldSize: d.world, ObjectBytes: objBytes, Meta: meta}); err != nil {
 		_ = r.close()
-		return wire.Nil, fmt.Errorf("register layout: %w", err)
+		return wire.Nil, fmt.Errorf("instance %d: %w", d.instance, err)
+	}
+	if prevErr == nil && prev.ObjectBytes != objBytes {
+		st.log.Warn("an lmcache-driven worker's layout replaces a different one (from --register-model or an earlier worker); data stored under the old size is not retrievable by this worker",
+			"model", d.model, "world_size", d.world, "old_object_bytes", prev.ObjectBytes, "object_bytes", objBytes)
 	}
 	r.objBytes = objBytes
 	if old := st.lmd.put(r); old != nil { // a concurrent registration from another peer
-		_ = old.close()
+		st.lmdDrop(old)
 	}
 	st.log.Info("worker registered (lmcache-driven, "+backend+")", "instance_id", d.instance, "peer", req.peer.idString(),
 		"model", d.model, "world_size", d.world, "paged_format", l.Format.String(), "layers", l.NumLayers, "blocks", l.NumBlocks,
@@ -495,7 +544,7 @@ func (st *state) lmdUnregister(req *request) ([]byte, error) {
 		st.log.Info("UNREGISTER_KV_CACHE for an unknown instance", "instance_id", int64(inst))
 		return wire.Nil, nil
 	}
-	err := r.close()
+	err := st.lmdDrop(r)
 	st.log.Info("worker unregistered (lmcache-driven)", "instance_id", r.instance, "model", r.model, "world_size", r.world)
 	return wire.Nil, err
 }
