@@ -17,7 +17,7 @@ func TestCoordinatorUpstreamLogFormat(t *testing.T) {
 	port := itoa(freePort(t))
 	p := startEnv(t, "coordinator-upstream-log", []string{"LMCACHE_LOG_FORMAT=upstream"}, "coordinator", "--host", "127.0.0.1", "--port", port)
 	waitOK(t, p, "http://127.0.0.1:"+port+"/healthz")
-	raw, err := os.ReadFile(p.log)
+	raw, err := os.ReadFile(p.Log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,162 +3,52 @@ package deploy
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"go.uber.org/goleak"
-)
 
-// TestMain removes the built binary after the run and checks for leaked
-// goroutines.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binPath != "" {
-		_ = os.RemoveAll(filepath.Dir(binPath))
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+	"github.com/lmcache-go/lmcache/internal/proctest"
+)
 
 // repoRoot is the module root; go test runs in deploy/.
 const repoRoot = ".."
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	binRev    string
-	buildErr  error
-)
+// TestMain removes the built binary after the run and checks for leaked
+// goroutines.
+func TestMain(m *testing.M) { proctest.Main(m) }
 
-// headRev is `git rev-parse HEAD` of the checkout.
-func headRev() (string, error) {
-	out, err := exec.Command("git", "-C", repoRoot, "rev-parse", "HEAD").Output()
-	if err != nil {
-		return "", fmt.Errorf("git rev-parse HEAD: %w", err)
-	}
-	return strings.TrimSpace(string(out)), nil
-}
-
-// lmcacheBin builds cmd/lmcache once, unstamped (no -ldflags), with VCS
-// stamping on whatever GOFLAGS says, and returns it with the HEAD revision
-// it was built at. Others commit to the shared tree while this runs, so a
-// build is retried until HEAD did not move during it.
+// lmcacheBin is the binary built once for this test process, and the HEAD
+// revision it was built at.
 func lmcacheBin(t *testing.T) (string, string) {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "lmcache-deploy-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "lmcache")
-		for range 5 {
-			before, err := headRev()
-			if err != nil {
-				buildErr = err
-				return
-			}
-			cmd := exec.Command("go", "build", "-buildvcs=true", "-o", binPath, "github.com/lmcache-go/lmcache/cmd/lmcache")
-			cmd.Dir = repoRoot
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go build: %w\n%s", err, out)
-				return
-			}
-			after, err := headRev()
-			if err != nil {
-				buildErr = err
-				return
-			}
-			if before == after {
-				binRev = after
-				return
-			}
-		}
-		buildErr = fmt.Errorf("HEAD moved during each of 5 builds")
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath, binRev
+	return proctest.Binary(t)
 }
 
+// freePort is a loopback TCP port that was free a moment ago.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return proctest.FreePort(t)
 }
 
-// proc is one running lmcache process. exec's Cancel/WaitDelay do the
-// clean stop: SIGTERM at cleanup, SIGKILL (and a failure) 30s later.
-type proc struct {
-	log  string // stdout and stderr
-	done chan struct{}
-	err  error // read after done is closed
-}
+// proc is one running lmcache process (internal/proctest).
+type proc = proctest.Proc
 
+// start runs the binary; cleanup stops it and requires a clean exit.
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	return startEnv(t, name, nil, args...)
+	return proctest.Start(t, name, nil, args...)
 }
 
 // startEnv is start with extra environment variables.
 func startEnv(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
-	bin, _ := lmcacheBin(t)
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 30 * time.Second
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		stop()
-		f.Close()
-		t.Fatal(err)
-	}
-	p := &proc{log: logPath, done: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); f.Close(); close(p.done) }()
-	t.Cleanup(func() {
-		stop()
-		<-p.done
-		// Wait reports the cancellation itself; the exit status says
-		// whether the stop was clean.
-		if !cmd.ProcessState.Success() {
-			t.Errorf("%s: %v, %v (want a clean exit on SIGTERM)", name, p.err, cmd.ProcessState)
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("--- %s log ---\n%s", name, b)
-		}
-	})
-	return p
+	return proctest.Start(t, name, env, args...)
 }
 
 // waitOK polls url until it answers 200, failing after a minute or when
@@ -176,8 +66,8 @@ func waitOK(t *testing.T, p *proc, url string) {
 			}
 		}
 		select {
-		case <-p.done:
-			t.Fatalf("process exited (%v) before %s answered 200", p.err, url)
+		case <-p.Done():
+			t.Fatalf("process exited (%v) before %s answered 200", p.Err(), url)
 		default:
 		}
 		if time.Now().After(deadline) {

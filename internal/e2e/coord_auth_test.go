@@ -119,12 +119,12 @@ func TestCoordAuthFleetEviction(t *testing.T) {
 		t.Fatalf("dispatch metrics:\n%s", metrics.String())
 	}
 
-	srv.stop(t)
-	coord.stop(t)
+	srv.Stop(t)
+	coord.Stop(t)
 	for _, p := range []*proc{coord, srv} {
-		out := p.output(t)
+		out := p.Output(t)
 		if strings.Contains(out, coordTok) || strings.Contains(out, mpTok) {
-			t.Errorf("%s log contains a token", p.name)
+			t.Errorf("%s log contains a token", p.Name)
 		}
 	}
 }

@@ -42,8 +42,8 @@ func TestCoordinatorHelpHealthzAndSignals(t *testing.T) {
 		if string(body) != `{"status":"healthy"}` {
 			t.Fatalf("GET /healthz = %s", body)
 		}
-		p.stopWith(t, sig) // fails the test unless the exit status is 0
-		if out := p.output(t); !strings.Contains(out, "MP coordinator listening on "+base) {
+		p.StopWith(t, sig) // fails the test unless the exit status is 0
+		if out := p.Output(t); !strings.Contains(out, "MP coordinator listening on "+base) {
 			t.Fatalf("%v: startup log missing:\n%s", sig, out)
 		}
 	}

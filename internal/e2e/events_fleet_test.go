@@ -69,7 +69,7 @@ func TestEventsFleetUsageThroughEvents(t *testing.T) {
 	coordURL := "http://127.0.0.1:" + itoa(coordPort)
 	coord := start(t, "coordinator", []string{"LMCACHE_MP_COORDINATOR_ENABLE_STARTUP_RESYNC=false"},
 		"coordinator", "--host", "127.0.0.1", "--port", itoa(coordPort), "--eviction-check-interval", "0", "--chunk-size", itoa(chunkSize))
-	defer coord.stop(t)
+	defer coord.Stop(t)
 	waitFor(t, "coordinator healthz", healthy(coordURL+"/healthz"))
 	usage := func() int64 {
 		var q quotaView
@@ -100,10 +100,10 @@ func TestEventsFleetUsageThroughEvents(t *testing.T) {
 		first.EventStream.Duplicates != 0 || first.EventStream.Stale != 0 || first.EventStream.GapDetected {
 		t.Fatalf("streams after the first server: events %+v quota %+v", first.EventStream, first.QuotaEventStream)
 	}
-	srv.stop(t)
+	srv.Stop(t)
 
 	srv, server = startEventServer(t, coordURL, dir)
-	defer srv.stop(t)
+	defer srv.Stop(t)
 	storeChunks(t, server, 1000)
 	waitFor(t, "the restarted server's stores", func() bool { return usage() == 16*objectBytes })
 	second := row()
@@ -185,7 +185,7 @@ func TestEventsFleetFallsBackToQuotaEvents(t *testing.T) {
 	hs := httptest.NewServer(stand)
 	defer hs.Close()
 	srv, server := startEventServer(t, hs.URL, t.TempDir(), "--coordinator-event-endpoint", "auto")
-	defer srv.stop(t)
+	defer srv.Stop(t)
 	storeChunks(t, server, 0)
 	storeChunks(t, server, 500)
 	waitFor(t, "stores recorded through /quota/events", func() bool {

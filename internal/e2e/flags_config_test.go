@@ -121,5 +121,5 @@ func TestServerLogFormatUpstream(t *testing.T) {
 	waitFor(t, "healthcheck", healthy("http://127.0.0.1:"+itoa(httpPort)+"/healthcheck"))
 	line := regexp.MustCompile(`(?m)^\x1b\[32;20m\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] LMCache INFO:\x1b\[0m lmcache server started http=127\.0\.0\.1:` +
 		itoa(httpPort) + ` zmq=\S+ pool=\S* \x1b\[3m\(server\.go:\d+:lmcache\)\x1b\[0m$`)
-	waitFor(t, "the started line", func() bool { return line.MatchString(p.output(t)) })
+	waitFor(t, "the started line", func() bool { return line.MatchString(p.Output(t)) })
 }

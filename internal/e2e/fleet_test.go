@@ -6,31 +6,18 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/proctest"
 	"github.com/lmcache-go/lmcache/internal/s3test"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binPath != "" {
-		_ = os.RemoveAll(filepath.Dir(binPath))
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+// TestMain removes the built binary after the run and checks for leaked
+// goroutines.
+func TestMain(m *testing.M) { proctest.Main(m) }
 
 const (
 	chunkSize   = 16
@@ -189,7 +176,7 @@ func TestFleetEvictionResyncAndWarmPrefetch(t *testing.T) {
 	}
 
 	// A restarted coordinator resyncs usage from the servers' bucket listing.
-	coord.stop(t)
+	coord.Stop(t)
 	startCoordinator("coordinator-restarted")
 	waitFor(t, "servers re-registered", registered)
 	wantBytes := int64(len(names)) * objectBytes

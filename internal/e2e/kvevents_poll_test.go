@@ -72,7 +72,7 @@ func TestKVEventsPollOverflowAndRestart(t *testing.T) {
 	if p := w.poll(p.Next, 4096); p.Lost || len(p.Records) != 0 || p.Next != 112 {
 		t.Fatalf("poll after the resync: %+v", p)
 	}
-	srv.stop(t)
+	srv.Stop(t)
 
 	_, w2 := startPollServer(t, "poll-b", 64)
 	if p := w2.poll(112, 10); !p.Lost || p.Next != 0 || p.Incarnation == incarnation {

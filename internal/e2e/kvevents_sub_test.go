@@ -202,7 +202,7 @@ func TestKVEventsPythonSubscriber(t *testing.T) {
 	var pubEndpoint string
 	re := regexp.MustCompile(`KV events publisher running.* endpoint=(tcp://127\.0\.0\.1:\d+)`)
 	waitFor(t, "the publisher's endpoint in the log", func() bool {
-		m := re.FindStringSubmatch(srv.output(t))
+		m := re.FindStringSubmatch(srv.Output(t))
 		if m != nil {
 			pubEndpoint = m[1]
 		}

@@ -3,117 +3,35 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lmcache-go/lmcache/internal/proctest"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// proc is one running lmcache process (internal/proctest).
+type proc = proctest.Proc
 
-// lmcacheBin builds cmd/lmcache once per test binary run.
+// lmcacheBin is the binary built once for this test process.
 func lmcacheBin(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "lmcache-e2e-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "lmcache")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/lmcache-go/lmcache/cmd/lmcache").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	bin, _ := proctest.Binary(t)
+	return bin
 }
 
-// proc is one running lmcache process; its output goes to a file that is
-// printed if the test fails.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	// done is closed when the process has exited; err is its exit error,
-	// read only after done is closed.
-	done chan struct{}
-	err  error
-}
-
+// start runs the binary; cleanup stops it and requires a clean exit.
 func start(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(lmcacheBin(t), args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); f.Close(); close(p.done) }()
-	t.Cleanup(func() {
-		p.stop(t)
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("--- %s log ---\n%s", name, tail(b, 6000))
-		}
-	})
-	return p
+	return proctest.Start(t, name, env, args...)
 }
 
-// stop sends SIGTERM and waits; a process that ignores it is killed, and
-// that counts as a failure (shutdown must be clean).
-func (p *proc) stop(t *testing.T) { p.stopWith(t, syscall.SIGTERM) }
-
-// stopWith is stop with another signal. A process that already exited is
-// left alone.
-func (p *proc) stopWith(t *testing.T, sig syscall.Signal) {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(sig)
-	select {
-	case <-p.done:
-		if p.err != nil {
-			t.Errorf("%s exited with %v after %v", p.name, p.err, sig)
-		}
-	case <-time.After(30 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		t.Errorf("%s did not stop within 30s of %v", p.name, sig)
-	}
-}
-
-// output is what the process has written to stdout and stderr so far.
-func (p *proc) output(t *testing.T) string {
+// freePort is a loopback TCP port that was free a moment ago.
+func freePort(t *testing.T) int {
 	t.Helper()
-	b, err := os.ReadFile(p.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	return proctest.FreePort(t)
 }
 
 func tail(b []byte, n int) []byte {
@@ -121,16 +39,6 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 var client = &http.Client{Timeout: 30 * time.Second}

@@ -50,7 +50,7 @@ func TestSecurityHostileHeaders(t *testing.T) {
 	addr := "127.0.0.1:" + itoa(httpPort)
 	srv := start(t, "server", nil, "server", "--http-port", itoa(httpPort), "--port", itoa(freePort(t)), "--l1-size-gb", "0.0625")
 	waitFor(t, "healthcheck", healthy("http://"+addr+"/healthcheck"))
-	pid := srv.cmd.Process.Pid
+	pid := srv.Cmd.Process.Pid
 	base := vmRSS(t, pid)
 	t.Logf("RSS at start: %d MiB", base>>20)
 

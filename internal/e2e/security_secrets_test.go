@@ -114,8 +114,8 @@ func TestSecuritySecretsNeverLeave(t *testing.T) {
 	}
 	bodies = append(bodies, "/run_script\n"+string(out))
 
-	srv.stop(t)
-	logs := srv.output(t)
+	srv.Stop(t)
+	logs := srv.Output(t)
 	if !strings.Contains(logs, "run_script output") || !strings.Contains(logs, "lmcache server configuration") || !strings.Contains(logs, s3.Bucket) {
 		t.Fatalf("DEBUG log lacks the script output or the configuration line:\n%s", tail([]byte(logs), 3000))
 	}

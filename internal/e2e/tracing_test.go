@@ -48,7 +48,7 @@ func traceRun(t *testing.T, level string) []otlptest.Span {
 	if level == "storage" {
 		rcv.WaitFor(t, 30*time.Second, "l2.store span", func(s []otlptest.Span) bool { return len(otlptest.Named(s, "l2.store")) > 0 })
 	}
-	p.stop(t) // SIGTERM: the server flushes its spans before exiting
+	p.Stop(t) // SIGTERM: the server flushes its spans before exiting
 	return rcv.WaitFor(t, 30*time.Second, "LOOKUP and store spans", func(s []otlptest.Span) bool {
 		return len(otlptest.Named(s, "LOOKUP")) == 1 && len(otlptest.Named(s, "POST /api/kv/store")) == 1
 	})
@@ -57,7 +57,7 @@ func traceRun(t *testing.T, level string) []otlptest.Span {
 // TestTracingOTLPExport: with --enable-tracing the real binary exports, over
 // OTLP/gRPC, a LOOKUP span (model, token and chunk counts, no token ids), an
 // HTTP store span named by its route and, at level storage, the write-behind
-// l2.store span (adapter, keys, bytes).
+// l2.store span (adapter, keys, bytes) as a child of the store request.
 func TestTracingOTLPExport(t *testing.T) {
 	spans := traceRun(t, "storage")
 	look := otlptest.Named(spans, "LOOKUP")[0]
@@ -74,8 +74,11 @@ func TestTracingOTLPExport(t *testing.T) {
 		t.Errorf("store span attrs %v", st.Attrs)
 	}
 	l2 := otlptest.Named(spans, "l2.store")[0]
-	if l2.Attrs["lmcache.l2.adapter"] != "fs" || l2.Attrs["lmcache.l2.keys"] == "" || l2.Attrs["lmcache.bytes"] == "" {
+	if l2.Attrs["lmcache.l2.adapter"] != "fs" || l2.Attrs["lmcache.l2.keys"] != "8" || l2.Attrs["lmcache.bytes"] != itoa(8*8192) {
 		t.Errorf("l2.store attrs %v", l2.Attrs)
+	}
+	if l2.ParentID != st.SpanID || l2.TraceID != st.TraceID {
+		t.Errorf("l2.store parent %s trace %s, want the store request's span %s of trace %s", l2.ParentID, l2.TraceID, st.SpanID, st.TraceID)
 	}
 }
 

@@ -1,0 +1,219 @@
+// Package proctest runs the real lmcache binary in tests: it builds
+// cmd/lmcache once per test process, starts it as child processes with
+// their output in a log file, stops them cleanly at cleanup (a process that
+// does not exit 0 on SIGTERM fails the test) and removes the build when
+// the tests are done. deploy/ and internal/e2e share it.
+package proctest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// StopTimeout is how long a stopped process may take to exit before it is
+// killed (and the test fails).
+const StopTimeout = 30 * time.Second
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	binRev    string
+	buildErr  error
+)
+
+// Main runs the package's tests, removes the built binary, and fails the
+// run if goroutines leaked: call it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// headRev is `git rev-parse HEAD` of the checkout the test runs in.
+func headRev() (string, error) {
+	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		return "", fmt.Errorf("git rev-parse HEAD: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Binary builds cmd/lmcache once, unstamped (no -ldflags) with VCS
+// stamping on, and returns its path and the HEAD revision it was built at.
+// Others may commit to a shared tree while it builds, so the build is
+// retried until HEAD did not move during it.
+func Binary(t testing.TB) (path, rev string) {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "lmcache-proctest-")
+		if err != nil {
+			buildErr = fmt.Errorf("temp dir: %w", err)
+			return
+		}
+		binPath = filepath.Join(dir, "lmcache")
+		for range 5 {
+			before, err := headRev()
+			if err != nil {
+				buildErr = err
+				return
+			}
+			out, err := exec.Command("go", "build", "-buildvcs=true", "-o", binPath, "github.com/lmcache-go/lmcache/cmd/lmcache").CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("go build: %w\n%s", err, out)
+				return
+			}
+			after, err := headRev()
+			if err != nil {
+				buildErr = err
+				return
+			}
+			if before == after {
+				binRev = after
+				return
+			}
+		}
+		buildErr = errors.New("HEAD moved during each of 5 builds")
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath, binRev
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Proc is one running lmcache process.
+type Proc struct {
+	// Name labels the process in failures and names its log file.
+	Name string
+	// Cmd is the running command (its Process for signals and the pid).
+	Cmd *exec.Cmd
+	// Log is the file holding the process's stdout and stderr.
+	Log  string
+	done chan struct{}
+	err  error // read only after done is closed
+}
+
+// Start runs the binary with args and extra environment variables. At
+// cleanup a process still running gets SIGTERM and must exit 0 within
+// StopTimeout; one that already exited must have exited 0 (unless the
+// test stopped it itself); on failure the log's tail is printed.
+func Start(t testing.TB, name string, env []string, args ...string) *Proc {
+	t.Helper()
+	bin, _ := Binary(t)
+	logPath := filepath.Join(t.TempDir(), name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	p := &Proc{Name: name, Cmd: cmd, Log: logPath, done: make(chan struct{})}
+	go func() { p.err = cmd.Wait(); f.Close(); close(p.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+			if p.err != nil {
+				t.Errorf("%s exited on its own: %v", name, p.err)
+			}
+		default:
+			p.Stop(t)
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("--- %s log ---\n%s", name, tail(b, 6000))
+		}
+	})
+	return p
+}
+
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Err is the process's exit error; call it after Done is closed.
+func (p *Proc) Err() error {
+	<-p.done
+	return p.err
+}
+
+// Stop sends SIGTERM and waits; see StopWith.
+func (p *Proc) Stop(t testing.TB) { p.StopWith(t, syscall.SIGTERM) }
+
+// StopWith sends sig and waits for the exit, which must be status 0; a
+// process still running after StopTimeout is killed and fails the test.
+// A process that already exited is left alone (and its exit is not
+// checked again at cleanup).
+func (p *Proc) StopWith(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.Cmd.Process.Signal(sig)
+	ctx, cancel := context.WithTimeout(context.Background(), StopTimeout)
+	defer cancel()
+	select {
+	case <-p.done:
+		if p.err != nil {
+			t.Errorf("%s exited with %v after %v", p.Name, p.err, sig)
+		}
+	case <-ctx.Done():
+		_ = p.Cmd.Process.Kill()
+		<-p.done
+		t.Errorf("%s did not stop within %v of %v", p.Name, StopTimeout, sig)
+	}
+	// Reported here: cleanup must not report the same exit again.
+	p.err = nil
+}
+
+// Output is what the process has written to stdout and stderr so far.
+func (p *Proc) Output(t testing.TB) string {
+	t.Helper()
+	b, err := os.ReadFile(p.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
