@@ -5,6 +5,7 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/kvcopy"
 	"github.com/lmcache-go/lmcache/internal/mq"
@@ -37,7 +39,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // TestLMDMappingsReleased: every kvcopy mapping is released on
 // UNREGISTER_KV_CACHE, when the reaper drops a silent worker (counted in
-// lmcache_mp_zmq_reaped_workers_total), and when the server stops.
+// lmcache_mp_zmq_reaped_workers_total; the layout reference goes with it),
+// and when the server stops.
 func TestLMDMappingsReleased(t *testing.T) {
 	base := kvcopy.OpenMappings()
 	h := start(t, opts{mq: func(c *mq.Config) {
@@ -75,6 +78,10 @@ func TestLMDMappingsReleased(t *testing.T) {
 	}
 	if b, err := c.Call(wire.OpPing, wire.EncodeInt(8)); err != nil || !bytes.Equal(b, wire.EncodeInt(2)) {
 		t.Fatalf("PING of the reaped instance = %x %v, want 2 (untracked)", b, err)
+	}
+	// The reaped registration was the last holder of the model's layout.
+	if _, err := h.eng.Layout("m", 1); !errors.Is(err, engine.ErrNoLayout) {
+		t.Fatalf("engine layout after the reap: %v, want ErrNoLayout", err)
 	}
 
 	register(9)
