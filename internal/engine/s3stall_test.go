@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/l2/s3"
+	"github.com/lmcache-go/lmcache/internal/manualclock"
 	"github.com/lmcache-go/lmcache/internal/s3test"
 )
 
@@ -34,7 +34,7 @@ func TestLookupBudgetStalledS3(t *testing.T) {
 	cfg.AccessKeyID, cfg.SecretAccessKey = srv.AccessKey, srv.SecretKey
 	const opTimeout, waitDeadline, cooldown = 40 * time.Second, 20 * time.Second, 10 * time.Second
 	cfg.MaxAttempts, cfg.OpTimeout = 1, opTimeout
-	clk := &manualClock{now: time.Unix(1_700_000_000, 0)}
+	clk := manualclock.New(time.Unix(1_700_000_000, 0))
 	cfg.SlowCall, cfg.BreakerCooldown, cfg.Now = time.Second, cooldown, clk.Now
 	a, err := s3.New(context.Background(), cfg)
 	if err != nil {
@@ -193,25 +193,4 @@ func TestLookupBudgetStalledS3(t *testing.T) {
 	if r := lookup("healed"); r.PrefixChunks != 4 || r.L2Keys != 1 || r.Err != nil {
 		t.Fatalf("lookup once the breaker closed: %+v; want chunk 3 loaded from S3", r)
 	}
-}
-
-// manualClock is the S3 breaker's clock in tests: its cool-down passes
-// only when the test advances it.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-// Now is the clock's current time.
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Advance moves the clock forward by d.
-func (c *manualClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/l2test"
 	"github.com/lmcache-go/lmcache/internal/l2/s3"
+	"github.com/lmcache-go/lmcache/internal/manualclock"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/s3test"
 )
@@ -52,29 +53,11 @@ func (o *outage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	o.next.ServeHTTP(w, r)
 }
 
-// clock is a manual clock for the breaker's cool-down.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
-func breakerSetup(t *testing.T) (*s3.Adapter, *outage, *clock) {
+func breakerSetup(t *testing.T) (*s3.Adapter, *outage, *manualclock.Clock) {
 	o := newOutage()
 	srv := s3test.FakeWith(t, func(h http.Handler) http.Handler { o.next = h; return o })
 	t.Cleanup(func() { close(o.release) })
-	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	clk := manualclock.New(time.Unix(1_700_000_000, 0))
 	c := configFor(srv, srv.Bucket)
 	c.MaxAttempts = 2
 	c.BreakerThreshold = 3
@@ -221,7 +204,7 @@ func TestCallerCancelDoesNotTrip(t *testing.T) {
 // is counted slow and reopens the breaker; once S3 answers again a probe
 // closes it.
 func TestBreakerOpensOnSlowCalls(t *testing.T) {
-	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	clk := manualclock.New(time.Unix(1_700_000_000, 0))
 	a, o := stallSetup(t, func(c *s3.Config) { c.BreakerCooldown, c.Now = 10*time.Second, clk.Now })
 	keys := l2test.Keys(t, 1, "")
 
@@ -400,7 +383,7 @@ func storeOne(t *testing.T, a *s3.Adapter) ([]objkey.Key, [][]byte) {
 // probe cut the same way reopens it; a probe S3 answers closes it. A
 // caller that cancels (rather than runs out of time) still counts nothing.
 func TestBreakerOpensOnDeadlineCutLookups(t *testing.T) {
-	clk := &clock{now: time.Unix(1_700_000_000, 0)}
+	clk := manualclock.New(time.Unix(1_700_000_000, 0))
 	a, o := stallSetup(t, func(c *s3.Config) { c.SlowCall, c.BreakerCooldown, c.Now = time.Hour, 10*time.Second, clk.Now })
 	keys := l2test.Keys(t, 4, "")
 	budgeted := func() ([]bool, error) {
