@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -158,11 +159,31 @@ func TestRegisterHeartbeatReregisterDeregister(t *testing.T) {
 	}
 }
 
+// downUntilOpened is a listener that, until opened, closes every
+// connection it accepts (the client sees no coordinator) and afterwards
+// hands them to the server. The address stays bound throughout, so the
+// coordinator "comes up" on it without racing anything else for the port.
+type downUntilOpened struct {
+	net.Listener
+	up atomic.Bool
+}
+
+func (l *downUntilOpened) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.up.Load() {
+			return c, err
+		}
+		c.Close()
+	}
+}
+
 func TestRandomInstanceIDAndRetryWhileDown(t *testing.T) {
-	// Reserve an address, free it, and bring the coordinator up later.
-	ln := listen(t)
+	// The coordinator's address refuses service until the client has
+	// failed three times, then the coordinator comes up on it.
+	ln := &downUntilOpened{Listener: listen(t)}
 	addr := ln.Addr().String()
-	ln.Close()
+	base := startCoordinator(t, ln)
 	reg := periodic.NewRegistry()
 	c, err := coordclient.New(coordclient.Config{URL: "http://" + addr, HTTPPort: 8080, HeartbeatInterval: 20 * time.Millisecond, Periodic: reg, Logger: quiet})
 	if err != nil {
@@ -180,11 +201,7 @@ func TestRandomInstanceIDAndRetryWhileDown(t *testing.T) {
 	if c.Registered() {
 		t.Fatal("registered with no coordinator")
 	}
-	ln2, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Skipf("address %s taken meanwhile: %v", addr, err)
-	}
-	base := startCoordinator(t, ln2)
+	ln.up.Store(true)
 	waitFor(t, "registration after the coordinator came up", func() bool {
 		l := instances(t, base)
 		return len(l) == 1 && l[0].InstanceID == id
