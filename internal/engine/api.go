@@ -22,6 +22,8 @@ import (
 	"os"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
@@ -241,6 +243,9 @@ type PrefetchRequest struct {
 	// leaves; otherwise they are temporary (Config.L2PrefetchPolicy retain
 	// forces this on).
 	Retain bool
+	// Trace is the request span that asked (a LOOKUP, an HTTP route); the
+	// job's L2 spans are its children. The zero value: none.
+	Trace trace.SpanContext
 }
 
 // PrefetchResult is the outcome of a prefetch job.

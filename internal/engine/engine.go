@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lmcache-go/lmcache/internal/eviction"
 	"github.com/lmcache-go/lmcache/internal/l1"
 	"github.com/lmcache-go/lmcache/internal/l2"
@@ -323,8 +325,15 @@ func toSlots(ls []l1.Slot) []Slot {
 // reservation yields an error wrapping ErrWrongState after the others are
 // committed.
 func (e *Engine) CommitWrite(tag string, keys []objkey.Key) (int, error) {
+	return e.CommitWriteContext(context.Background(), tag, keys)
+}
+
+// CommitWriteContext is CommitWrite whose write-behind uploads' spans join
+// the trace of ctx's span (the COMMIT_STORE request); ctx is not kept and
+// its cancellation does not affect the uploads.
+func (e *Engine) CommitWriteContext(ctx context.Context, tag string, keys []objkey.Key) (int, error) {
 	res := e.table.Commit(tag, keys, l1.CommitOpts{Pins: len(e.adapters)})
-	e.published(res.Published)
+	e.published(res.Published, trace.SpanContextFromContext(ctx))
 	if res.Expired > 0 {
 		return res.Committed, fmt.Errorf("%w: %d reservations expired before commit", ErrWrongState, res.Expired)
 	}
@@ -333,7 +342,7 @@ func (e *Engine) CommitWrite(tag string, keys []objkey.Key) (int, error) {
 
 // published accounts new resident objects, notifies listeners and queues
 // write-behind (each handle carries one pin per adapter).
-func (e *Engine) published(hs []l1.Handle) {
+func (e *Engine) published(hs []l1.Handle, sc trace.SpanContext) {
 	if len(hs) == 0 {
 		return
 	}
@@ -344,7 +353,7 @@ func (e *Engine) published(hs []l1.Handle) {
 	}
 	e.st.l1Write.addKeys(keys, 1)
 	e.notify(func(l L1Listener) { l.OnL1Stored(keys, sizes) })
-	e.store.enqueue(hs)
+	e.store.enqueue(hs, sc)
 }
 
 // AbortWrite drops tag's staged objects for keys (a failed transfer).
@@ -399,6 +408,12 @@ func (e *Engine) Clear() ClearResult {
 // resident are skipped. It reserves, copies and commits as one batch and
 // returns how many keys were written.
 func (e *Engine) Put(keys []objkey.Key, data [][]byte) (int, error) {
+	return e.PutContext(context.Background(), keys, data)
+}
+
+// PutContext is Put whose write-behind uploads' spans join the trace of
+// ctx's span (the HTTP store request); ctx is not kept.
+func (e *Engine) PutContext(ctx context.Context, keys []objkey.Key, data [][]byte) (int, error) {
 	if len(keys) != len(data) {
 		return 0, fmt.Errorf("%w: %d keys but %d payloads", ErrInvalid, len(keys), len(data))
 	}
@@ -419,7 +434,7 @@ func (e *Engine) Put(keys []objkey.Key, data [][]byte) (int, error) {
 		}
 	}
 	res := e.table.Commit(tag, staged, l1.CommitOpts{Pins: len(e.adapters)})
-	e.published(res.Published)
+	e.published(res.Published, trace.SpanContextFromContext(ctx))
 	return len(res.Published), nil
 }
 

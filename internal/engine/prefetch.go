@@ -13,6 +13,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/tracing"
 )
 
 // Prefetch jobs (upstream's PrefetchController).
@@ -197,6 +198,7 @@ func (e *Engine) runJob(ctx context.Context, j *job) {
 }
 
 func (e *Engine) loadL2(ctx context.Context, j *job) {
+	ctx = tracing.Follow(ctx, j.req.Trace)
 	j.flat = make([]objkey.Key, 0, j.total)
 	j.chunkOf = make([]int, 0, j.total)
 	for c, ks := range j.req.Chunks {

@@ -8,9 +8,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lmcache-go/lmcache/internal/l1"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/tracing"
 )
 
 // Write-behind (upstream's StoreController with retries).
@@ -40,8 +43,9 @@ const (
 // storeObj tracks one object across all adapters.
 type storeObj struct {
 	h         l1.Handle
-	remaining atomic.Int32 // adapters not yet done with it
-	failed    atomic.Bool  // some adapter abandoned it
+	remaining atomic.Int32      // adapters not yet done with it
+	failed    atomic.Bool       // some adapter abandoned it
+	trace     trace.SpanContext // the request that stored it (tracing)
 }
 
 type storeItem struct {
@@ -131,7 +135,7 @@ func newStoreCtl(e *Engine) *storeCtl {
 }
 
 // enqueue queues freshly published objects (each pinned once per adapter).
-func (s *storeCtl) enqueue(hs []l1.Handle) {
+func (s *storeCtl) enqueue(hs []l1.Handle, sc trace.SpanContext) {
 	if len(s.qs) == 0 {
 		return
 	}
@@ -149,7 +153,7 @@ func (s *storeCtl) enqueue(hs []l1.Handle) {
 	objs := make([]*storeObj, len(hs))
 	keys := make([]objkey.Key, len(hs))
 	for i, h := range hs {
-		objs[i] = &storeObj{h: h}
+		objs[i] = &storeObj{h: h, trace: sc}
 		objs[i].remaining.Store(int32(len(s.qs)))
 		keys[i] = h.Key()
 	}
@@ -219,7 +223,11 @@ func (s *storeCtl) upload(ctx context.Context, i int, batch []*storeItem) {
 	keys := make([]objkey.Key, len(batch))
 	objs := make([][]byte, len(batch))
 	var bytes int64
+	var parents []trace.SpanContext
 	for j, it := range batch {
+		if it.obj.trace.IsValid() {
+			parents = append(parents, it.obj.trace)
+		}
 		sl := it.obj.h.Slot()
 		keys[j], objs[j] = it.obj.h.Key(), e.pool.Bytes(sl.Offset, sl.Size)
 		bytes += sl.Size
@@ -229,7 +237,7 @@ func (s *storeCtl) upload(ctx context.Context, i int, batch []*storeItem) {
 	}
 	st.storeSubmitted.Add(1)
 	st.inflightStores.Add(1)
-	err := e.adapters[i].Store(ctx, keys, objs)
+	err := e.adapters[i].Store(tracing.Follow(ctx, parents...), keys, objs)
 	st.inflightStores.Add(-1)
 	if err == nil {
 		// Pins go first, so whoever sees the completion counters move also

@@ -66,6 +66,9 @@ type Engine interface {
 	WaitPrefetch(ctx context.Context, id string) (engine.PrefetchResult, error)
 	ReleaseRead(owner string, keys []objkey.Key, n int) int
 	Put(keys []objkey.Key, data [][]byte) (int, error)
+	// PutContext is Put; ctx's span (the request's) is the parent of the
+	// write-behind uploads' spans.
+	PutContext(ctx context.Context, keys []objkey.Key, data [][]byte) (int, error)
 	Get(keys []objkey.Key) ([][]byte, error)
 
 	Reconfigure(ctx context.Context, index int, op string, args map[string]any) (map[string]any, error)

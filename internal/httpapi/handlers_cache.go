@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
@@ -189,7 +191,7 @@ func (s *Server) handleSubmitPrefetch(w http.ResponseWriter, r *http.Request) er
 		return nil
 	}
 	id := newRequestID()
-	if err := e.Prefetch(engine.PrefetchRequest{ID: id, Chunks: chunks, Readers: 0, Sparse: true, Retain: true}); err != nil {
+	if err := e.Prefetch(engine.PrefetchRequest{ID: id, Chunks: chunks, Readers: 0, Sparse: true, Retain: true, Trace: trace.SpanContextFromContext(r.Context())}); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusAccepted, PrefetchSubmitResponse{RequestID: id, Chunks: len(chunks), Status: "submitted"})

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/objkey"
@@ -367,7 +369,7 @@ func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
 	}
 	stored := 0
 	if len(keys) > 0 {
-		if stored, err = e.Put(keys, data); err != nil {
+		if stored, err = e.PutContext(r.Context(), keys, data); err != nil {
 			return err
 		}
 	}
@@ -386,7 +388,7 @@ func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
 // caller releases the locks of the prefix with release.
 func (s *Server) kvProbe(r *http.Request, e Engine, chunks [][]objkey.Key) (engine.PrefetchResult, func(), error) {
 	id := "kvapi-" + newRequestID()
-	if err := e.Prefetch(engine.PrefetchRequest{ID: id, Chunks: chunks, Readers: 1}); err != nil {
+	if err := e.Prefetch(engine.PrefetchRequest{ID: id, Chunks: chunks, Readers: 1, Trace: trace.SpanContextFromContext(r.Context())}); err != nil {
 		return engine.PrefetchResult{}, nil, err
 	}
 	res, err := e.WaitPrefetch(r.Context(), id)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tinylib/msgp/msgp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
@@ -62,7 +63,7 @@ func (st *state) lookup(req *request) ([]byte, error) {
 	st.mu.Lock()
 	delete(st.noJob, key.RequestID) // a new lookup replaces an unconsumed answer
 	st.mu.Unlock()
-	if started, err := st.startPrefetch(key, readers); !started {
+	if started, err := st.startPrefetch(key, readers, req.span); !started {
 		st.mu.Lock()
 		st.noJob[key.RequestID] = time.Now()
 		st.mu.Unlock()
@@ -72,7 +73,7 @@ func (st *state) lookup(req *request) ([]byte, error) {
 }
 
 // startPrefetch starts LOOKUP's engine job; false means no job was started.
-func (st *state) startPrefetch(key *wire.Key, readers int) (bool, error) {
+func (st *state) startPrefetch(key *wire.Key, readers int, parent trace.SpanContext) (bool, error) {
 	// The engine knows a layout once a worker registered (model,
 	// world_size), or from --register-model before any worker did (a
 	// restarted server over a populated L2). Without one nothing can hit.
@@ -96,7 +97,7 @@ func (st *state) startPrefetch(key *wire.Key, readers int) (bool, error) {
 	for i := range chunks {
 		chunks[i] = flat[i*world : (i+1)*world : (i+1)*world]
 	}
-	if err := st.s.eng.Prefetch(engine.PrefetchRequest{ID: key.RequestID, Chunks: chunks, Readers: readers}); err != nil {
+	if err := st.s.eng.Prefetch(engine.PrefetchRequest{ID: key.RequestID, Chunks: chunks, Readers: readers, Trace: parent}); err != nil {
 		return false, fmt.Errorf("prefetch: %w", err)
 	}
 	if st.s.cfg.Metrics != nil {

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/periodic"
@@ -597,6 +598,9 @@ type request struct {
 	// into; release returns it. No handler keeps a key's TokenIDs past
 	// its request (sessions hold their own uint32 copy).
 	tokens *[]wire.Int
+	// span is the request's trace span when it is traced (tracing.go):
+	// the parent of the L2 work it starts.
+	span trace.SpanContext
 }
 
 // tokenBufs recycles key token-id buffers: a 32k-token key is 256 KiB of

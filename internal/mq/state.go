@@ -718,7 +718,7 @@ func (st *state) commitStore(req *request) ([]byte, error) {
 	if w == nil {
 		return wire.False, fmt.Errorf("COMMIT_STORE without a pending PREPARE_STORE for [%d, %d)", key.Start, key.End)
 	}
-	n, err := st.s.eng.CommitWrite(w.tag, w.keys)
+	n, err := st.commitWrite(req, w.tag, w.keys)
 	if err != nil {
 		return wire.False, fmt.Errorf("commit %d chunks (%d published): %w", len(w.keys), n, err)
 	}

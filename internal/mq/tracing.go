@@ -5,6 +5,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/tracing"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
@@ -25,7 +26,25 @@ func (st *state) traceStart(ctx context.Context, req *request) (context.Context,
 	if !tracedOp(req.op) {
 		return ctx, trace.SpanFromContext(context.Background())
 	}
-	return tracing.Request(ctx, req.op.EnumName())
+	ctx, span := tracing.Request(ctx, req.op.EnumName())
+	req.span = span.SpanContext()
+	return ctx, span
+}
+
+// contextCommitter is the engine's COMMIT_STORE that takes the request's
+// span as the parent of the write-behind uploads' spans (*engine.Engine has
+// it; a wrapper that only implements Engine commits untraced).
+type contextCommitter interface {
+	CommitWriteContext(ctx context.Context, tag string, keys []objkey.Key) (int, error)
+}
+
+// commitWrite publishes a COMMIT_STORE's staged keys; when the request is
+// traced, its uploads to L2 join its trace.
+func (st *state) commitWrite(req *request, tag string, keys []objkey.Key) (int, error) {
+	if cc, ok := st.s.eng.(contextCommitter); ok && req.span.IsValid() {
+		return cc.CommitWriteContext(trace.ContextWithSpanContext(context.Background(), req.span), tag, keys)
+	}
+	return st.s.eng.CommitWrite(tag, keys)
 }
 
 // traceEnd annotates and ends req's span. The key is decoded again only

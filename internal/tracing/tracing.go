@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -193,7 +194,12 @@ func Storage(ctx context.Context, name string) (context.Context, trace.Span) {
 	if st == nil || st.level < LevelStorage {
 		return ctx, noSpan
 	}
-	return st.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal))
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
+	if l := links(ctx); l != nil {
+		opts = append(opts, trace.WithLinks(l...))
+		ctx = context.WithValue(ctx, followKey{}, nil) // the links belong to this span, not to its children
+	}
+	return st.tracer.Start(ctx, name, opts...)
 }
 
 // End records err (if any) as the span's status and ends it.
@@ -238,3 +244,46 @@ func (e *countingExporter) ExportSpans(ctx context.Context, spans []sdktrace.Rea
 
 // ShutdownTimeout bounds the flush on server stop.
 const ShutdownTimeout = 5 * time.Second
+
+// followKey carries the span contexts set by Follow.
+type followKey struct{}
+
+// Follow returns ctx carrying the request spans that asked for the work
+// about to be done under it, so that work done later, on another goroutine
+// (a prefetch job's L2 loads, a write-behind upload batching several
+// commits), joins their traces: the next storage span started under the
+// returned ctx has the first valid one as its parent and links the others.
+// Invalid span contexts are ignored; with none valid, or with tracing off,
+// ctx is returned unchanged.
+func Follow(ctx context.Context, parents ...trace.SpanContext) context.Context {
+	if active.Load() == nil {
+		return ctx
+	}
+	var valid []trace.SpanContext
+	for _, sc := range parents {
+		if sc.IsValid() && !slices.ContainsFunc(valid, func(v trace.SpanContext) bool { return v.Equal(sc) }) {
+			valid = append(valid, sc)
+		}
+	}
+	if len(valid) == 0 {
+		return ctx
+	}
+	ctx = trace.ContextWithSpanContext(ctx, valid[0])
+	if len(valid) > 1 {
+		ctx = context.WithValue(ctx, followKey{}, valid[1:])
+	}
+	return ctx
+}
+
+// links turns the extra parents Follow put on ctx into span links.
+func links(ctx context.Context) []trace.Link {
+	scs, _ := ctx.Value(followKey{}).([]trace.SpanContext)
+	if len(scs) == 0 {
+		return nil
+	}
+	out := make([]trace.Link, len(scs))
+	for i, sc := range scs {
+		out[i] = trace.Link{SpanContext: sc}
+	}
+	return out
+}

@@ -3,11 +3,13 @@ package tracing_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/lmcache-go/lmcache/internal/tracing"
@@ -103,6 +105,42 @@ func TestEventsLevelTopOnly(t *testing.T) {
 	spans := rcv.WaitFor(t, 10*time.Second, "one span", func(s []otlptest.Span) bool { return len(s) >= 1 })
 	if len(spans) != 1 || spans[0].Name != "COMMIT_STORE" {
 		t.Fatalf("spans %+v", spans)
+	}
+}
+
+// TestFollowParentsAndLinks: work done later for several requests (one
+// upload batch of two commits) is a child of the first request and links
+// the second; a span started under that child links nothing; with no valid
+// parent Follow leaves the context alone.
+func TestFollowParentsAndLinks(t *testing.T) {
+	rcv := otlptest.Start(t)
+	p := start(t, rcv, "storage")
+	_, a := tracing.Request(context.Background(), "COMMIT_STORE")
+	_, b := tracing.Request(context.Background(), "COMMIT_STORE")
+	tracing.End(a, nil)
+	tracing.End(b, nil)
+	bg := context.Background()
+	if got := tracing.Follow(bg, trace.SpanContext{}); got != bg {
+		t.Error("Follow with no valid parent changed the context")
+	}
+	ctx, up := tracing.Storage(tracing.Follow(bg, a.SpanContext(), b.SpanContext(), a.SpanContext()), "l2.store")
+	_, inner := tracing.Storage(ctx, "l2.inner")
+	tracing.End(inner, nil)
+	tracing.End(up, nil)
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := rcv.WaitFor(t, 10*time.Second, "four spans", func(s []otlptest.Span) bool { return len(s) == 4 })
+	st, in := otlptest.Named(spans, "l2.store"), otlptest.Named(spans, "l2.inner")
+	if len(st) != 1 || len(in) != 1 {
+		t.Fatalf("spans %+v", spans)
+	}
+	aID, bID := a.SpanContext().SpanID().String(), b.SpanContext().SpanID().String()
+	if st[0].ParentID != aID || st[0].TraceID != a.SpanContext().TraceID().String() || fmt.Sprint(st[0].Links) != "["+bID+"]" {
+		t.Errorf("l2.store parent %s links %v, want parent %s links [%s]", st[0].ParentID, st[0].Links, aID, bID)
+	}
+	if in[0].ParentID != st[0].SpanID || len(in[0].Links) != 0 {
+		t.Errorf("l2.inner parent %s links %v, want parent %s and no links", in[0].ParentID, in[0].Links, st[0].SpanID)
 	}
 }
 

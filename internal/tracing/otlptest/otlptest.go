@@ -24,6 +24,9 @@ type Span struct {
 	TraceID  string
 	SpanID   string
 	ParentID string
+	// Links are the span ids this span links to (other traces' requests
+	// whose work it also did).
+	Links    []string
 	Attrs    map[string]string
 	Resource map[string]string
 }
@@ -62,8 +65,12 @@ func (r *Receiver) Export(_ context.Context, req *collectortrace.ExportTraceServ
 		res := attrs(rs.GetResource().GetAttributes())
 		for _, ss := range rs.GetScopeSpans() {
 			for _, s := range ss.GetSpans() {
+				var links []string
+				for _, l := range s.GetLinks() {
+					links = append(links, hexOf(l.GetSpanId()))
+				}
 				r.spans = append(r.spans, Span{Name: s.GetName(), TraceID: hexOf(s.GetTraceId()), SpanID: hexOf(s.GetSpanId()),
-					ParentID: hexOf(s.GetParentSpanId()), Attrs: attrs(s.GetAttributes()), Resource: res})
+					ParentID: hexOf(s.GetParentSpanId()), Links: links, Attrs: attrs(s.GetAttributes()), Resource: res})
 			}
 		}
 	}
