@@ -47,6 +47,7 @@ var apiErrors = httproute.Errors{
 		{Status: http.StatusBadRequest, Errs: []error{ErrBadRequest, periodic.ErrInvalidLevel}},
 		{Status: http.StatusRequestEntityTooLarge, Errs: []error{ErrTooLarge, httproute.ErrBodyTooLarge}},
 		{Status: http.StatusBadGateway, Errs: []error{ErrUpstream}},
+		{Status: http.StatusServiceUnavailable, Errs: []error{ErrNotLeader, ErrIntentStore}},
 	},
 }
 

@@ -14,6 +14,9 @@ import (
 // evictionCycle is the eviction loop's periodic cycle.
 func (s *Server) evictionCycle(ctx context.Context) (periodic.Summary, error) {
 	r := s.RunEvictionCycle(ctx)
+	if r.Standby {
+		return periodic.Summary{Message: "standby: the HA leader evicts"}, nil
+	}
 	return periodic.Summary{Message: fmt.Sprintf("victims=%d in_flight=%d requests=%d target=%s", r.Victims, r.InFlight, r.Requests, r.Target)}, nil
 }
 
@@ -28,6 +31,8 @@ type CycleResult struct {
 	Target string
 	// Requests is the number of DELETE /cache/objects spawned.
 	Requests int
+	// Standby: this coordinator does not lead (HA), so nothing was planned.
+	Standby bool
 }
 
 // RunEvictionCycle runs one eviction cycle now: plan, pick one random
@@ -39,6 +44,12 @@ type CycleResult struct {
 func (s *Server) RunEvictionCycle(ctx context.Context) CycleResult {
 	s.cycleMu.Lock()
 	defer s.cycleMu.Unlock()
+	// In HA mode only the leader dispatches, under its term's context (a
+	// lost term cancels its DELETEs) and stamped with its fencing token.
+	ctx, fence, leading := s.dispatchTerm(ctx)
+	if !leading {
+		return CycleResult{Standby: true}
+	}
 	s.metrics.evictionCycles.Inc()
 	plan := s.ledger.ComputePlan(s.quotas.Snapshot(), ledger.PlanOptions{
 		Ratio:       s.cfg.EvictionRatio,
@@ -61,6 +72,10 @@ func (s *Server) RunEvictionCycle(ctx context.Context) CycleResult {
 	base := mpclient.BaseURL(inst.IP, inst.HTTPPort)
 	sent := 0
 	for start := 0; start < len(victims); start += mpclient.MaxDeleteBatch {
+		if !s.mayLead() {
+			s.ledger.Unmark(victims[start:])
+			break
+		}
 		end := min(start+mpclient.MaxDeleteBatch, len(victims))
 		// Materialize one request's worth at a time: the ledger lock is held
 		// only for this chunk, and victims deleted meanwhile are dropped.
@@ -79,14 +94,14 @@ func (s *Server) RunEvictionCycle(ctx context.Context) CycleResult {
 				if errors.Is(err, mpclient.ErrNotOK) {
 					s.metrics.dispatchNotOK.Inc()
 				}
-				s.log.Warn("eviction dispatch failed; victims will be re-planned", "instance_id", inst.InstanceID, "keys", len(batch), "err", s.scrub(err))
+				s.log.Warn("eviction dispatch failed; victims will be re-planned", "instance_id", inst.InstanceID, "keys", len(batch), "fence_revision", fence, "err", s.scrub(err))
 				s.ledger.Unmark(vs)
 				return
 			}
 			s.metrics.keysDispatched.Add(float64(len(batch)))
 		}()
 	}
-	s.log.Info("eviction dispatched", "instance_id", inst.InstanceID, "keys", sent, "salts", len(plan.Salts), "requests", res.Requests, "in_flight_withheld", plan.InFlight)
+	s.log.Info("eviction dispatched", "instance_id", inst.InstanceID, "keys", sent, "salts", len(plan.Salts), "requests", res.Requests, "in_flight_withheld", plan.InFlight, "fence_revision", fence)
 	return res
 }
 

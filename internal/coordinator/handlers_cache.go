@@ -183,8 +183,9 @@ func (s *Server) pinOrUnpin(w http.ResponseWriter, r *http.Request, delta int32,
 		return badRequest("%s", objkey.Reason(err))
 	}
 	keys := groups[0]
-	s.ledger.Pin(keys, delta)
-	s.persist()
+	if err := s.pin(r.Context(), *t.ModelName, *t.WorldSize, *t.CacheSalt, hashes, keys, delta); err != nil {
+		return err
+	}
 	writeJSON(w, http.StatusOK, pinResponse{len(hashes), len(keys), status})
 	return nil
 }

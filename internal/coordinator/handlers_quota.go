@@ -57,8 +57,9 @@ func (s *Server) handlePutQuotaConfig(w http.ResponseWriter, r *http.Request) er
 	// A missing field means null, as upstream (the field defaults to None):
 	// PUT {} re-exempts unquota'd salts.
 	if !present || null {
-		s.quotas.SetDefault(nil)
-		s.persist()
+		if err := s.setDefaultLimit(r.Context(), nil); err != nil {
+			return err
+		}
 		writeJSON(w, http.StatusOK, DefaultLimitResponse{})
 		return nil
 	}
@@ -67,8 +68,9 @@ func (s *Server) handlePutQuotaConfig(w http.ResponseWriter, r *http.Request) er
 		return err
 	}
 	v = positiveZero(v)
-	s.quotas.SetDefault(&b)
-	s.persist()
+	if err := s.setDefaultLimit(r.Context(), &b); err != nil {
+		return err
+	}
 	s.log.Info("default quota limit set", "default_limit_gb", v)
 	g := pyFloat(v)
 	writeJSON(w, http.StatusOK, DefaultLimitResponse{DefaultLimitGB: &g})
@@ -106,8 +108,9 @@ func (s *Server) handlePutQuota(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	v = positiveZero(v)
-	s.quotas.Set(salt, b)
-	s.persist()
+	if err := s.setQuota(r.Context(), salt, b); err != nil {
+		return err
+	}
 	s.log.Info("quota set", "cache_salt", salt, "limit_gb", v)
 	writeJSON(w, http.StatusOK, QuotaResponse{CacheSalt: salt, LimitGB: pyFloat(v), Status: "ok"})
 	return nil
@@ -119,9 +122,12 @@ func (s *Server) handleDeleteQuota(w http.ResponseWriter, r *http.Request) error
 		return err
 	}
 	status := "not_found"
-	if s.quotas.Delete(salt) {
+	removed, err := s.deleteQuota(r.Context(), salt)
+	if err != nil {
+		return err
+	}
+	if removed {
 		status = "removed"
-		s.persist()
 		s.log.Info("quota removed", "cache_salt", salt)
 	}
 	writeJSON(w, http.StatusOK, QuotaResponse{CacheSalt: salt, LimitGB: pyFloat(0), Status: status})

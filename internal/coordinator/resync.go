@@ -28,6 +28,9 @@ func (s *Server) resyncLoop(ctx context.Context) func() {
 	deadline := time.Now().Add(config.Seconds(s.cfg.ResyncMaxWait))
 	first := true
 	cycle := func(context.Context) (periodic.Summary, error) {
+		if !s.mayLead() {
+			return periodic.Summary{Message: "standby: resync runs once this coordinator leads"}, nil
+		}
 		if inst, ok := s.reg.Random(); ok {
 			n := s.ResyncFrom(rctx, inst)
 			s.log.Info("startup resync finished", "instance_id", inst.InstanceID, "keys", n)

@@ -80,7 +80,7 @@ func (s *Server) routeTable() []route {
 			rts[i].Statuses[401] = "Bearer token missing or wrong (only with --auth-token)"
 		}
 	}
-	return rts
+	return s.haRoutes(rts)
 }
 
 // RouteInfo names one served endpoint; Hidden ones are not in the OpenAPI

@@ -339,18 +339,6 @@ func (s *Server) applyIntent(apply func()) error {
 	return nil
 }
 
-// persist writes the state file after a quota or pin change. A write
-// failure is logged, never surfaced: the in-memory change already applied.
-// Prefer applyIntent, which fails the request instead.
-func (s *Server) persist() {
-	if s.state == nil {
-		return
-	}
-	if err := s.state.Save(s.stateSnapshot); err != nil {
-		s.log.Error("writing state file failed", "path", s.cfg.StateFile, "err", err)
-	}
-}
-
 func (s *Server) stateSnapshot() statefile.State {
 	lim := s.quotas.Snapshot()
 	st := statefile.State{DefaultLimitBytes: lim.Default, Quotas: lim.Explicit}

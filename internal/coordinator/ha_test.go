@@ -1,0 +1,254 @@
+package coordinator_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator"
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/etcdtest"
+)
+
+// startHA runs a coordinator in HA mode on a listener opened first, so its
+// advertised URL is its real address.
+func startHA(t *testing.T, endpoints []string, mutate func(*config.Config)) *coord {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.HA.EtcdEndpoints = strings.Join(endpoints, ",")
+	cfg.HA.LeaseTTL = 2
+	cfg.HA.AdvertiseURL = "http://" + ln.Addr().String()
+	cfg.HA.EtcdPrefix = "/test/ha/"
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	logs := &logBuffer{}
+	srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, ln) }()
+	c := &coord{t: t, srv: srv, base: cfg.HA.AdvertiseURL, client: &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second},
+		logs: logs, stop: cancel}
+	c.wait = sync.OnceValue(func() error { return <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := c.wait(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		c.client.CloseIdleConnections()
+	})
+	return c
+}
+
+// noFollow does one request without following redirects.
+func (c *coord) noFollow(method, path string, body string) (int, http.Header, map[string]any) {
+	c.t.Helper()
+	cl := &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	defer cl.CloseIdleConnections()
+	req, err := http.NewRequest(method, c.base+path, strings.NewReader(body))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := cl.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, resp.Header, out
+}
+
+func (c *coord) readyz() (int, map[string]any) {
+	c.t.Helper()
+	code, raw := c.do("GET", "/readyz", nil)
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		c.t.Fatalf("readyz %d %s", code, raw)
+	}
+	return code, out
+}
+
+// metric reads one unlabelled sample from /metrics.
+func (c *coord) metric(name string) float64 {
+	c.t.Helper()
+	_, raw := c.do("GET", "/metrics", nil)
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			v, err := strconv.ParseFloat(rest, 64)
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			return v
+		}
+	}
+	c.t.Fatalf("metric %s not exported", name)
+	return 0
+}
+
+func storeEvents(salt string, from, n, size int) []map[string]any {
+	var evs []map[string]any
+	for i := from; i < from+n; i++ {
+		evs = append(evs, ev("store", fmt.Sprintf("%064x", i), salt, size))
+	}
+	return evs
+}
+
+// TestHAStandbyRedirectsAndFailover: two coordinators on a real
+// three-member etcd cluster. The first leads (ready, evicts with its fence
+// revision in the dispatch log and gauge); the standby is live but not
+// ready, redirects intent writes and the prefetch relay with 307 to the
+// leader, mirrors the quota and pins the leader commits to etcd, and never
+// dispatches. When the leader stops, the standby leads with a higher fence
+// revision, has the intent at once and evicts.
+func TestHAStandbyRedirectsAndFailover(t *testing.T) {
+	cl := etcdtest.Start(t, 3)
+	mp := newMP(t)
+	fast := func(c *config.Config) { c.EvictionCheckInterval = 0.1; c.InflightTTL = 0 }
+	a := startHA(t, cl.Endpoints, fast)
+	waitFor(t, "A ready", func() bool { code, _ := a.readyz(); return code == 200 })
+	b := startHA(t, cl.Endpoints, fast)
+	waitFor(t, "B sees A lead", func() bool {
+		code, r := b.readyz()
+		return code == 503 && r["role"] == "standby" && r["leader"] == a.base
+	})
+	_, ra := a.readyz()
+	revA := ra["fence_revision"].(float64)
+	if ra["role"] != "leader" || ra["status"] != "ready" || revA <= 0 {
+		t.Fatalf("A readyz %v", ra)
+	}
+	if code, _ := b.do("GET", "/healthz", nil); code != 200 {
+		t.Fatalf("standby /healthz %d", code)
+	}
+
+	// Intent writes on the standby are redirected to the leader.
+	code, hdr, body := b.noFollow("PUT", "/quota/t1", `{"limit_gb": 0.0009765625}`)
+	if code != 307 || hdr.Get("Location") != a.base+"/quota/t1" || body["leader"] != a.base {
+		t.Fatalf("standby PUT: %d %v %v", code, hdr.Get("Location"), body)
+	}
+	for _, rt := range [][2]string{{"PUT", "/quota/config"}, {"DELETE", "/quota/t1"}, {"POST", "/cache/pins"}, {"DELETE", "/cache/pins"},
+		{"POST", "/cache/prefetches"}, {"GET", "/cache/prefetches/mp-1/r1"}} {
+		if code, hdr, _ := b.noFollow(rt[0], rt[1], "{}"); code != 307 || !strings.HasPrefix(hdr.Get("Location"), a.base+"/") {
+			t.Errorf("standby %s %s: %d %q", rt[0], rt[1], code, hdr.Get("Location"))
+		}
+	}
+	// A client that follows the redirect lands on the leader (307 keeps
+	// the method and body); the quota is committed to etcd and mirrored.
+	b.must("PUT", "/quota/t1", map[string]any{"limit_gb": 0.0009765625}, 200)
+	a.must("PUT", "/quota/config", map[string]any{"default_limit_gb": 2}, 200)
+	pin := map[string]any{"model_name": "m", "world_size": 1, "token_ids": []int{1, 2, 3, 4, 5, 6, 7, 8}, "cache_salt": "t1"}
+	a.must("POST", "/cache/pins", pin, 200)
+	waitFor(t, "B mirrors the quota, default and pins", func() bool {
+		q := b.must("GET", "/quota/t1", nil, 200)
+		d := b.must("GET", "/quota/config", nil, 200)
+		return q["quota_exists"] == true && q["quota_limit_gb"] == 0.0009765625 && d["default_limit_gb"] == 2.0 && b.metric("lmcache_coordinator_active_pins") == 2
+	})
+	if got := a.metric("lmcache_coordinator_active_pins"); got != 2 {
+		t.Fatalf("leader active pins %v", got)
+	}
+
+	// Both ingest the same events; only the leader evicts.
+	mp.register(a, "mp-1")
+	mp.register(b, "mp-1")
+	a.events(storeEvents("t1", 0, 10, 200000)...)
+	b.events(storeEvents("t1", 0, 10, 200000)...)
+	waitFor(t, "A dispatches", func() bool { return len(mp.deleteBatches()) > 0 })
+	if !a.logs.has("fence_revision=" + strconv.Itoa(int(revA))) {
+		t.Errorf("A's dispatch log lacks fence_revision=%d", int(revA))
+	}
+	if got := a.metric("lmcache_coordinator_eviction_dispatch_fence_revision"); got != revA {
+		t.Errorf("A fence gauge %v, want %v", got, revA)
+	}
+	if got := b.metric("lmcache_coordinator_eviction_cycles_total"); got != 0 {
+		t.Errorf("standby ran %v eviction cycles", got)
+	}
+	if b.metric("lmcache_coordinator_leader") != 0 || a.metric("lmcache_coordinator_leader") != 1 {
+		t.Error("leader gauges wrong")
+	}
+
+	// The leader stops (resigns): the standby leads at once with the
+	// intent it mirrored, and evicts under its own higher fence.
+	a.stop()
+	if err := a.wait(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "B leads", func() bool { code, _ := b.readyz(); return code == 200 })
+	_, rb := b.readyz()
+	revB := rb["fence_revision"].(float64)
+	if rb["role"] != "leader" || rb["leader"] != b.base || revB <= revA {
+		t.Fatalf("B readyz %v (A's revision %v)", rb, revA)
+	}
+	if q := b.must("GET", "/quota/t1", nil, 200); q["quota_limit_gb"] != 0.0009765625 {
+		t.Fatalf("B lost the quota: %v", q)
+	}
+	before := len(mp.deleteBatches())
+	waitFor(t, "B dispatches", func() bool { return len(mp.deleteBatches()) > before })
+	if got := b.metric("lmcache_coordinator_eviction_dispatch_fence_revision"); got != revB {
+		t.Errorf("B fence gauge %v, want %v", got, revB)
+	}
+	if !b.logs.has("fence_revision=" + strconv.Itoa(int(revB))) {
+		t.Errorf("B's dispatch log lacks fence_revision=%d", int(revB))
+	}
+	if got := b.metric("lmcache_coordinator_leader_elections_total"); got != 1 {
+		t.Errorf("B elections %v", got)
+	}
+	// Now B accepts writes itself, and unpins.
+	b.must("DELETE", "/cache/pins", pin, 200)
+	if got := b.metric("lmcache_coordinator_active_pins"); got != 0 {
+		t.Errorf("B active pins after unpin %v", got)
+	}
+	if _, raw := b.do("GET", "/periodic-threads", nil); !strings.Contains(string(raw), coordinator.LoopHAElection) || !strings.Contains(string(raw), coordinator.LoopHAIntent) {
+		t.Errorf("/periodic-threads lacks the HA loops: %s", raw)
+	}
+}
+
+// TestHANoEtcdRefusesWithClearStatus: a coordinator whose etcd is
+// unreachable never leads: it stays live on /healthz, is not ready, and
+// answers intent writes 503 with a JSON body whose leader is null; reads
+// still work.
+func TestHANoEtcdRefusesWithClearStatus(t *testing.T) {
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := dead.Addr().String()
+	dead.Close()
+	c := startHA(t, []string{"http://" + addr}, nil)
+	if code, _ := c.do("GET", "/healthz", nil); code != 200 {
+		t.Fatalf("/healthz %d", code)
+	}
+	code, r := c.readyz()
+	if code != 503 || r["status"] != "not_ready" || r["role"] != "standby" || r["leader"] != nil {
+		t.Fatalf("readyz %d %v", code, r)
+	}
+	code, hdr, body := c.noFollow("PUT", "/quota/t1", `{"limit_gb": 1}`)
+	if code != 503 || hdr.Get("Location") != "" || body["leader"] != nil || !strings.Contains(body["detail"].(string), "no leader") {
+		t.Fatalf("PUT without a leader: %d %v %v", code, hdr, body)
+	}
+	if q := c.must("GET", "/quota/t1", nil, 200); q["quota_exists"] != false {
+		t.Fatalf("quota %v", q)
+	}
+	if _, err := coordinator.New(func() config.Config {
+		cfg := testConfig()
+		cfg.HA.EtcdEndpoints, cfg.StateFile = "http://"+addr, t.TempDir()+"/s.json"
+		return cfg
+	}()); err == nil || !strings.Contains(err.Error(), "--state-file") {
+		t.Fatalf("HA with --state-file: %v", err)
+	}
+}
