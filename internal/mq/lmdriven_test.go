@@ -53,31 +53,39 @@ const (
 func newPagedCache(t *testing.T) *pagedCache {
 	t.Helper()
 	pc := &pagedCache{}
-	size := 2 * pcBlocks * pcBS * pcHeads * pcHS * 2
 	r := rand.New(rand.NewPCG(77, 7))
 	for l := range testLayers {
-		name := fmt.Sprintf("lmcache_kv_mqtest_%d_%d_%d", os.Getpid(), shmSeq.Add(1), l)
-		path := filepath.Join("/dev/shm", name)
-		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = os.Remove(path) })
-		if err := unix.Ftruncate(fd, int64(size)); err != nil {
-			t.Fatal(err)
-		}
-		m, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-		_ = unix.Close(fd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = unix.Munmap(m) })
-		for i := range m {
-			m[i] = byte(r.Uint32())
-		}
+		name, m := newShmSegment(t, 2*pcBlocks*pcBS*pcHeads*pcHS*2, r, l)
 		pc.names, pc.maps = append(pc.names, name), append(pc.maps, m)
 	}
 	return pc
+}
+
+// newShmSegment creates a client's /dev/shm segment of size bytes filled
+// from r, removed and unmapped when the test ends.
+func newShmSegment(t *testing.T, size int, r *rand.Rand, layer int) (string, []byte) {
+	t.Helper()
+	name := fmt.Sprintf("lmcache_kv_mqtest_%d_%d_%d", os.Getpid(), shmSeq.Add(1), layer)
+	path := filepath.Join("/dev/shm", name)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(path) })
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		_ = unix.Close(fd)
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	_ = unix.Close(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(m) })
+	for i := range m {
+		m[i] = byte(r.Uint32())
+	}
+	return name, m
 }
 
 // row is one (kv, layer, block, token) row: 4 heads × 16 fp16.
@@ -118,6 +126,14 @@ func (pc *pagedCache) registerFrames(t *testing.T, inst int64) [][]byte {
 			"shape":  []int{2, pcBlocks, pcBS, pcHeads, pcHS},
 			"stride": []int{pcBlocks * pcBS * pcHeads * pcHS, pcBS * pcHeads * pcHS, pcHeads * pcHS, pcHS, 1}})
 	}
+	return lmdRegisterFrames(t, inst, "m", 1, specs, "NHD", pcBS)
+}
+
+// lmdRegisterFrames are REGISTER_KV_CACHE's 7 payload frames: the
+// wrappers of specs (name, nbytes, shape, stride; pickled by python3),
+// and layout hints kv_layout (left out when empty) and tokens_per_block.
+func lmdRegisterFrames(t *testing.T, inst int64, model string, world int64, specs []map[string]any, kvLayout string, blockSize int) [][]byte {
+	t.Helper()
 	arg, _ := json.Marshal(specs)
 	py, err := exec.LookPath("python3")
 	if err != nil {
@@ -138,12 +154,17 @@ func (pc *pagedCache) registerFrames(t *testing.T, inst int64) [][]byte {
 			t.Fatal(err)
 		}
 	}
-	hints := msgp.AppendMapHeader(nil, 2)
-	hints = msgp.AppendString(hints, "kv_layout")
-	hints = msgp.AppendString(hints, "NHD")
+	var hints []byte
+	if kvLayout != "" {
+		hints = msgp.AppendMapHeader(nil, 2)
+		hints = msgp.AppendString(hints, "kv_layout")
+		hints = msgp.AppendString(hints, kvLayout)
+	} else {
+		hints = msgp.AppendMapHeader(nil, 1)
+	}
 	hints = msgp.AppendString(hints, "tokens_per_block")
-	hints = msgp.AppendInt(hints, pcBS)
-	return [][]byte{wire.EncodeInt(inst), kv, msgp.AppendString(nil, "m"), wire.EncodeInt(1),
+	hints = msgp.AppendInt(hints, blockSize)
+	return [][]byte{wire.EncodeInt(inst), kv, msgp.AppendString(nil, model), wire.EncodeInt(world),
 		msgp.AppendString(nil, "vllm"), hints, wire.EmptyList}
 }
 
