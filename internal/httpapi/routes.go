@@ -295,10 +295,17 @@ type RouteInfo struct {
 
 // Routes lists every documented route the server serves (all but the
 // hidden docs pages).
-func Routes() []RouteInfo {
+func Routes() []RouteInfo { return routeInfos(false) }
+
+// ServedRoutes is Routes plus the hidden docs pages (/docs, /redoc): every
+// route the server answers, for checks that must cover them all, such as
+// docs/security.md's protection table.
+func ServedRoutes() []RouteInfo { return routeInfos(true) }
+
+func routeInfos(withHidden bool) []RouteInfo {
 	var out []RouteInfo
 	for _, rt := range routes() {
-		if rt.hidden {
+		if rt.hidden && !withHidden {
 			continue
 		}
 		tr := httproute.Route{Method: rt.method, Path: rt.path}
