@@ -280,6 +280,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		Periodic:             loops,
 		StatusExtra:          s.mq.Status,
 		KVBlocks:             s.mq,
+		KVEvents:             s.kv,
 		LogLevels:            levels,
 		EnvShowSecrets:       cfg.EnvShowSecret,
 		Logger:               levels.Logger("lmcache.http"),

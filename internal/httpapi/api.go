@@ -152,6 +152,9 @@ type Options struct {
 	StatusExtra func() map[string]any
 	// KVBlocks backs POST /cache/checksums; nil answers 501.
 	KVBlocks KVBlockReader
+	// KVEvents, if set, is given the tokens of /api/kv stores, so their
+	// chunks are published as BlockStored (kvevents.Recorder).
+	KVEvents KVEventBinder
 	// EnvShowSecrets disables the redaction of secret-looking variables in
 	// GET /env.
 	EnvShowSecrets bool
@@ -165,6 +168,12 @@ type Options struct {
 	BodyReadTimeout time.Duration
 	// Logger receives request and error logs; nil discards.
 	Logger *slog.Logger
+}
+
+// KVEventBinder binds stored chunks to their tokens for KV events:
+// hashes[i] covers tokens [i*chunk, (i+1)*chunk).
+type KVEventBinder interface {
+	BindTokens(hashes [][]byte, tokens []int64)
 }
 
 // Server is the HTTP API. It is safe for concurrent use.

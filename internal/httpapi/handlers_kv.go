@@ -52,6 +52,9 @@ type kvRequest struct {
 	// JSON body), so payloads are KV_2LTD tensors; otherwise (X-LMCache-Model)
 	// they are our raw per-chunk, per-rank L1 objects.
 	upstream bool
+	// protocol is the body's protocol_version (newer upstream's framed
+	// retrieve; 0 when absent).
+	protocol int64
 }
 
 func parseKVHeaders(h http.Header) (kvRequest, error) {
@@ -91,14 +94,16 @@ func parseKVHeaders(h http.Header) (kvRequest, error) {
 
 // decodeKVBody parses upstream's JSON body for /api/kv/retrieve and
 // /api/kv/lookup: {"model_name", "tokens", "cache_salt"} (plus our
-// "world_size", default 1; other fields such as protocol_version are
-// ignored). Shape errors are 422; bad values get the header form's 400s.
+// "world_size", default 1, and newer upstream's "protocol_version", which
+// asks a retrieve for the framed answer; other fields are ignored). Shape
+// errors are 422; bad values get the header form's 400s.
 func decodeKVBody(body []byte) (kvRequest, error) {
 	var in struct {
 		ModelName *string  `json:"model_name"`
 		Tokens    *[]int64 `json:"tokens"`
 		CacheSalt *string  `json:"cache_salt"`
 		WorldSize *int     `json:"world_size"`
+		Protocol  *int64   `json:"protocol_version"`
 	}
 	if err := decodeStrict(body, &in, false); err != nil {
 		return kvRequest{}, err
@@ -112,6 +117,9 @@ func decodeKVBody(body []byte) (kvRequest, error) {
 	req := kvRequest{model: *in.ModelName, tokens: *in.Tokens, worldSize: 1, upstream: true}
 	if in.CacheSalt != nil {
 		req.salt = *in.CacheSalt
+	}
+	if in.Protocol != nil {
+		req.protocol = *in.Protocol
 	}
 	if in.WorldSize != nil {
 		if *in.WorldSize < 1 || *in.WorldSize > 255 {
@@ -317,6 +325,11 @@ func (g kvGeometry) joinKV2LTD(objs [][]byte, n int) []byte {
 }
 
 func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
+	if stream, err := storeIsStream(r); err != nil {
+		return err
+	} else if stream {
+		return s.handleKVStoreStream(w, r)
+	}
 	e, l, req, chunks, err := s.kvSetup(w, r, false)
 	if err != nil {
 		return err
@@ -369,7 +382,8 @@ func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
 	}
 	stored := 0
 	if len(keys) > 0 {
-		if stored, err = e.PutContext(r.Context(), keys, data); err != nil {
+		s.bindKVEvents(chunks, req)
+		if stored, err = s.putKV(r, e, keys, data); err != nil {
 			return err
 		}
 	}
@@ -382,6 +396,12 @@ func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
 		Chunks: len(chunks), Tokens: len(chunks) * cs, Keys: len(keys), Stored: stored,
 	})
 	return nil
+}
+
+// putKV stores the objects of a /api/kv store (both forms): Put is
+// all-or-nothing, already resident objects are skipped.
+func (s *Server) putKV(r *http.Request, e Engine, keys []objkey.Key, data [][]byte) (int, error) {
+	return e.PutContext(r.Context(), keys, data)
 }
 
 // kvProbe runs a read-locking lookup over chunks and returns the result; the
@@ -434,19 +454,46 @@ func kvMiss(w http.ResponseWriter, req kvRequest, msg string) error {
 	return nil
 }
 
+// retrieveWantsStream picks the framed answer of newer upstream: the
+// client accepts application/x-lmcache-kv-stream or its JSON body names a
+// protocol_version (upstream's SDK sends both). Only version 1 exists.
+func retrieveWantsStream(r *http.Request, req kvRequest) (bool, error) {
+	if req.protocol != 0 && req.protocol != kvProtocolVersion {
+		return true, errf(ErrBadRequest, "unsupported KV protocol version %d; expected %d", req.protocol, kvProtocolVersion)
+	}
+	if req.protocol == kvProtocolVersion {
+		return true, nil
+	}
+	return isKVStream(r.Header.Get("Accept"))
+}
+
 func (s *Server) handleKVRetrieve(w http.ResponseWriter, r *http.Request) error {
 	e, l, req, chunks, err := s.kvSetup(w, r, true)
 	if err != nil {
 		return err
 	}
+	stream, err := retrieveWantsStream(r, req)
+	if err != nil {
+		return err
+	}
 	var g kvGeometry
-	if req.upstream {
+	var sg kvShard
+	switch {
+	case stream && len(chunks) > 0:
+		if sg, err = kvShardOf(l, s.hasher.ChunkSize()); err != nil {
+			return err
+		}
+	case req.upstream && !stream:
 		if g, err = kvGeometryOf(l, s.hasher.ChunkSize()); err != nil {
 			return err
 		}
 	}
 	if len(chunks) == 0 {
 		setHitHeaders(w.Header(), engine.PrefetchResult{}, 0, 0, s.hasher.ChunkSize())
+		if stream {
+			s.retrieveStream(w, l, req, 0, kvShard{}, nil, 0)
+			return nil
+		}
 		return kvMiss(w, req, fmt.Sprintf("no cached prefix: fewer tokens than one chunk (%d)", s.hasher.ChunkSize()))
 	}
 	res, release, err := s.kvProbe(r, e, chunks)
@@ -487,6 +534,10 @@ func (s *Server) handleKVRetrieve(w http.ResponseWriter, r *http.Request) error 
 	res.PrefixChunks = got
 	s.recordLookup(req, len(chunks), res)
 	setHitHeaders(w.Header(), res, got, len(chunks), s.hasher.ChunkSize())
+	if stream {
+		s.retrieveStream(w, l, req, len(chunks), sg, objs, got)
+		return nil
+	}
 	if got == 0 {
 		return kvMiss(w, req, "no cached prefix for these tokens")
 	}

@@ -29,7 +29,7 @@ func TestKVJSONBody(t *testing.T) {
 		}
 		return b
 	}
-	r := e.expect(200, "POST", "/api/kv/retrieve", body(map[string]any{"model_name": testModel, "tokens": tokSlice(0, 4*testChunk), "cache_salt": "t1", "protocol_version": 1}), js)
+	r := e.expect(200, "POST", "/api/kv/retrieve", body(map[string]any{"model_name": testModel, "tokens": tokSlice(0, 4*testChunk), "cache_salt": "t1"}), js)
 	if !bytes.Equal(r.body, data) || r.header.Get(httpapi.HeaderHitChunks) != "3" || r.header.Get(httpapi.HeaderTotalChunks) != "4" {
 		t.Fatalf("retrieve by body: %d bytes, headers %v", len(r.body), r.header)
 	}
