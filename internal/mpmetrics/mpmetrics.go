@@ -65,6 +65,17 @@ type Metrics struct {
 	ZMQAbandonedTransfers  *Counter
 	ZMQProfileRefusedPeers *Counter
 
+	// KV bytes and chunks moved between workers and L1 (Go additions), by
+	// {direction}: store, retrieve and {path}: engine_driven (the worker
+	// copies; counted at COMMIT_STORE and COMMIT_RETRIEVE),
+	// lmcache_driven_cpu, lmcache_driven_cuda (the server copies; counted
+	// when the copy completed). TransferCopySeconds is the time those
+	// server-side copies took (CUDA: submission to completion), so
+	// bytes / seconds is the copy rate.
+	TransferBytes       *prometheus.CounterVec
+	TransferChunks      *prometheus.CounterVec
+	TransferCopySeconds *prometheus.CounterVec
+
 	// KV events for KV-aware routers (internal/kvevents): events dropped,
 	// labelled {reason}: unbound_store, salted, publisher_queue_full,
 	// log_overflow.
@@ -116,6 +127,10 @@ func New(instanceID string, src Source) *Metrics {
 	m.ZMQReapedWorkers = c(Namespace+"_zmq_reaped_workers_total", "Worker registrations dropped by the reaper after going silent.")
 	m.ZMQAbandonedTransfers = c(Namespace+"_zmq_abandoned_transfers_total", "PREPARE_STORE/PREPARE_RETRIEVE whose COMMIT never came, dropped (staged writes aborted, read locks released).")
 	m.ZMQProfileRefusedPeers = c(Namespace+"_zmq_wire_profile_refused_peers_total", "Client connections refused because their first request fingerprints a wire profile other than the forced --wire-profile.")
+
+	m.TransferBytes = cv(Namespace+"_transfer_bytes_total", "KV cache bytes moved between workers and L1, by direction (store, retrieve) and path (engine_driven: the worker copies; lmcache_driven_cpu, lmcache_driven_cuda: the server copies).", "direction", "path")
+	m.TransferChunks = cv(Namespace+"_transfer_chunks_total", "KV cache chunk objects moved between workers and L1, by direction and path (as lmcache_mp_transfer_bytes_total).", "direction", "path")
+	m.TransferCopySeconds = cv(Namespace+"_transfer_copy_seconds_total", "Time the server spent copying KV cache on the lmcache-driven path (CUDA: from submission to completion), by direction and path.", "direction", "path")
 
 	m.KVEventsDropped = cv(Namespace+"_kv_events_dropped_total", "KV events for KV-aware routers that were not published or not kept: stored chunks without known tokens (unbound_store), salted chunks (salted), events the publisher queue had no room for (publisher_queue_full), the oldest POLL_KV_EVENTS records the full log discarded to make room (log_overflow; a poller that had not read them is told lost).", "reason")
 

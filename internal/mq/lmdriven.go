@@ -718,6 +718,7 @@ func (st *state) lmdStore(req *request) ([]byte, error) {
 		return wire.Marshal(&wire.TransferReply{Handle: []byte{}, OK: true}), nil
 	}
 	plan, err := r.layout.Plan(int64(st.s.cfg.ChunkSize), t.blocks, chunks, 0)
+	began := time.Now()
 	if err == nil && r.gpu != nil {
 		// Commit (or abort) once the copies completed, off this FIFO; the
 		// worker waits on the returned event before reusing its blocks.
@@ -730,7 +731,9 @@ func (st *state) lmdStore(req *request) ([]byte, error) {
 			}
 			if n, err := st.s.eng.CommitWrite(r.tag, reserved); err != nil {
 				st.lmdAsyncFailed(r, "STORE", fmt.Errorf("commit %d chunks (%d published): %w", len(reserved), n, err))
+				return
 			}
+			st.countTransfer(r, "store", plan, len(reserved), time.Since(began))
 		})
 		if err == nil {
 			return wire.Marshal(&wire.TransferReply{Handle: h[:], OK: true}), nil
@@ -742,9 +745,11 @@ func (st *state) lmdStore(req *request) ([]byte, error) {
 		st.s.eng.AbortWrite(r.tag, reserved)
 		return nil, fmt.Errorf("copy %d chunks: %w", len(reserved), err)
 	}
+	copied := time.Since(began)
 	if n, err := st.s.eng.CommitWrite(r.tag, reserved); err != nil {
 		return nil, fmt.Errorf("commit %d chunks (%d published): %w", len(reserved), n, err)
 	}
+	st.countTransfer(r, "store", plan, len(reserved), copied)
 	return wire.Marshal(&wire.TransferReply{Handle: []byte{}, OK: true}), nil
 }
 
@@ -784,6 +789,7 @@ func (st *state) lmdRetrieve(req *request) ([]byte, error) {
 	if err == nil {
 		plan, err = r.layout.Plan(int64(st.s.cfg.ChunkSize), t.blocks, chunks, int64(skip))
 	}
+	began := time.Now()
 	if err == nil && r.gpu != nil {
 		// The read locks go once the copies completed.
 		var h kvcuda.IPCHandle
@@ -792,13 +798,17 @@ func (st *state) lmdRetrieve(req *request) ([]byte, error) {
 			st.s.eng.ReleaseRead(reqID, keys, 1)
 			if err != nil {
 				st.lmdAsyncFailed(r, "RETRIEVE", err)
+				return
 			}
+			st.countTransfer(r, "retrieve", plan, len(keys), time.Since(began))
 		})
 		if err == nil {
 			return wire.Marshal(&wire.TransferReply{Handle: h[:], OK: true}), nil
 		}
 	} else if err == nil {
-		err = r.cpu.Scatter(plan, objs)
+		if err = r.cpu.Scatter(plan, objs); err == nil {
+			st.countTransfer(r, "retrieve", plan, len(keys), time.Since(began))
+		}
 	}
 	// The read is over either way: this rank's lock on each object goes,
 	// as COMMIT_RETRIEVE releases it on the engine-driven path.
@@ -807,6 +817,21 @@ func (st *state) lmdRetrieve(req *request) ([]byte, error) {
 		return nil, fmt.Errorf("copy %d chunks: %w", len(keys), err)
 	}
 	return wire.Marshal(&wire.TransferReply{Handle: []byte{}, OK: true}), nil
+}
+
+// countTransfer records a completed lmcache-driven copy in
+// lmcache_mp_transfer_{bytes,chunks,copy_seconds}_total{direction, path}:
+// the plan's bytes (a retrieve's skipped tokens are not moved, so not
+// counted) and the chunks the request moved.
+func (st *state) countTransfer(r *lmdReg, direction string, plan *kvlayout.Plan, chunks int, took time.Duration) {
+	path := "lmcache_driven_cpu"
+	if r.gpu != nil {
+		path = "lmcache_driven_cuda"
+	}
+	m := st.s.metrics
+	m.TransferBytes.WithLabelValues(direction, path).Add(float64(plan.Bytes))
+	m.TransferChunks.WithLabelValues(direction, path).Add(float64(chunks))
+	m.TransferCopySeconds.WithLabelValues(direction, path).Add(took.Seconds())
 }
 
 // lmdAsyncFailed reports a CUDA transfer that failed after its reply

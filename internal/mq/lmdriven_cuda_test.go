@@ -129,6 +129,25 @@ func TestLMDCUDAFakeDriver(t *testing.T) {
 		}
 	}
 
+	// Both copies are counted under the CUDA path once they completed.
+	tm := h.srv.Metrics()
+	waitFor(t, "the retrieve counted", func() bool {
+		return counterValue(tm.TransferBytes.WithLabelValues("retrieve", "lmcache_driven_cuda")) == 2*testObj
+	})
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"store bytes", counterValue(tm.TransferBytes.WithLabelValues("store", "lmcache_driven_cuda")), 2 * testObj},
+		{"store chunks", counterValue(tm.TransferChunks.WithLabelValues("store", "lmcache_driven_cuda")), 2},
+		{"retrieve chunks", counterValue(tm.TransferChunks.WithLabelValues("retrieve", "lmcache_driven_cuda")), 2},
+		{"CPU store bytes", counterValue(tm.TransferBytes.WithLabelValues("store", "lmcache_driven_cpu")), 0},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s counted %v, want %v", c.name, c.got, c.want)
+		}
+	}
+
 	// POST /cache/checksums reads CPU caches only: 501 for this one.
 	if _, err := h.srv.KVLayers(7); err == nil || !strings.Contains(err.Error(), "CUDA KV cache") {
 		t.Fatalf("KVLayers of a CUDA context = %v", err)

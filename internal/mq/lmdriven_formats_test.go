@@ -111,7 +111,9 @@ func (c *fmtCache) registerFrames(t *testing.T, inst int64, model string, world 
 // rank reads objects byte-exact to the format's definition; RETRIEVE of
 // the partial hit into fresh blocks with skip_first_n_tokens 3 writes
 // every row but the first three, which stay as they were; an object an
-// engine-driven worker stored is RETRIEVEd into blocks byte-exact.
+// engine-driven worker stored is RETRIEVEd into blocks byte-exact. The
+// copies are counted in lmcache_mp_transfer_{bytes,chunks,copy_seconds}_total
+// under path lmcache_driven_cpu, a retrieve's skipped rows left out.
 func TestLMDFormatsEndToEnd(t *testing.T) {
 	for _, format := range []string{"HND", "MLA"} {
 		for _, world := range []int{1, 2} {
@@ -163,6 +165,23 @@ func lmdFormatEndToEnd(t *testing.T, format string, world int) {
 		}
 	}
 	lookupUntil(t, sched, key(model, world, -1, tokens, 0, len(tokens), "x"), 2)
+	objBytes := len(ranks[0].cache.object(stored[:2]))
+	tm := h.srv.Metrics()
+	transferred := func(direction, what string) float64 {
+		if what == "chunks" {
+			return counterValue(tm.TransferChunks.WithLabelValues(direction, "lmcache_driven_cpu"))
+		}
+		return counterValue(tm.TransferBytes.WithLabelValues(direction, "lmcache_driven_cpu"))
+	}
+	if got, want := transferred("store", "bytes"), float64(world*2*objBytes); got != want {
+		t.Fatalf("store bytes counted %v, want %v", got, want)
+	}
+	if got := transferred("store", "chunks"); got != float64(2*world) {
+		t.Fatalf("store chunks counted %v, want %d", got, 2*world)
+	}
+	if n := counterValue(tm.TransferCopySeconds.WithLabelValues("store", "lmcache_driven_cpu")); n <= 0 {
+		t.Fatalf("store copy seconds counted %v", n)
+	}
 
 	// Cross-path: each rank's engine-driven worker reads its objects
 	// (under the read locks of LOOKUP "x").
@@ -221,6 +240,15 @@ func lmdFormatEndToEnd(t *testing.T, format string, world int) {
 				}
 			}
 		}
+	}
+
+	// The skipped tokens were not moved, so not counted.
+	rowBytes := len(ranks[0].cache.row(0, 0, 0, 0))
+	if got, want := transferred("retrieve", "bytes"), float64(world*(2*objBytes-ranks[0].cache.nkv()*testLayers*3*rowBytes)); got != want {
+		t.Fatalf("retrieve bytes counted %v, want %v", got, want)
+	}
+	if got := transferred("retrieve", "chunks"); got != float64(2*world) {
+		t.Fatalf("retrieve chunks counted %v, want %d", got, 2*world)
 	}
 
 	// An engine-driven store, read back through RETRIEVE.
