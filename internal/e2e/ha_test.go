@@ -1,0 +1,344 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/coordload"
+	"github.com/lmcache-go/lmcache/internal/etcdtest"
+)
+
+// haCoord is one `lmcache coordinator` process. Any of them may be the
+// leader this test kills with SIGKILL, which proctest (a clean exit from
+// every process) does not allow, so they run under exec directly: cleanup
+// stops a survivor with SIGTERM and requires exit status 0.
+type haCoord struct {
+	name, url, log string
+	cmd            *exec.Cmd
+	done           chan struct{}
+	err            error // read after done
+	killed         bool
+}
+
+func (c *haCoord) output(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(c.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// kill9 sends SIGKILL and waits for the exit.
+func (c *haCoord) kill9(t *testing.T) {
+	t.Helper()
+	c.killed = true
+	if err := c.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-c.done
+}
+
+func startHACoord(t *testing.T, name string, etcd []string, extra ...string) *haCoord {
+	t.Helper()
+	port := freePort(t)
+	url := "http://127.0.0.1:" + itoa(port)
+	args := []string{"coordinator", "--host", "127.0.0.1", "--port", itoa(port), "--eviction-check-interval", "0.5", "--inflight-ttl", "5"}
+	if etcd != nil {
+		args = append(args, "--ha-etcd-endpoints", strings.Join(etcd, ","), "--ha-lease-ttl", "3", "--ha-advertise-url", url)
+	}
+	c := &haCoord{name: name, url: url, log: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
+	f, err := os.Create(c.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cmd = exec.Command(lmcacheBin(t), append(args, extra...)...)
+	c.cmd.Env = append(os.Environ(), "LMCACHE_MP_COORDINATOR_ENABLE_STARTUP_RESYNC=0")
+	c.cmd.Stdout, c.cmd.Stderr = f, f
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { c.err = c.cmd.Wait(); f.Close(); close(c.done) }() // ends when the process exits
+	t.Cleanup(func() {
+		if !c.killed {
+			_ = c.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-c.done:
+				if c.err != nil {
+					t.Errorf("%s: exit %v after SIGTERM", name, c.err)
+				}
+			case <-time.After(30 * time.Second):
+				_ = c.cmd.Process.Kill()
+				<-c.done
+				t.Errorf("%s did not stop within 30 s of SIGTERM", name)
+			}
+		}
+		if t.Failed() {
+			t.Logf("--- %s log ---\n%s", name, tail([]byte(c.output(t)), 6000))
+		}
+	})
+	waitFor(t, name+" /healthz", healthy(url+"/healthz"))
+	return c
+}
+
+func (c *haCoord) ready() (bool, float64) {
+	resp, err := client.Get(c.url + "/readyz")
+	if err != nil {
+		return false, 0
+	}
+	defer resp.Body.Close()
+	var r struct {
+		FenceRevision float64 `json:"fence_revision"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&r)
+	return resp.StatusCode == 200, r.FenceRevision
+}
+
+// ledgerView is what a coordinator's ledger holds: bytes per salt (from
+// GET /quota, exact: a GiB float of an integer byte count round-trips) and
+// the tracked key and byte totals (from /metrics).
+type ledgerView struct {
+	Salts map[string]int64
+	Keys  int64
+	Bytes int64
+}
+
+func (c *haCoord) ledger(t *testing.T) (ledgerView, bool) {
+	t.Helper()
+	var usage struct {
+		ByCacheSalt []struct {
+			CacheSalt string  `json:"cache_salt"`
+			UsageGB   float64 `json:"usage_gb"`
+		} `json:"by_cache_salt"`
+	}
+	resp, err := client.Get(c.url + "/quota")
+	if err != nil {
+		return ledgerView{}, false
+	}
+	err = json.NewDecoder(resp.Body).Decode(&usage)
+	resp.Body.Close()
+	if err != nil {
+		return ledgerView{}, false
+	}
+	v := ledgerView{Salts: map[string]int64{}}
+	for _, r := range usage.ByCacheSalt {
+		if b := int64(math.Round(r.UsageGB * (1 << 30))); b > 0 {
+			v.Salts[r.CacheSalt] = b
+		}
+	}
+	v.Keys = int64(scrape(c.url, "lmcache_coordinator_tracked_keys"))
+	v.Bytes = int64(scrape(c.url, "lmcache_coordinator_tracked_bytes"))
+	return v, true
+}
+
+func (v ledgerView) equal(o ledgerView) bool {
+	return v.Keys == o.Keys && v.Bytes == o.Bytes && maps.Equal(v.Salts, o.Salts)
+}
+
+// scrape reads one unlabelled sample (NaN when absent or unreachable).
+func scrape(url, name string) float64 {
+	resp, err := client.Get(url + "/metrics")
+	if err != nil {
+		return math.NaN()
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			v, err := strconv.ParseFloat(rest, 64)
+			if err == nil {
+				return v
+			}
+		}
+	}
+	return math.NaN()
+}
+
+// TestHAFailoverKill9: three `lmcache coordinator` processes on a real
+// three-member etcd cluster, plus a reference coordinator outside the
+// election that evicts nothing, and 20 simulated MP servers streaming
+// store events to all four over HTTP (each coordinator ingests every
+// event; the Kafka transport is exercised by part A's tests). Quotas put
+// through a standby are redirected to the leader and land in etcd. The
+// leader is killed with SIGKILL mid-ingest: a standby takes over with a
+// higher fencing token and the intent, eviction resumes under it, and
+// once the stream drains its ledger, the other standby's and the
+// reference's equal what the fleet holds (same keys, sizes and bytes per
+// salt). Killing one etcd member changes nothing: same leader, same token,
+// intent writes still commit.
+func TestHAFailoverKill9(t *testing.T) {
+	cl := etcdtest.Start(t, 3)
+	var coords []*haCoord
+	for i := range 3 {
+		coords = append(coords, startHACoord(t, fmt.Sprintf("coord-%d", i), cl.Endpoints))
+	}
+	ref := startHACoord(t, "coord-ref", nil, "--eviction-check-interval", "0")
+	leaderOf := func(cs []*haCoord) (*haCoord, float64) {
+		for _, c := range cs {
+			if ok, rev := c.ready(); ok {
+				return c, rev
+			}
+		}
+		return nil, 0
+	}
+	var lead *haCoord
+	var revA float64
+	waitFor(t, "a leader", func() bool { lead, revA = leaderOf(coords); return lead != nil })
+	var standbys []*haCoord
+	for _, c := range coords {
+		if c != lead {
+			standbys = append(standbys, c)
+		}
+	}
+
+	// Quotas put through a standby: 307 to the leader, followed by the
+	// client (PUT with its body), committed to etcd.
+	const salts, perInstance, instances = 4, 1500, 20
+	const size = 1 << 20
+	limit := 3.0 // GiB: tenant-0 and tenant-1 hold about 7.3 GiB each
+	for _, salt := range []string{"tenant-0", "tenant-1"} {
+		var out map[string]any
+		if code, _ := call(t, "PUT", standbys[0].url+"/quota/"+salt, map[string]any{"limit_gb": limit}, nil, &out); code != 200 || out["status"] != "ok" {
+			t.Fatalf("PUT quota via standby: %d %v", code, out)
+		}
+		if code, _ := call(t, "PUT", ref.url+"/quota/"+salt, map[string]any{"limit_gb": limit}, nil, nil); code != 200 {
+			t.Fatalf("PUT quota on the reference: %d", code)
+		}
+	}
+
+	targets := []string{ref.url}
+	for _, c := range coords {
+		targets = append(targets, c.url)
+	}
+	fleet, err := coordload.StartFleet(context.Background(), coordload.FleetConfig{Targets: targets, Instances: instances,
+		KeysPerInstance: perInstance, Batch: 25, Salts: salts, Bytes: size, Window: 2, Pace: 100 * time.Millisecond, Heartbeat: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := fleet.Close(); err != nil {
+			t.Errorf("fleet: %v", err)
+		}
+	})
+
+	// Mid-ingest, after the leader has started evicting: SIGKILL.
+	waitFor(t, "the leader to evict mid-ingest", func() bool {
+		n, done := fleet.Produced()
+		return !done && n > instances*perInstance/3 && n < instances*perInstance*3/4 && scrape(lead.url, "lmcache_coordinator_eviction_keys_dispatched_total") > 0
+	})
+	stored, _ := fleet.Produced()
+	killed := time.Now()
+	lead.kill9(t)
+	fleet.Drop(lead.url)
+	var next *haCoord
+	var revB float64
+	deadline := time.Now().Add(60 * time.Second)
+	for next == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("no standby took over")
+		}
+		next, revB = leaderOf(standbys)
+		if next == nil {
+			time.Sleep(20 * time.Millisecond) // polling interval (sets the measurement's resolution)
+		}
+	}
+	failover := time.Since(killed)
+	t.Logf("failover: %v from SIGKILL of %s to %s ready (lease TTL 3 s); %d of %d keys stored at the kill",
+		failover.Round(time.Millisecond), lead.name, next.name, stored, instances*perInstance)
+	if revB <= revA {
+		t.Fatalf("new leader's fencing token %v not above the old %v", revB, revA)
+	}
+	if dir := os.Getenv("LMCACHE_BENCH_OUT"); dir != "" {
+		_ = os.WriteFile(filepath.Join(dir, "ha_failover.txt"), []byte(fmt.Sprintf("failover_ms %d\n", failover.Milliseconds())), 0o644)
+	}
+	var q map[string]any
+	call(t, "GET", next.url+"/quota/tenant-0", nil, nil, &q)
+	if q["quota_exists"] != true || q["quota_limit_gb"] != limit {
+		t.Fatalf("new leader's quota for tenant-0: %v", q)
+	}
+
+	// Eviction resumes under the new term.
+	waitFor(t, "the new leader to evict", func() bool {
+		return scrape(next.url, "lmcache_coordinator_eviction_keys_dispatched_total") > 0 &&
+			scrape(next.url, "lmcache_coordinator_eviction_dispatch_fence_revision") == revB
+	})
+	if !strings.Contains(next.output(t), "fence_revision="+strconv.Itoa(int(revB))) {
+		t.Errorf("%s's dispatch log lacks fence_revision=%d", next.name, int(revB))
+	}
+
+	// The stream drains; every ledger converges on what the fleet holds.
+	var other *haCoord
+	for _, c := range standbys {
+		if c != next {
+			other = c
+		}
+	}
+	var truth, got, gotRef, gotOther ledgerView
+	waitFor(t, "ledgers equal to the fleet's", func() bool {
+		_, done := fleet.Produced()
+		if !done || !fleet.Caught(next.url) || !fleet.Caught(ref.url) || !fleet.Caught(other.url) {
+			return false
+		}
+		saltBytes, keys := fleet.Live()
+		truth = ledgerView{Salts: saltBytes, Keys: int64(keys)}
+		for _, b := range saltBytes {
+			truth.Bytes += b
+		}
+		var ok1, ok2, ok3 bool
+		got, ok1 = next.ledger(t)
+		gotRef, ok2 = ref.ledger(t)
+		gotOther, ok3 = other.ledger(t)
+		return ok1 && ok2 && ok3 && got.equal(truth) && gotRef.equal(truth) && gotOther.equal(truth)
+	})
+	evicted := instances*perInstance - int(truth.Keys)
+	var whole2 int64 // tenant-2 has no quota: all of it stays
+	for g := 2; g < instances*perInstance; g += salts {
+		whole2 += size + int64(g)
+	}
+	if evicted == 0 || truth.Salts["tenant-2"] != whole2 || truth.Salts["tenant-0"] >= whole2 {
+		t.Fatalf("eviction did not take the quota'd salts only: %d evicted, %+v (tenant-2 whole: %d)", evicted, truth.Salts, whole2)
+	}
+	t.Logf("drained: %d keys (%d evicted) on the new leader, the other standby and the reference, equal to the fleet's", truth.Keys, evicted)
+
+	// One etcd member dies: same leader, same token, intent still commits
+	// and is mirrored.
+	admin := etcdtest.NewClient(t, cl.Endpoints)
+	cl.Follower(t, admin).Kill(t)
+	if code, _ := call(t, "PUT", next.url+"/quota/tenant-3", map[string]any{"limit_gb": 100}, nil, nil); code != 200 {
+		t.Fatalf("PUT quota with one etcd member down: %d", code)
+	}
+	waitFor(t, "the standby mirrors the new quota", func() bool {
+		var q map[string]any
+		call(t, "GET", other.url+"/quota/tenant-3", nil, nil, &q)
+		return q["quota_exists"] == true
+	})
+	if ok, rev := next.ready(); !ok || rev != revB {
+		t.Fatalf("leader after etcd member loss: ready %v revision %v, want %v", ok, rev, revB)
+	}
+	if ok, _ := other.ready(); ok {
+		t.Fatal("two leaders after etcd member loss")
+	}
+	if lost := scrape(next.url, "lmcache_coordinator_leader_lost_total"); lost != 0 {
+		t.Fatalf("leader lost_total %v", lost)
+	}
+	if got := scrape(other.url, "lmcache_coordinator_eviction_keys_dispatched_total"); got != 0 {
+		t.Fatalf("the standby dispatched %v keys", got)
+	}
+	var hr map[string]any
+	if code, _ := call(t, "GET", other.url+"/healthz", nil, nil, &hr); code != http.StatusOK {
+		t.Fatalf("standby /healthz %d", code)
+	}
+}
