@@ -55,6 +55,14 @@ type Config struct {
 	// Offset shifts the key space, so a second run can add keys distinct
 	// from the first's.
 	Offset int
+	// Slow, when positive, lists every request that took at least this
+	// long in Result.Slow (to line them up with the server's GC trace).
+	Slow time.Duration
+	// ServerPID, when set (Linux), is the coordinator's process id: every
+	// slow request then also reports how long the coordinator and this
+	// client waited for a CPU meanwhile (run-queue wait, from
+	// /proc/PID/task/*/schedstat), to tell a busy machine from slow code.
+	ServerPID int
 }
 
 // DefaultConfig is the flag defaults.
@@ -76,6 +84,8 @@ func ParseFlags(args []string, out io.Writer) (Config, error) {
 	fs.Int64Var(&c.Bytes, "bytes", c.Bytes, "bytes of every stored key")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "per-request timeout")
 	fs.IntVar(&c.Offset, "offset", c.Offset, "first key index (to add keys distinct from an earlier run)")
+	fs.DurationVar(&c.Slow, "slow", c.Slow, "list every request at least this slow (0: none)")
+	fs.IntVar(&c.ServerPID, "server-pid", c.ServerPID, "coordinator process id: report its run-queue wait during slow requests (Linux)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}
@@ -104,6 +114,10 @@ func (c Config) Validate() error {
 		return errors.New("--timeout must be positive")
 	case c.Offset < 0:
 		return errors.New("--offset must not be negative")
+	case c.Slow < 0:
+		return errors.New("--slow must not be negative")
+	case c.ServerPID < 0:
+		return errors.New("--server-pid must not be negative")
 	case !strings.HasPrefix(c.URL, "http://") && !strings.HasPrefix(c.URL, "https://"):
 		return fmt.Errorf("--url %q: want http:// or https://", c.URL)
 	}
@@ -118,6 +132,28 @@ type Result struct {
 	Max      time.Duration `json:"max_ns"`
 	P99      time.Duration `json:"p99_ns"`
 	P50      time.Duration `json:"p50_ns"`
+	// Slow lists the requests of at least Config.Slow, in completion
+	// order.
+	Slow []SlowRequest `json:"slow,omitempty"`
+}
+
+// SlowRequest is one request of at least Config.Slow.
+type SlowRequest struct {
+	// Start is when it was sent, since the run began.
+	Start time.Duration `json:"start_ns"`
+	// Took is its latency.
+	Took time.Duration `json:"took_ns"`
+	// FirstKey is the index of its first key (keys stored before it, at
+	// most, give or take the requests in flight).
+	FirstKey int `json:"first_key"`
+	// ServerWait and ClientWait are how long the coordinator's and this
+	// process's threads waited for a CPU while the request was out,
+	// summed over threads (with Config.ServerPID only).
+	ServerWait time.Duration `json:"server_wait_ns,omitempty"`
+	// ServerCPU is the CPU time the coordinator's threads used meanwhile
+	// (for every request in flight, and its GC).
+	ServerCPU  time.Duration `json:"server_cpu_ns,omitempty"`
+	ClientWait time.Duration `json:"client_wait_ns,omitempty"`
 }
 
 // EventsPerSecond is the ingest throughput.
@@ -125,8 +161,14 @@ func (r Result) EventsPerSecond() float64 { return float64(r.Events) / r.Elapsed
 
 // String is the one-line report.
 func (r Result) String() string {
-	return fmt.Sprintf("events=%d requests=%d elapsed=%.2fs events/s=%.0f max=%.2fms p99=%.2fms p50=%.2fms",
+	var b strings.Builder
+	fmt.Fprintf(&b, "events=%d requests=%d elapsed=%.2fs events/s=%.0f max=%.2fms p99=%.2fms p50=%.2fms",
 		r.Events, r.Requests, r.Elapsed.Seconds(), r.EventsPerSecond(), ms(r.Max), ms(r.P99), ms(r.P50))
+	for _, s := range r.Slow {
+		fmt.Fprintf(&b, "\nslow: start=%.3fs took=%.2fms first_key=%d server_cpu=%.2fms server_wait=%.2fms client_wait=%.2fms",
+			s.Start.Seconds(), ms(s.Took), s.FirstKey, ms(s.ServerCPU), ms(s.ServerWait), ms(s.ClientWait))
+	}
+	return b.String()
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -197,8 +239,18 @@ func Run(ctx context.Context, cfg Config, client *http.Client) (Result, error) {
 	var events atomic.Int64
 	var mu sync.Mutex
 	lat := make([]time.Duration, 0, cfg.Keys/cfg.Batch+1)
+	var slow []SlowRequest
 	g, gctx := errgroup.WithContext(ctx)
 	start := time.Now()
+	var sampler waitSampler
+	sampleCtx, stopSampling := context.WithCancel(gctx)
+	defer stopSampling()
+	sampled := make(chan error, 1)
+	if cfg.ServerPID > 0 {
+		go func() { sampled <- sampler.run(sampleCtx, start, cfg.ServerPID) }()
+	} else {
+		sampled <- nil
+	}
 	for w := 0; w < cfg.Concurrency; w++ {
 		g.Go(func() error {
 			var own []time.Duration
@@ -226,17 +278,31 @@ func Run(ctx context.Context, cfg Config, client *http.Client) (Result, error) {
 				if err := gojson.NewEncoder(&body).Encode(&b); err != nil {
 					return fmt.Errorf("encode batch: %w", err)
 				}
+				sent := time.Since(start)
 				d, err := post(gctx, client, url, body.Bytes(), len(b.Events), cfg.Timeout)
 				if err != nil {
 					return fmt.Errorf("%s seq %d: %w", b.InstanceID, b.Seq, err)
 				}
 				own = append(own, d)
+				if cfg.Slow > 0 && d >= cfg.Slow {
+					mu.Lock()
+					slow = append(slow, SlowRequest{Start: sent, Took: d, FirstKey: cfg.Offset + first})
+					mu.Unlock()
+				}
 				events.Add(int64(len(b.Events)))
 			}
 		})
 	}
 	err := g.Wait()
-	res := Result{Elapsed: time.Since(start), Events: events.Load()}
+	res := Result{Elapsed: time.Since(start), Events: events.Load(), Slow: slow}
+	stopSampling()
+	if serr := <-sampled; err == nil {
+		err = serr
+	}
+	for i := range res.Slow {
+		s := &res.Slow[i]
+		s.ServerCPU, s.ServerWait, s.ClientWait = sampler.between(s.Start, s.Start+s.Took)
+	}
 	slices.Sort(lat)
 	res.Requests = int64(len(lat))
 	if n := len(lat); n > 0 {

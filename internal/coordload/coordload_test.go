@@ -2,14 +2,17 @@ package coordload
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -219,5 +222,63 @@ func TestChunkHashDistinct(t *testing.T) {
 			t.Fatalf("key %d: %q (len %d, repeat %v)", i, h, len(h), seen[h])
 		}
 		seen[h] = true
+	}
+}
+
+// TestSlowRequestsListed: with Slow at 1ns every request is listed once,
+// by its first key, and with ServerPID (here this process, which serves
+// the coordinator too) each carries the sampled counters; a ServerPID
+// that names no process fails the run.
+func TestSlowRequestsListed(t *testing.T) {
+	url := startCoordinator(t)
+	client := NewClient(2)
+	defer client.CloseIdleConnections()
+	cfg := Config{URL: url, Keys: 200, Batch: 10, Concurrency: 2, Salts: 2, Instances: 2, Timeout: DefaultConfig().Timeout, Slow: time.Nanosecond, ServerPID: os.Getpid()}
+	res, err := Run(context.Background(), cfg, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Slow) != 20 {
+		t.Fatalf("%d slow requests, want all 20", len(res.Slow))
+	}
+	firsts := map[int]bool{}
+	for _, s := range res.Slow {
+		if s.Took <= 0 || s.Took > res.Max || s.Start < 0 || s.Start > res.Elapsed {
+			t.Errorf("slow request %+v outside the run (max %v, elapsed %v)", s, res.Max, res.Elapsed)
+		}
+		firsts[s.FirstKey] = true
+	}
+	for k := 0; k < 200; k += 10 {
+		if !firsts[k] {
+			t.Errorf("no slow entry for the batch at key %d", k)
+		}
+	}
+	if n := strings.Count(res.String(), "\nslow: "); n != 20 {
+		t.Errorf("report lists %d slow requests, want 20", n)
+	}
+
+	cfg.Offset, cfg.ServerPID = 200, 1<<30 // above any pid_max
+	if _, err := Run(context.Background(), cfg, client); err == nil || !strings.Contains(err.Error(), "schedstat of pid") {
+		t.Fatalf("run with a missing server pid: %v", err)
+	}
+}
+
+// TestSchedWaitCountsCPU: this process's schedstat CPU time grows with
+// work done in between.
+func TestSchedWaitCountsCPU(t *testing.T) {
+	cpu1, _, err := schedWait(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(nil)
+	for range 200_000 {
+		sum = sha256.Sum256(sum[:])
+	}
+	cpu2, _, err := schedWait(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cpu2 <= cpu1 || sum == [32]byte{} {
+		t.Fatalf("CPU time %v then %v after 200,000 hashes", cpu1, cpu2)
 	}
 }
