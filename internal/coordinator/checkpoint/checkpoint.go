@@ -171,6 +171,9 @@ func (d *Decoder) Raw(n int) []byte {
 	return out
 }
 
+// Rest reads every byte left (a whole section, for comparing two).
+func (d *Decoder) Rest() []byte { return d.Raw(len(d.b) - d.off) }
+
 // String reads a length-prefixed string.
 func (d *Decoder) String() string { return string(d.Bytes()) }
 

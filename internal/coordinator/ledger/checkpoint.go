@@ -2,6 +2,8 @@ package ledger
 
 import (
 	"encoding/binary"
+	"slices"
+	"strings"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/checkpoint"
 	"github.com/lmcache-go/lmcache/internal/objkey"
@@ -23,18 +25,44 @@ import (
 func (l *Ledger) AppendCheckpoint(e *checkpoint.Encoder) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e.Uvarint(uint64(len(l.models)))
-	for _, m := range l.models {
+	// Models and salts are written sorted by name (ids renumbered), so two
+	// ledgers with the same keys, sizes and per-salt LRU order write the
+	// same bytes whatever order they first saw the names in.
+	// Only models some key uses are written (a restore interns no other).
+	used := make([]bool, len(l.models))
+	for _, s := range l.salts {
+		for i := s.head; i != nilIdx; i = l.at(i).next {
+			used[l.at(i).k.model] = true
+		}
+	}
+	var models []string
+	for i, m := range l.models {
+		if used[i] {
+			models = append(models, m)
+		}
+	}
+	slices.Sort(models)
+	remap := make([]uint64, len(l.models))
+	for i, m := range l.models {
+		j, _ := slices.BinarySearch(models, m)
+		remap[i] = uint64(j)
+	}
+	e.Uvarint(uint64(len(models)))
+	for _, m := range models {
 		e.String(m)
 	}
-	e.Uvarint(uint64(len(l.salts)))
-	for _, s := range l.salts {
+	// A salt without keys (all deleted, or only pinned) is left out: it
+	// holds no derived state, and a restore would not recreate it.
+	salts := slices.DeleteFunc(slices.Clone(l.salts), func(s *saltState) bool { return s.count == 0 })
+	slices.SortFunc(salts, func(a, b *saltState) int { return strings.Compare(a.name, b.name) })
+	e.Uvarint(uint64(len(salts)))
+	for _, s := range salts {
 		e.String(s.name)
 		e.Uvarint(uint64(s.count))
 		for i := s.head; i != nilIdx; {
 			en := l.at(i)
 			c := &en.k
-			e.Uvarint(uint64(c.model))
+			e.Uvarint(remap[c.model])
 			e.Varint(c.rank)
 			if c.hlen == longHash {
 				e.Uvarint(longHash)
