@@ -42,6 +42,9 @@ type Client struct {
 	uid    int64
 	opts   Options
 	closed bool
+	// keyBuf is reused for encoding request keys (a 32k-token key is
+	// about 150 KiB; zmq_send copies it, so it is free again once sent).
+	keyBuf []byte
 }
 
 // Dial connects to endpoint, e.g. "tcp://127.0.0.1:5555".
@@ -133,6 +136,25 @@ func (c *Client) Call(op wire.Op, payloads ...[]byte) ([]byte, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.callLocked(op, opf, payloads)
+}
+
+// callKey is Call with key, encoded into the client's reused buffer, as
+// the first payload.
+func (c *Client) callKey(op wire.Op, key *wire.Key, more ...[]byte) ([]byte, error) {
+	opf, err := c.OpFrame(op)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.keyBuf, err = key.MarshalMsg(c.keyBuf[:0]); err != nil {
+		return nil, fmt.Errorf("mqclient: encode %s key: %w", op, err)
+	}
+	return c.callLocked(op, opf, append([][]byte{c.keyBuf}, more...))
+}
+
+func (c *Client) callLocked(op wire.Op, opf []byte, payloads [][]byte) ([]byte, error) {
 	if c.closed {
 		return nil, errors.New("mqclient: closed")
 	}
@@ -249,7 +271,7 @@ func (c *Client) Clear(force bool) error {
 
 // Lookup is LOOKUP (scheduler key: WorkerID unset) with the legacy tp_size.
 func (c *Client) Lookup(key *wire.Key, tpSize int) error {
-	return expectNil(c.Call(wire.OpLookup, wire.Marshal(key), wire.EncodeInt(int64(tpSize))))
+	return expectNil(c.callKey(wire.OpLookup, key, wire.EncodeInt(int64(tpSize))))
 }
 
 func decodeOptCount(b []byte, err error) (int, bool, error) {
@@ -300,7 +322,7 @@ func (c *Client) LookupWait(key *wire.Key, poll time.Duration) (int, error) {
 
 // FreeLookupLocks is FREE_LOOKUP_LOCKS.
 func (c *Client) FreeLookupLocks(key *wire.Key, tpSize int) error {
-	return expectNil(c.Call(wire.OpFreeLookupLocks, wire.Marshal(key), wire.EncodeInt(int64(tpSize))))
+	return expectNil(c.callKey(wire.OpFreeLookupLocks, key, wire.EncodeInt(int64(tpSize))))
 }
 
 // EndSession is END_SESSION in the newest two-frame form.
@@ -340,7 +362,7 @@ type StorePlan struct {
 
 // PrepareStore is PREPARE_STORE.
 func (c *Client) PrepareStore(key *wire.Key, instance int64) (*StorePlan, error) {
-	b, err := c.Call(wire.OpPrepareStore, wire.Marshal(key), wire.EncodeInt(instance))
+	b, err := c.callKey(wire.OpPrepareStore, key, wire.EncodeInt(instance))
 	if err != nil {
 		return nil, err
 	}
@@ -370,7 +392,7 @@ func (c *Client) CommitStore(key *wire.Key, instance int64, data []byte) (bool, 
 	if data == nil {
 		data = []byte{}
 	}
-	b, err := c.Call(wire.OpCommitStore, wire.Marshal(key), wire.EncodeInt(instance), msgp.AppendBytes(nil, data))
+	b, err := c.callKey(wire.OpCommitStore, key, wire.EncodeInt(instance), msgp.AppendBytes(nil, data))
 	if err != nil {
 		return false, err
 	}
@@ -380,7 +402,7 @@ func (c *Client) CommitStore(key *wire.Key, instance int64, data []byte) (bool, 
 // PrepareRetrieve is PREPARE_RETRIEVE: ok=false (or no slots) means the
 // retrieve failed and the engine must recompute.
 func (c *Client) PrepareRetrieve(key *wire.Key, instance int64) (ok bool, slots []wire.Slot, err error) {
-	b, err := c.Call(wire.OpPrepareRetrieve, wire.Marshal(key), wire.EncodeInt(instance))
+	b, err := c.callKey(wire.OpPrepareRetrieve, key, wire.EncodeInt(instance))
 	if err != nil {
 		return false, nil, err
 	}
@@ -400,7 +422,7 @@ func (c *Client) PrepareRetrieve(key *wire.Key, instance int64) (ok bool, slots 
 
 // CommitRetrieve is COMMIT_RETRIEVE.
 func (c *Client) CommitRetrieve(key *wire.Key, instance int64) (bool, error) {
-	b, err := c.Call(wire.OpCommitRetrieve, wire.Marshal(key), wire.EncodeInt(instance))
+	b, err := c.callKey(wire.OpCommitRetrieve, key, wire.EncodeInt(instance))
 	if err != nil {
 		return false, err
 	}

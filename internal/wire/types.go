@@ -16,7 +16,7 @@ type Key struct {
 	ModelName      string   `msg:"model_name"`
 	WorldSize      Int      `msg:"world_size"`
 	WorkerID       OptInt   `msg:"worker_id"`
-	TokenIDs       []Int    `msg:"token_ids"`
+	TokenIDs       TokenIDs `msg:"token_ids"`
 	Start          Int      `msg:"start"`
 	End            Int      `msg:"end"`
 	RequestID      string   `msg:"request_id"`

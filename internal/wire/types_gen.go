@@ -146,13 +146,10 @@ func (z *Key) MarshalMsg(b []byte) (o []byte, err error) {
 	}
 	// string "token_ids"
 	o = append(o, 0xa9, 0x74, 0x6f, 0x6b, 0x65, 0x6e, 0x5f, 0x69, 0x64, 0x73)
-	o = msgp.AppendArrayHeader(o, uint32(len(z.TokenIDs)))
-	for za0001 := range z.TokenIDs {
-		o, err = z.TokenIDs[za0001].MarshalMsg(o)
-		if err != nil {
-			err = msgp.WrapError(err, "TokenIDs", za0001)
-			return
-		}
+	o, err = z.TokenIDs.MarshalMsg(o)
+	if err != nil {
+		err = msgp.WrapError(err, "TokenIDs")
+		return
 	}
 	// string "start"
 	o = append(o, 0xa5, 0x73, 0x74, 0x61, 0x72, 0x74)
@@ -235,23 +232,10 @@ func (z *Key) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				return
 			}
 		case "token_ids":
-			var zb0002 uint32
-			zb0002, bts, err = msgp.ReadArrayHeaderBytes(bts)
+			bts, err = z.TokenIDs.UnmarshalMsg(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "TokenIDs")
 				return
-			}
-			if cap(z.TokenIDs) >= int(zb0002) {
-				z.TokenIDs = (z.TokenIDs)[:zb0002]
-			} else {
-				z.TokenIDs = make([]Int, zb0002)
-			}
-			for za0001 := range z.TokenIDs {
-				bts, err = z.TokenIDs[za0001].UnmarshalMsg(bts)
-				if err != nil {
-					err = msgp.WrapError(err, "TokenIDs", za0001)
-					return
-				}
 			}
 		case "start":
 			bts, err = z.Start.UnmarshalMsg(bts)
@@ -309,11 +293,7 @@ func (z *Key) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *Key) Msgsize() (s int) {
-	s = 1 + 11 + msgp.StringPrefixSize + len(z.ModelName) + 11 + z.WorldSize.Msgsize() + 10 + z.WorkerID.Msgsize() + 10 + msgp.ArrayHeaderSize
-	for za0001 := range z.TokenIDs {
-		s += z.TokenIDs[za0001].Msgsize()
-	}
-	s += 6 + z.Start.Msgsize() + 4 + z.End.Msgsize() + 11 + msgp.StringPrefixSize + len(z.RequestID) + 11 + msgp.StringPrefixSize + len(z.CacheSalt) + 16 + z.RequestConfigs.Msgsize() + 15 + z.NumKVReaders.Msgsize() + 16 + z.NullChunkMask.Msgsize()
+	s = 1 + 11 + msgp.StringPrefixSize + len(z.ModelName) + 11 + z.WorldSize.Msgsize() + 10 + z.WorkerID.Msgsize() + 10 + z.TokenIDs.Msgsize() + 6 + z.Start.Msgsize() + 4 + z.End.Msgsize() + 11 + msgp.StringPrefixSize + len(z.RequestID) + 11 + msgp.StringPrefixSize + len(z.CacheSalt) + 16 + z.RequestConfigs.Msgsize() + 15 + z.NumKVReaders.Msgsize() + 16 + z.NullChunkMask.Msgsize()
 	return
 }
 

@@ -1,0 +1,73 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/tinylib/msgp/msgp"
+)
+
+// tokenSamples covers every integer form at its boundaries, positive and
+// negative, so each lands at every offset of the fast loop's 5-byte guard.
+var tokenSamples = []Int{0, 1, 127, 128, 255, 256, 65535, 65536, 1<<32 - 1, 1 << 32, 1<<63 - 1, -1, -32, -33, -128, -129, -1 << 63, 150000, 7}
+
+// TestTokenIDsMatchesGenericArray: TokenIDs encodes byte for byte as an
+// array of Int the generic way (what the generated code did before it
+// existed) and decodes that back to the same values, with a value after
+// it left in place.
+func TestTokenIDsMatchesGenericArray(t *testing.T) {
+	for n := range len(tokenSamples) + 1 {
+		ids := tokenSamples[:n]
+		want := msgp.AppendArrayHeader(nil, uint32(len(ids)))
+		for _, v := range ids {
+			want = AppendInt(want, int64(v))
+		}
+		got, err := TokenIDs(ids).MarshalMsg(nil)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%d ids: encoded %x, %v; want %x", n, got, err, want)
+		}
+		var back TokenIDs
+		rest, err := back.UnmarshalMsg(append(got, 0xc0))
+		if err != nil || !slices.Equal(back, TokenIDs(ids)) || !bytes.Equal(rest, []byte{0xc0}) {
+			t.Fatalf("%d ids: decoded %v, rest %x, %v", n, back, rest, err)
+		}
+	}
+}
+
+// TestTokenIDsReusesBuffer: a buffer with room is decoded into in place.
+func TestTokenIDsReusesBuffer(t *testing.T) {
+	buf := make(TokenIDs, 0, 64)
+	frame, _ := TokenIDs(tokenSamples).MarshalMsg(nil)
+	ids := buf
+	if _, err := ids.UnmarshalMsg(frame); err != nil {
+		t.Fatal(err)
+	}
+	if &ids[0] != &buf[:1][0] || len(ids) != len(tokenSamples) {
+		t.Fatalf("decoded into a new array (len %d)", len(ids))
+	}
+}
+
+// TestTokenIDsRefusesBadArrays: a header promising more ids than the frame
+// has bytes is refused before allocating, a truncated id and a non-integer
+// element are errors naming the element, never values.
+func TestTokenIDsRefusesBadArrays(t *testing.T) {
+	var ids TokenIDs
+	huge := msgp.AppendArrayHeader(nil, 1<<31)
+	if _, err := ids.UnmarshalMsg(append(huge, 1, 2, 3)); !errors.Is(err, msgp.ErrShortBytes) || cap(ids) != 0 {
+		t.Fatalf("header of 2^31 ids over 3 bytes: %v, cap %d", err, cap(ids))
+	}
+	frame, _ := TokenIDs{1, 70000}.MarshalMsg(nil)
+	if _, err := ids.UnmarshalMsg(frame[:len(frame)-1]); err == nil {
+		t.Fatalf("truncated last id decoded as %v", ids)
+	}
+	notInt := append(msgp.AppendArrayHeader(nil, 2), 5, 0xa1, 'x', 0xc0, 0xc0, 0xc0)
+	_, err := ids.UnmarshalMsg(notInt)
+	if err == nil {
+		t.Fatalf("a str element decoded as %v", ids)
+	}
+	if got, want := err.Error(), `msgp: attempted to decode type "str" with method for "int" at 1`; got != want {
+		t.Fatalf("error %q, want %q", got, want)
+	}
+}
