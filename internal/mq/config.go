@@ -94,6 +94,12 @@ type Config struct {
 	// the hand-off costs more than the work. A negative value hands every
 	// LOOKUP off.
 	InlineLookupBytes int
+	// PrefixHashChunks bounds how many chunk hashes of earlier requests'
+	// prompts the server keeps (default 8192, about 10 MiB at chunk size
+	// 256: each keeps its token ids to compare), so a LOOKUP or transfer
+	// whose prompt shares a prefix with a recent one does not hash that
+	// prefix again. A negative value keeps none.
+	PrefixHashChunks int
 	// KVEvents, if set, records the chunks store requests bind for KV-aware
 	// routers and serves POLL_KV_EVENTS and the kv_events capability
 	// (kvevents.go); nil serves neither.
@@ -116,6 +122,7 @@ func Defaults() Config {
 		MaxQueued:               4096,
 		SendHWM:                 100000,
 		InlineLookupBytes:       1 << 20,
+		PrefixHashChunks:        8192,
 	}
 }
 
@@ -152,6 +159,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.InlineLookupBytes == 0 {
 		c.InlineLookupBytes = d.InlineLookupBytes
+	}
+	if c.PrefixHashChunks == 0 {
+		c.PrefixHashChunks = d.PrefixHashChunks
 	}
 	return c
 }

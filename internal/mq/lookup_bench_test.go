@@ -13,10 +13,12 @@ import (
 // to object keys. "hash" is the baseline, blake3 over the tokens alone;
 // "cold" is a request's first call (no session), "warm" a later call of the
 // same request, which compares the tokens with the session and reuses its
-// hashes. Compare cold and warm with hash in the same run.
+// hashes; "shared" is a request's first call whose prompt another request
+// hashed before (no session; the prefix cache has every chunk). Compare
+// them with hash in the same run.
 func BenchmarkLookupKeys(b *testing.B) {
 	const chunk, tokens = 256, 32768
-	s := &Server{cfg: Config{ChunkSize: chunk}, log: slog.New(slog.DiscardHandler)}
+	s := &Server{cfg: Config{ChunkSize: chunk, PrefixHashChunks: Defaults().PrefixHashChunks}, log: slog.New(slog.DiscardHandler)}
 	var err error
 	if s.hasher, err = tokenhash.New(tokenhash.Blake3, chunk); err != nil {
 		b.Fatal(err)
@@ -46,6 +48,15 @@ func BenchmarkLookupKeys(b *testing.B) {
 	})
 	b.Run("cold", func(b *testing.B) {
 		b.ReportAllocs()
+		for b.Loop() {
+			delete(st.sessions, "r")
+			st.prefixes = newPrefixCache(s.cfg.PrefixHashChunks, s.hasher)
+			keys()
+		}
+	})
+	b.Run("shared", func(b *testing.B) {
+		b.ReportAllocs()
+		keys()
 		for b.Loop() {
 			delete(st.sessions, "r")
 			keys()

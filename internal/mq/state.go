@@ -8,6 +8,7 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,6 +38,8 @@ type state struct {
 	writes   map[pendingKey]*pendingWrite
 	reads    map[pendingKey]*pendingRead
 	sessions map[string]*session
+	// prefixes holds chunk hashes across requests; it has its own lock.
+	prefixes *prefixCache
 	// noJob holds the request ids (and when) whose LOOKUP started no
 	// engine job (no layout, empty range, bad tokens): they answer 0 even
 	// if an older, unconsumed job of the same id is still in the engine.
@@ -114,11 +117,11 @@ type pendingRead struct {
 // session caches a request's chunk hashes; every request carries the full
 // token prefix, so a lost session only costs rehashing.
 //
-// tokens and hashes are replaced, never modified in place, so a caller may
+// nodes and hashes are replaced, never modified in place, so a caller may
 // keep sub-slices of them after unlocking.
 type session struct {
-	tokens   []uint32 // the tokens hashed so far (whole chunks)
-	hashes   [][]byte // their chunk hashes
+	nodes    []*chunkNode // the chunks hashed so far, with their token ids
+	hashes   [][]byte     // their chunk hashes
 	model    string
 	world    int
 	salt     string
@@ -129,7 +132,7 @@ func newState(s *Server) *state {
 	return &state{s: s, log: s.log, regs: map[int64]*registration{}, layouts: map[layoutKey]*layoutRef{},
 		writes: map[pendingKey]*pendingWrite{}, reads: map[pendingKey]*pendingRead{},
 		sessions: map[string]*session{}, noJob: map[string]time.Time{}, lastWarn: map[string]time.Time{},
-		lookups: map[string]lookupMeta{}}
+		lookups: map[string]lookupMeta{}, prefixes: newPrefixCache(s.cfg.PrefixHashChunks, s.hasher)}
 }
 
 // warnOnce logs msg once per key (a peer and a kind of refusal) and hour,
@@ -544,10 +547,11 @@ func (st *state) chunkRange(k *wire.Key) (int, int, error) {
 	return int(start / c), int(end / c), nil
 }
 
-// chunkHashes returns the hashes of chunks [0, last) of the key's tokens,
-// reusing the request session's cached prefix: a LOOKUP's hashes serve the
-// request's later LOOKUPs and transfers without converting or hashing the
-// tokens again.
+// chunkHashes returns the hashes of chunks [0, last) of the key's tokens.
+// It hashes only what it cannot reuse: first the chunks of the request's
+// session (its earlier LOOKUP or transfer), then the chunks other requests
+// hashed behind the same prefix (prefixCache), both compared token by
+// token; the rest is hashed and cached.
 func (st *state) chunkHashes(k *wire.Key, last int) ([][]byte, error) {
 	c := st.s.cfg.ChunkSize
 	ids := k.TokenIDs[:last*c]
@@ -556,33 +560,45 @@ func (st *state) chunkHashes(k *wire.Key, last int) ([][]byte, error) {
 			return nil, fmt.Errorf("%w: token_ids[%d]=%d", tokenhash.ErrTokenRange, i, t)
 		}
 	}
-	var hashes [][]byte
-	var tokens []uint32
+	nodes := make([]*chunkNode, 0, last)
 	st.mu.Lock()
 	if sess := st.sessions[k.RequestID]; sess != nil {
 		reuse := 0
-		for reuse < len(sess.hashes) && reuse < last && sameTokens(sess.tokens[reuse*c:(reuse+1)*c], ids[reuse*c:(reuse+1)*c]) {
+		for reuse < len(sess.nodes) && reuse < last && sameTokens(sess.nodes[reuse].tokens, ids[reuse*c:(reuse+1)*c]) {
 			reuse++
 		}
-		hashes, tokens = sess.hashes[:reuse:reuse], sess.tokens[:reuse*c:reuse*c]
+		nodes = append(nodes, sess.nodes[:reuse]...)
 	}
 	st.mu.Unlock()
+	nodes = st.prefixes.extend(nodes, ids, c)
 
-	if reuse := len(hashes); reuse < last {
-		// Sized once; the copies leave the session's arrays untouched.
-		tokens = append(make([]uint32, 0, last*c), tokens...)
+	if reuse := len(nodes); reuse < last {
+		tokens := make([]uint32, 0, (last-reuse)*c)
 		for _, t := range ids[reuse*c:] {
 			tokens = append(tokens, uint32(t))
 		}
-		hashes = append(make([][]byte, 0, last), hashes...)
 		h := st.s.hasher
 		if reuse > 0 {
 			var err error
-			if h, err = tokenhash.New(h.Algorithm(), c, tokenhash.WithRoot(hashes[reuse-1])); err != nil {
+			if h, err = tokenhash.New(h.Algorithm(), c, tokenhash.WithRoot(nodes[reuse-1].hash)); err != nil {
 				return nil, err
 			}
 		}
-		hashes = append(hashes, h.ChunkHashesU32(tokens[reuse*c:])...)
+		for i, sum := range h.ChunkHashesU32(tokens) {
+			// Each node owns its tokens, so a cached chunk pins 1 KiB
+			// (at chunk size 256), never the whole prompt.
+			var parent *chunkNode
+			if j := reuse + i; j > 0 {
+				parent = nodes[j-1]
+			}
+			nodes = append(nodes, &chunkNode{id: st.prefixes.idOf(parent, ids[(reuse+i)*c:(reuse+i+1)*c]),
+				tokens: slices.Clone(tokens[i*c : (i+1)*c]), hash: sum})
+		}
+		st.prefixes.add(nodes, reuse)
+	}
+	hashes := make([][]byte, len(nodes))
+	for i, n := range nodes {
+		hashes[i] = n.hash
 	}
 
 	st.mu.Lock()
@@ -591,8 +607,8 @@ func (st *state) chunkHashes(k *wire.Key, last int) ([][]byte, error) {
 		sess = &session{}
 		st.sessions[k.RequestID] = sess
 	}
-	if len(hashes) >= len(sess.hashes) {
-		sess.tokens, sess.hashes = tokens, hashes
+	if len(nodes) >= len(sess.nodes) {
+		sess.nodes, sess.hashes = nodes, hashes
 	}
 	sess.model, sess.world, sess.salt, sess.lastUsed = k.ModelName, int(k.WorldSize), k.CacheSalt, time.Now()
 	st.mu.Unlock()
