@@ -102,8 +102,14 @@ type Result struct {
 	// the server's chunk size, the server's default algorithm), once next
 	// to every long lookup, so both see the same machine load.
 	LongLookupHashP50, LongLookupHashP99 time.Duration
-	HitRatio                             float64
-	PingPerSec                           float64
+	// LongLookupNewTailP50/P99 time the same lookups with a tail (the
+	// tokens after the stored prefix) no earlier request sent, next to each
+	// long lookup: the server can reuse no hash of it, so this is what a
+	// new prompt that shares only the stored prefix costs. The long lookups
+	// above repeat one prompt, whose hashes the server keeps.
+	LongLookupNewTailP50, LongLookupNewTailP99 time.Duration
+	HitRatio                                   float64
+	PingPerSec                                 float64
 	// StoreP50/P99 and RetrieveP50/P99 are per-request latencies of the
 	// measured stores (PREPARE + copies + COMMIT) and retrieves.
 	StoreP50, StoreP99       time.Duration
@@ -226,11 +232,12 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Result, error) {
 	res.LookupP50, res.LookupP99 = percentiles(c.lookups)
 
 	if o.LookupSamples > 0 && o.LookupTokens > 0 {
-		lat, floor, hits, err := longLookups(ctx, o, runID, chunk, &c)
+		lat, newTail, floor, hits, err := longLookups(ctx, o, runID, chunk, &c)
 		if err != nil {
 			return nil, err
 		}
 		res.LongLookupP50, res.LongLookupP99 = percentiles(lat)
+		res.LongLookupNewTailP50, res.LongLookupNewTailP99 = percentiles(newTail)
 		res.LongLookupHashP50, res.LongLookupHashP99 = percentiles(floor)
 		res.LongLookupHitChunks = hits
 	}
@@ -595,21 +602,22 @@ func (cnt *counters) lookup(c *mqclient.Client, k *wire.Key, record bool) (int, 
 // longLookups times LOOKUP for LookupTokens-token prompts: a stored
 // PromptTokens prefix (hit) followed by new tokens (miss). Before each
 // lookup it hashes the same prompt itself and returns those times too, as
-// the floor of what the server must do.
-func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *counters) (lat, floor []time.Duration, hits int, err error) {
+// the floor of what the server must do; after it, it times a lookup of the
+// prompt with a tail no request sent before (newTail).
+func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *counters) (lat, newTail, floor []time.Duration, hits int, err error) {
 	c, err := mqclient.Dial(o.Endpoint, mqclient.Options{Timeout: o.Timeout})
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, nil, 0, err
 	}
 	defer c.Close()
 	if _, err := c.GetChunkSize(); err != nil {
-		return nil, nil, 0, err
+		return nil, nil, nil, 0, err
 	}
 	// Lookups hit only while a worker of the model is registered (as in a
 	// live vLLM instance), so keep one registered for this phase.
 	inst := int64(os.Getpid())<<16 | 0xffff
 	if _, err := c.Register(registration(o, inst)); err != nil {
-		return nil, nil, 0, err
+		return nil, nil, nil, 0, err
 	}
 	defer func() { _ = c.Unregister(inst) }()
 	// The last measured prompt of worker 0 is the stored prefix.
@@ -620,15 +628,16 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *co
 	end := len(tokens) / chunk * chunk
 	hasher, err := tokenhash.New(tokenhash.Blake3, chunk)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, nil, 0, err
 	}
+	fresh := slices.Clone(tokens)
 	u32 := make([]uint32, end)
 	for i, t := range tokens[:end] {
 		u32[i] = uint32(t)
 	}
 	for i := range o.LookupSamples {
 		if ctx.Err() != nil {
-			return nil, nil, 0, ctx.Err()
+			return nil, nil, nil, 0, ctx.Err()
 		}
 		id := fmt.Sprintf("bench-long-%d-%d", runID, i)
 		t0 := time.Now()
@@ -637,19 +646,36 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *co
 		k := mkKey(o.Model, -1, tokens, 0, end, id)
 		n, d, err := timedLookup(c, k)
 		if err != nil {
-			return nil, nil, 0, err
+			return nil, nil, nil, 0, err
 		}
 		hits = n
 		lat = append(lat, d)
 		cnt.sample(KindLongLookup, 0, d)
-		if err := c.FreeLookupLocks(k, 1); err != nil {
-			return nil, nil, 0, err
+		if err := endLookup(c, k); err != nil {
+			return nil, nil, nil, 0, err
 		}
-		if err := c.EndSession(id); err != nil {
-			return nil, nil, 0, err
+		// The same prompt with a new tail after the stored prefix.
+		if len(prefix) < len(fresh) {
+			copy(fresh[len(prefix):], tokensFor(runID^int64(i+1)<<32, len(fresh)-len(prefix)))
+		}
+		k = mkKey(o.Model, -1, fresh, 0, end, id+"-new")
+		if _, d, err = timedLookup(c, k); err != nil {
+			return nil, nil, nil, 0, err
+		}
+		newTail = append(newTail, d)
+		if err := endLookup(c, k); err != nil {
+			return nil, nil, nil, 0, err
 		}
 	}
-	return lat, floor, hits, nil
+	return lat, newTail, floor, hits, nil
+}
+
+// endLookup frees a timed lookup's locks and ends its session.
+func endLookup(c *mqclient.Client, k *wire.Key) error {
+	if err := c.FreeLookupLocks(k, 1); err != nil {
+		return err
+	}
+	return c.EndSession(k.RequestID)
 }
 
 func pingPhase(ctx context.Context, o Options) (float64, error) {

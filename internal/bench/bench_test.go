@@ -142,6 +142,16 @@ func checkSummary(t *testing.T, o bench.Options, res *bench.Result) {
 	if f := strings.Join(rows["hash"], " "); f != wantFloor {
 		t.Errorf("hash floor row %q, want %q", f, wantFloor)
 	}
+	// The new-tail row: same shape, its ratios against the same floor.
+	if res.LongLookupNewTailP50 <= 0 || res.LongLookupNewTailP99 < res.LongLookupNewTailP50 {
+		t.Errorf("new-tail lookup p50 %v p99 %v", res.LongLookupNewTailP50, res.LongLookupNewTailP99)
+	}
+	wantNew := fmt.Sprintf("lookup 640, new tail - - - 20 samples %s %s lookup / floor: p50 %.2f, p99 %.2f",
+		res.LongLookupNewTailP50.Round(time.Microsecond), res.LongLookupNewTailP99.Round(time.Microsecond),
+		float64(res.LongLookupNewTailP50)/float64(res.LongLookupHashP50), float64(res.LongLookupNewTailP99)/float64(res.LongLookupHashP99))
+	if !strings.Contains(strings.Join(strings.Fields(out.String()), " "), wantNew) {
+		t.Errorf("new-tail row missing, want %q in:\n%s", wantNew, out.String())
+	}
 }
 
 // checkReports writes both report formats and checks the charts' series.
