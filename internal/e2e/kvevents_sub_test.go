@@ -209,38 +209,7 @@ func TestKVEventsPythonSubscriber(t *testing.T) {
 		return m != nil
 	})
 
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "interop", "kv_events_sub.py")
-	sub := exec.Command("/usr/bin/python3", script, "--endpoint", pubEndpoint, "--replay", "tcp://127.0.0.1:"+itoa(replayPort),
-		"--topic", "kv", "--drop", "50:150", "--timeout", "300")
-	stdin, err := sub.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := sub.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	sub.Stderr = &stderr
-	if err := sub.Start(); err != nil {
-		t.Fatalf("python3 subscriber: %v", err)
-	}
-	subDone := make(chan error, 1)
-	t.Cleanup(func() {
-		_ = stdin.Close()
-		_ = sub.Process.Kill()
-		<-subDone
-	})
-	lines := bufio.NewReader(stdout)
-	if line, err := lines.ReadString('\n'); err != nil || line != "SUBSCRIBED\n" {
-		t.Fatalf("subscriber said %q, %v; stderr %s", line, err, stderr.String())
-	}
-	var result []byte // written before subDone is sent to
-	go func() {
-		result, _ = io.ReadAll(lines)
-		subDone <- sub.Wait()
-	}()
+	sub := startKVSub(t, pubEndpoint, "tcp://127.0.0.1:"+itoa(replayPort), "--drop", "50:150", "--timeout", "300")
 
 	w := dialWorker(t, zmqPort, shm)
 	stored := map[uint64]uint64{} // hash -> parent
@@ -361,25 +330,7 @@ func TestKVEventsPythonSubscriber(t *testing.T) {
 	if len(want) < 10000 {
 		t.Fatalf("only %d events; the test needs 10,000", len(want))
 	}
-	fmt.Fprintf(stdin, "EXPECT %d\n", len(want))
-	select {
-	case err := <-subDone:
-		subDone <- err
-		if err != nil {
-			t.Fatalf("subscriber: %v\n%s", err, stderr.String())
-		}
-	case <-time.After(5 * time.Minute):
-		t.Fatalf("subscriber did not finish; stderr %s", stderr.String())
-	}
-	var out struct {
-		Events [][]any        `json:"events"`
-		Stats  map[string]int `json:"stats"`
-	}
-	dec := json.NewDecoder(strings.NewReader(string(result)))
-	dec.UseNumber()
-	if err := dec.Decode(&out); err != nil {
-		t.Fatalf("subscriber output: %v\n%.2000s", err, result)
-	}
+	out := sub.expect(t, len(want), 5*time.Minute)
 	if len(out.Events) != len(want) {
 		t.Fatalf("subscriber got %d events, the log has %d", len(out.Events), len(want))
 	}
@@ -429,4 +380,81 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// kvSub is a running scripts/interop/kv_events_sub.py: a KV-aware
+// router's SUB on a server's native publisher.
+type kvSub struct {
+	in     io.WriteCloser
+	done   chan error
+	out    []byte // complete once done has been sent to
+	stderr *strings.Builder
+}
+
+// kvSubReport is the subscriber's output: every event [seq, type, hashes,
+// parent, token count, medium] in sequence order, and its counters.
+type kvSubReport struct {
+	Events [][]any        `json:"events"`
+	Stats  map[string]int `json:"stats"`
+}
+
+// startKVSub starts the subscriber on endpoint (topic kv) and waits until
+// it is subscribed; it is killed when the test ends.
+func startKVSub(t *testing.T, endpoint, replay string, extra ...string) *kvSub {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	args := append([]string{filepath.Join(filepath.Dir(file), "..", "..", "scripts", "interop", "kv_events_sub.py"),
+		"--endpoint", endpoint, "--replay", replay, "--topic", "kv"}, extra...)
+	cmd := exec.Command("/usr/bin/python3", args...)
+	s := &kvSub{done: make(chan error, 1), stderr: &strings.Builder{}}
+	var err error
+	if s.in, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = s.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("python3 subscriber: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = s.in.Close()
+		_ = cmd.Process.Kill()
+		<-s.done
+	})
+	lines := bufio.NewReader(stdout)
+	line, err := lines.ReadString('\n')
+	go func() {
+		s.out, _ = io.ReadAll(lines)
+		s.done <- cmd.Wait()
+	}()
+	if err != nil || line != "SUBSCRIBED\n" {
+		t.Fatalf("subscriber said %q, %v; stderr %s", line, err, s.stderr.String())
+	}
+	return s
+}
+
+// expect tells the subscriber to stop after n events and returns its
+// report; within bounds only a failing run.
+func (s *kvSub) expect(t *testing.T, n int, within time.Duration) kvSubReport {
+	t.Helper()
+	fmt.Fprintf(s.in, "EXPECT %d\n", n)
+	select {
+	case err := <-s.done:
+		s.done <- err
+		if err != nil {
+			t.Fatalf("subscriber: %v\n%s", err, s.stderr.String())
+		}
+	case <-time.After(within):
+		t.Fatalf("subscriber did not finish; stderr %s", s.stderr.String())
+	}
+	var out kvSubReport
+	dec := json.NewDecoder(strings.NewReader(string(s.out)))
+	dec.UseNumber()
+	if err := dec.Decode(&out); err != nil {
+		t.Fatalf("subscriber output: %v\n%.2000s", err, s.out)
+	}
+	return out
 }
