@@ -35,7 +35,7 @@ func TestOpenAPICoversEveryRoute(t *testing.T) {
 		t.Fatalf("openapi version %q", doc.OpenAPI)
 	}
 	routes := c.srv.Routes()
-	if len(routes) != 26 {
+	if len(routes) != 27 {
 		t.Fatalf("route table has %d routes", len(routes))
 	}
 	n, public := 0, 0

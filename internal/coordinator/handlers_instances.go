@@ -54,11 +54,17 @@ func (s *Server) handleDeregister(w http.ResponseWriter, r *http.Request) error 
 
 func (s *Server) handleListInstances(w http.ResponseWriter, r *http.Request) error {
 	list := s.reg.List()
+	beats := s.reg.LastHeartbeats()
 	rows := make([]InstanceRow, 0, len(list))
 	for _, in := range list {
 		gated, legacy := s.gate.Stats(in.InstanceID)
 		l1b, l1k := s.l1.usage(in.InstanceID)
-		rows = append(rows, InstanceRow{in.InstanceID, in.IP, in.HTTPPort, pyFloat(in.RegistrationTime), in.Metadata, in.P2PAdvertisedURL, in.MQPort, gated, legacy, l1b, l1k})
+		// An instance swept between List and LastHeartbeats reads 0.
+		var beat pyFloat
+		if t, ok := beats[in.InstanceID]; ok {
+			beat = pyFloat(unixSeconds(t))
+		}
+		rows = append(rows, InstanceRow{in.InstanceID, in.IP, in.HTTPPort, pyFloat(in.RegistrationTime), in.Metadata, in.P2PAdvertisedURL, in.MQPort, gated, legacy, l1b, l1k, beat})
 	}
 	writeJSON(w, http.StatusOK, InstancesResponse{Instances: rows})
 	return nil

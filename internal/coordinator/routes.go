@@ -18,6 +18,7 @@ func (s *Server) routeTable() []route {
 	v := "Validation error"
 	tier := []httproute.Param{{Name: "tier", Enum: []string{"l1", "l2", "all"}, Default: "l2"}}
 	ui := webui.New(webui.Coordinator)
+	pf := newPrefetchTracker() // the console's view of relayed prefetches (console.go)
 	loops := httproute.Periodic(s.loops, ErrUnknownThread)
 	rts := []route{
 		{Method: "POST", Path: "/instances", Tag: "instances", Summary: "Register (or re-register) an MP server", Request: RegisterRequest{},
@@ -47,9 +48,9 @@ func (s *Server) routeTable() []route {
 		{Method: "GET", Path: "/quota", Tag: "quota", Summary: "Total usage and a per-salt breakdown", Query: tier,
 			Statuses: map[int]string{200: "Usage", 400: "Unsupported tier", 422: v}, Response: UsageResponse{}, Handle: s.handleListQuota},
 		{Method: "POST", Path: "/cache/prefetches", Tag: "cache", Summary: "Submit a warm prefetch on a named server", Request: PrefetchRequest{},
-			Statuses: map[int]string{200: "Submitted or noop", 404: "Unknown instance", 502: "Server unreachable or rejected the submit", 422: v}, Response: prefetchResponse{}, Handle: s.handlePrefetch},
+			Statuses: map[int]string{200: "Submitted or noop", 404: "Unknown instance", 502: "Server unreachable or rejected the submit", 422: v}, Response: prefetchResponse{}, Handle: pf.trackSubmit(s.handlePrefetch)},
 		{Method: "GET", Path: "/cache/prefetches/{instance_id}/{request_id}", Tag: "cache", Summary: "Poll a warm prefetch (relayed verbatim)",
-			Statuses: map[int]string{200: "Status", 404: "Unknown instance or request", 502: "Server unreachable"}, Response: PrefetchStatusResponse{}, Handle: s.handlePrefetchStatus},
+			Statuses: map[int]string{200: "Status", 404: "Unknown instance or request", 502: "Server unreachable"}, Response: PrefetchStatusResponse{}, Handle: pf.trackPoll(s.handlePrefetchStatus)},
 		{Method: "POST", Path: "/cache/pins", Tag: "cache", Summary: "Pin a token sequence's keys in the L2 eviction plan", Request: PinRequest{},
 			Statuses: map[int]string{200: "Pinned", 400: "Token cap, bad salt/model or token out of range", 422: v}, Response: pinResponse{}, Handle: s.handlePin},
 		{Method: "DELETE", Path: "/cache/pins", Tag: "cache", Summary: "Unpin a token sequence's keys", Request: PinRequest{},
@@ -70,6 +71,8 @@ func (s *Server) routeTable() []route {
 		// it fetches goes through the routes above with the token.
 		{Method: "GET", Path: "/ui", Summary: "Web console", Hidden: true, Produces: httproute.HTML, Statuses: map[int]string{200: "page"}, Handle: ui.Serve},
 		{Method: "GET", Path: "/ui/{file}", Summary: "Web console assets", Hidden: true, Statuses: map[int]string{200: "asset", 404: "unknown asset"}, Handle: ui.Serve},
+		{Method: "GET", Path: "/ui/api/fleet", Summary: "Web console fleet view (heartbeats, eviction watermarks, prefetches in flight)", Hidden: true,
+			Statuses: map[int]string{200: "Fleet view"}, Response: ConsoleFleet{}, Handle: s.consoleFleet(pf)},
 	}
 	for i := range rts {
 		// The prefetch poll is a GET, but it is relayed with the MP

@@ -39,7 +39,7 @@ func TestRouteAuthTable(t *testing.T) {
 	secured := startCoord(t, func(c *config.Config) { c.AuthToken = coordToken })
 	plain := startCoord(t, nil)
 	routes := secured.srv.Routes()
-	if len(routes) != 26 {
+	if len(routes) != 27 {
 		t.Fatalf("route table has %d routes", len(routes))
 	}
 	protected := 0

@@ -49,6 +49,8 @@ type InstanceRow struct {
 	QuotaEventStream *eventgate.StreamStats `json:"quota_event_stream"`
 	L1UsedBytes      int64                  `json:"l1_used_bytes"`
 	L1Keys           int                    `json:"l1_keys"`
+	// Ours: the last registration or heartbeat, Unix seconds.
+	LastHeartbeatTime pyFloat `json:"last_heartbeat_time"`
 }
 
 // InstancesResponse is GET /instances.

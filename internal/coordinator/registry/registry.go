@@ -131,6 +131,17 @@ func (r *Registry) List() []Instance {
 	return out
 }
 
+// LastHeartbeats returns when each instance last registered or heartbeat.
+func (r *Registry) LastHeartbeats() map[string]time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]time.Time, len(r.byID))
+	for id, e := range r.byID {
+		out[id] = e.lastHeartbeat
+	}
+	return out
+}
+
 // Len is the number of registered instances.
 func (r *Registry) Len() int {
 	r.mu.Lock()
