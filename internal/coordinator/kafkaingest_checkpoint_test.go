@@ -3,6 +3,8 @@ package coordinator_test
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -112,5 +114,49 @@ func TestCheckpointBadArtifactMovedAside(t *testing.T) {
 				t.Errorf("bad artifact still at %s (err %v)", path, err)
 			}
 		})
+	}
+}
+
+// TestKafkaNotReadyHoldsEviction: in kafka mode with the brokers
+// unreachable the lag is unknown (-1, never read as caught up), readiness
+// stays 0, and the eviction loop is not started (registered, never run) (it waits for the lag to
+// be within --max-ready-lag), while the lag loop keeps measuring; POST
+// /events answers 404 ({"detail":"Not Found"}) and /quota/events still
+// applies.
+func TestKafkaNotReadyHoldsEviction(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	c := startCoord(t, func(cfg *config.Config) {
+		cfg.EvictionCheckInterval = 0.2
+		cfg.Ingest.EventTransport = config.TransportKafka
+		cfg.Ingest.KafkaBootstrapServers = dead
+	})
+	waitFor(t, "two lag measurements", func() bool {
+		_, raw := c.do("GET", "/periodic-threads/coordinator-kafka-lag", nil)
+		var st struct {
+			TotalRuns int `json:"total_runs"`
+		}
+		return json.Unmarshal(raw, &st) == nil && st.TotalRuns >= 2
+	})
+	metric(t, c, "lmcache_coordinator_kafka_lag -1")
+	metric(t, c, "lmcache_coordinator_kafka_ready 0")
+	_, raw := c.do("GET", "/periodic-threads/coordinator-eviction", nil)
+	var loop struct {
+		IsRunning bool `json:"is_running"`
+		TotalRuns int  `json:"total_runs"`
+	}
+	if err := json.Unmarshal(raw, &loop); err != nil || loop.IsRunning || loop.TotalRuns != 0 {
+		t.Errorf("eviction loop ran before the stream caught up: %s", raw)
+	}
+	if code, raw := c.do("POST", "/events", map[string]any{"batches": []any{}}); code != 404 || string(raw) != `{"detail":"Not Found"}` {
+		t.Errorf("POST /events in kafka mode: %d %s", code, raw)
+	}
+	c.events(ev("store", strings.Repeat("ab", 32), "q", 10))
+	if got := c.usageBytes("q"); got != 10 {
+		t.Errorf("/quota/events in kafka mode: usage %d, want 10", got)
 	}
 }
