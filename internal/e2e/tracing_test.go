@@ -48,7 +48,7 @@ func traceRun(t *testing.T, level string) []otlptest.Span {
 	if level == "storage" {
 		rcv.WaitFor(t, 30*time.Second, "l2.store span", func(s []otlptest.Span) bool { return len(otlptest.Named(s, "l2.store")) > 0 })
 	}
-	p.stop(t) // SIGTERM: the server flushes its spans before exiting
+	p.Stop(t) // SIGTERM: the server flushes its spans before exiting
 	return rcv.WaitFor(t, 30*time.Second, "LOOKUP and store spans", func(s []otlptest.Span) bool {
 		return len(otlptest.Named(s, "LOOKUP")) == 1 && len(otlptest.Named(s, "POST /api/kv/store")) == 1
 	})
