@@ -15,15 +15,20 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/lmcache-go/lmcache/internal/kafkaevents"
+	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
 // Fleet plays N MP servers against one or more coordinators for failover
 // tests: each instance registers and heartbeats with every coordinator,
 // serves DELETE /cache/objects (the eviction dispatch) and an empty
 // GET /cache/objects on a real loopback listener, and streams cache-event
-// batches (POST /events: store, and delete for what it was told to evict)
-// to every coordinator, in order, retrying each coordinator until it takes
-// the batch (the event gate drops a retried duplicate). The instances share
+// batches in upstream's format (store, and delete for what it was told to
+// evict): published to Kafka through a kafkaevents.Sink (one record per
+// batch keyed by instance_id, as `lmcache server` does), or, without a
+// Sink, posted to every coordinator's POST /events in order, retrying each
+// until it takes the batch (the event gate drops a retried duplicate). The instances share
 // one bucket, as MP servers behind one S3 bucket do: a key evicted through
 // any instance is deleted, and its delete event goes into the stream of
 // the instance that stored it, so every coordinator sees a key's store
@@ -32,9 +37,11 @@ type Fleet struct {
 	cfg     FleetConfig
 	client  *http.Client
 	inst    []*fleetInstance
-	mu      sync.Mutex // guards live, dropped
+	mu      sync.Mutex // guards live, dropped, pubErr
 	live    map[string]liveKey
 	dropped map[string]bool // targets no longer fed (killed)
+	pubErr  error           // the first Sink.Publish failure
+	ctx     context.Context
 	g       *errgroup.Group
 	cancel  context.CancelFunc
 }
@@ -64,34 +71,15 @@ type FleetConfig struct {
 	Heartbeat time.Duration
 	// Timeout bounds each request.
 	Timeout time.Duration
+	// Sink, when set, carries the events (Kafka) instead of POST /events;
+	// the caller owns and closes it.
+	Sink *kafkaevents.Sink
 }
 
 type liveKey struct {
 	owner int
-	key   wireCacheKey
+	key   objkey.Encoded
 	size  int64
-}
-
-type wireCacheKey struct {
-	ChunkHashHex string `json:"chunk_hash_hex"`
-	ModelName    string `json:"model_name"`
-	KVRank       int64  `json:"kv_rank"`
-	CacheSalt    string `json:"cache_salt"`
-}
-
-type wireEntry struct {
-	Key       wireCacheKey `json:"key"`
-	SizeBytes int64        `json:"size_bytes"`
-}
-
-type wireCacheBatch struct {
-	InstanceID  string      `json:"instance_id"`
-	Incarnation int64       `json:"incarnation"`
-	Seq         int64       `json:"seq"`
-	EventType   string      `json:"event_type"`
-	Tier        string      `json:"tier"`
-	Backend     string      `json:"backend"`
-	Entries     []wireEntry `json:"entries"`
 }
 
 type fleetInstance struct {
@@ -145,7 +133,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	}
 	ctx, f.cancel = context.WithCancel(ctx)
 	g, gctx := errgroup.WithContext(ctx)
-	f.g = g
+	f.g, f.ctx = g, gctx
 	for _, in := range f.inst {
 		g.Go(func() error { // owned by the fleet; ends when Close shuts the server
 			if err := in.srv.Serve(in.ln); !errors.Is(err, http.ErrServerClosed) {
@@ -154,7 +142,9 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 			return nil
 		})
 		for _, tgt := range cfg.Targets {
-			g.Go(func() error { f.stream(gctx, in, tgt); return nil })
+			if cfg.Sink == nil {
+				g.Go(func() error { f.stream(gctx, in, tgt); return nil })
+			}
 		}
 	}
 	for _, tgt := range cfg.Targets {
@@ -212,8 +202,19 @@ func (f *Fleet) isDropped(t string) bool {
 	return f.dropped[t]
 }
 
-// Caught reports whether every batch streamed so far reached target.
+// PublishErr is the first failed Kafka publish (nil without a Sink).
+func (f *Fleet) PublishErr() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pubErr
+}
+
+// Caught reports whether every batch streamed so far reached target (over
+// HTTP; with a Sink the coordinators' Kafka lag says it).
 func (f *Fleet) Caught(target string) bool {
+	if f.cfg.Sink != nil {
+		return true
+	}
 	for _, in := range f.inst {
 		in.mu.Lock()
 		ok := in.cursors[target] == len(in.stream)
@@ -249,17 +250,30 @@ func (f *Fleet) Live() (map[string]int64, int) {
 	return out, len(f.live)
 }
 
-// append adds one batch to in's stream and wakes its senders.
-func (in *fleetInstance) append(typ string, entries []wireEntry) error {
+// append adds one batch to in's stream and wakes its senders, or
+// publishes it (under in.mu, so the instance's records keep seq order).
+func (f *Fleet) append(in *fleetInstance, typ string, entries []kafkaevents.Entry) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.seq++
-	b, err := json.Marshal(map[string]any{"batches": []wireCacheBatch{{InstanceID: in.id, Incarnation: 1, Seq: in.seq,
-		EventType: typ, Tier: "l2", Backend: "s3", Entries: entries}}})
+	b := kafkaevents.Batch{InstanceID: in.id, Incarnation: 1, Seq: in.seq, EventType: typ, Tier: kafkaevents.TierL2, Backend: "s3",
+		TS: kafkaevents.PyFloat(time.Now().Unix()), Entries: entries}
+	if f.cfg.Sink != nil {
+		if err := f.cfg.Sink.Publish(f.ctx, []kafkaevents.Batch{b}); err != nil {
+			f.mu.Lock()
+			if f.pubErr == nil {
+				f.pubErr = fmt.Errorf("coordload: publish %s seq %d: %w", in.id, in.seq, err)
+			}
+			f.mu.Unlock()
+			return err
+		}
+		return nil
+	}
+	body, err := kafkaevents.Encode(b)
 	if err != nil {
 		return fmt.Errorf("coordload: encode batch: %w", err)
 	}
-	in.stream = append(in.stream, b)
+	in.stream = append(in.stream, body)
 	in.cond.Broadcast()
 	return nil
 }
@@ -277,17 +291,17 @@ func (f *Fleet) produce(ctx context.Context, j int, in *fleetInstance) {
 		if closed || ctx.Err() != nil {
 			return
 		}
-		var entries []wireEntry
+		var entries []kafkaevents.Entry
 		f.mu.Lock()
 		for k := first; k < min(first+f.cfg.Batch, f.cfg.KeysPerInstance); k++ {
 			g := j*f.cfg.KeysPerInstance + k
-			key := wireCacheKey{ChunkHashHex: ChunkHash(g), ModelName: models[g%len(models)], KVRank: kvRank, CacheSalt: SaltName(g % f.cfg.Salts)}
+			key := objkey.Encoded{ChunkHashHex: ChunkHash(g), ModelName: models[g%len(models)], KVRank: kvRank, CacheSalt: SaltName(g % f.cfg.Salts)}
 			size := f.cfg.Bytes + int64(g)
 			f.live[key.ChunkHashHex] = liveKey{owner: j, key: key, size: size}
-			entries = append(entries, wireEntry{Key: key, SizeBytes: size})
+			entries = append(entries, kafkaevents.Entry{Key: key, SizeBytes: size, TokenIDs: []int64{}, TokenOffset: kafkaevents.UnknownTokenOffset})
 		}
 		f.mu.Unlock()
-		if err := in.append("store", entries); err != nil {
+		if err := f.append(in, kafkaevents.EventStore, entries); err != nil {
 			return
 		}
 		in.mu.Lock()
@@ -431,13 +445,13 @@ func (f *Fleet) do(ctx context.Context, method, url string, body []byte) (int, e
 // their owners' streams.
 func (f *Fleet) handleDelete(w http.ResponseWriter, r *http.Request) {
 	var body struct {
-		Keys []wireCacheKey `json:"keys"`
+		Keys []objkey.Encoded `json:"keys"`
 	}
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<20)).Decode(&body); err != nil {
 		http.Error(w, `{"detail":"bad body"}`, http.StatusUnprocessableEntity)
 		return
 	}
-	byOwner := map[int][]wireEntry{}
+	byOwner := map[int][]kafkaevents.Entry{}
 	f.mu.Lock()
 	for _, k := range body.Keys {
 		lk, ok := f.live[k.ChunkHashHex]
@@ -445,13 +459,13 @@ func (f *Fleet) handleDelete(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		delete(f.live, k.ChunkHashHex)
-		byOwner[lk.owner] = append(byOwner[lk.owner], wireEntry{Key: lk.key})
+		byOwner[lk.owner] = append(byOwner[lk.owner], kafkaevents.Entry{Key: lk.key, TokenIDs: []int64{}, TokenOffset: kafkaevents.UnknownTokenOffset})
 	}
 	f.mu.Unlock()
 	deleted := 0
 	for owner, entries := range byOwner {
 		deleted += len(entries)
-		if err := f.inst[owner].append("delete", entries); err != nil {
+		if err := f.append(f.inst[owner], kafkaevents.EventDelete, entries); err != nil {
 			http.Error(w, `{"detail":"encode"}`, http.StatusInternalServerError)
 			return
 		}
