@@ -120,7 +120,10 @@ func storeEvents(salt string, from, n, size int) []map[string]any {
 func TestHAStandbyRedirectsAndFailover(t *testing.T) {
 	cl := etcdtest.Start(t, 3)
 	mp := newMP(t)
-	fast := func(c *config.Config) { c.EvictionCheckInterval = 0.1; c.InflightTTL = 0 }
+	fast := func(c *config.Config) {
+		c.EvictionCheckInterval, c.InflightTTL = 0.1, 0
+		c.EnableStartupResync, c.ResyncPollInterval = true, 0.1
+	}
 	a := startHA(t, cl.Endpoints, fast)
 	waitFor(t, "A ready", func() bool { code, _ := a.readyz(); return code == 200 })
 	b := startHA(t, cl.Endpoints, fast)
@@ -169,6 +172,15 @@ func TestHAStandbyRedirectsAndFailover(t *testing.T) {
 	a.events(storeEvents("t1", 0, 10, 200000)...)
 	b.events(storeEvents("t1", 0, 10, 200000)...)
 	waitFor(t, "A dispatches", func() bool { return len(mp.deleteBatches()) > 0 })
+	// Only the leader resynced (its one listing; the fake's empty page
+	// list answers 503, which ends it); the standby's resync loop waits.
+	waitFor(t, "the standby's resync loop to report standby", func() bool {
+		_, raw := b.do("GET", "/periodic-threads/"+coordinator.LoopResync, nil)
+		return strings.Contains(string(raw), "standby: resync runs once this coordinator leads")
+	})
+	if n := mp.listCount(); n != 1 {
+		t.Fatalf("%d resync listings before failover, want the leader's 1", n)
+	}
 	if !a.logs.has("fence_revision=" + strconv.Itoa(int(revA))) {
 		t.Errorf("A's dispatch log lacks fence_revision=%d", int(revA))
 	}
@@ -199,6 +211,7 @@ func TestHAStandbyRedirectsAndFailover(t *testing.T) {
 	}
 	before := len(mp.deleteBatches())
 	waitFor(t, "B dispatches", func() bool { return len(mp.deleteBatches()) > before })
+	waitFor(t, "B resyncs once it leads", func() bool { return mp.listCount() == 2 })
 	if got := b.metric("lmcache_coordinator_eviction_dispatch_fence_revision"); got != revB {
 		t.Errorf("B fence gauge %v, want %v", got, revB)
 	}
@@ -251,4 +264,10 @@ func TestHANoEtcdRefusesWithClearStatus(t *testing.T) {
 	}()); err == nil || !strings.Contains(err.Error(), "--state-file") {
 		t.Fatalf("HA with --state-file: %v", err)
 	}
+}
+
+func (m *mpServer) listCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.listQueries)
 }

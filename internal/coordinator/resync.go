@@ -29,6 +29,8 @@ func (s *Server) resyncLoop(ctx context.Context) func() {
 	first := true
 	cycle := func(context.Context) (periodic.Summary, error) {
 		if !s.mayLead() {
+			// The wait for a first server starts when this coordinator leads.
+			deadline = time.Now().Add(config.Seconds(s.cfg.ResyncMaxWait))
 			return periodic.Summary{Message: "standby: resync runs once this coordinator leads"}, nil
 		}
 		if inst, ok := s.reg.Random(); ok {
