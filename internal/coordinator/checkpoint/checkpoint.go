@@ -218,7 +218,7 @@ func (d *Decoder) Sections(readers map[string]func(*Decoder)) error {
 
 // Save writes payload to path atomically and durably.
 func Save(path string, e *Encoder) (err error) {
-	hdr := make([]byte, headerSize, headerSize)
+	hdr := make([]byte, headerSize)
 	copy(hdr, magic)
 	binary.LittleEndian.PutUint32(hdr[8:], Version)
 	binary.LittleEndian.PutUint64(hdr[12:], uint64(len(e.buf)))
