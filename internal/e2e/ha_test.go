@@ -19,6 +19,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/coordload"
 	"github.com/lmcache-go/lmcache/internal/etcdtest"
+	"github.com/lmcache-go/lmcache/internal/kafkaevents"
 )
 
 // haCoord is one `lmcache coordinator` process. Any of them may be the
@@ -42,6 +43,23 @@ func (c *haCoord) output(t *testing.T) string {
 	return string(b)
 }
 
+// stop sends SIGTERM and requires a clean exit.
+func (c *haCoord) stop(t *testing.T) {
+	t.Helper()
+	c.killed = true
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+		if c.err != nil {
+			t.Errorf("%s: exit %v after SIGTERM", c.name, c.err)
+		}
+	case <-time.After(30 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+		t.Errorf("%s did not stop within 30 s of SIGTERM", c.name)
+	}
+}
+
 // kill9 sends SIGKILL and waits for the exit.
 func (c *haCoord) kill9(t *testing.T) {
 	t.Helper()
@@ -52,9 +70,8 @@ func (c *haCoord) kill9(t *testing.T) {
 	<-c.done
 }
 
-func startHACoord(t *testing.T, name string, etcd []string, extra ...string) *haCoord {
+func startHACoord(t *testing.T, name string, port int, etcd []string, extra ...string) *haCoord {
 	t.Helper()
-	port := freePort(t)
 	url := "http://127.0.0.1:" + itoa(port)
 	args := []string{"coordinator", "--host", "127.0.0.1", "--port", itoa(port), "--eviction-check-interval", "0.5", "--inflight-ttl", "5"}
 	if etcd != nil {
@@ -74,17 +91,7 @@ func startHACoord(t *testing.T, name string, etcd []string, extra ...string) *ha
 	go func() { c.err = c.cmd.Wait(); f.Close(); close(c.done) }() // ends when the process exits
 	t.Cleanup(func() {
 		if !c.killed {
-			_ = c.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-c.done:
-				if c.err != nil {
-					t.Errorf("%s: exit %v after SIGTERM", name, c.err)
-				}
-			case <-time.After(30 * time.Second):
-				_ = c.cmd.Process.Kill()
-				<-c.done
-				t.Errorf("%s did not stop within 30 s of SIGTERM", name)
-			}
+			c.stop(t)
 		}
 		if t.Failed() {
 			t.Logf("--- %s log ---\n%s", name, tail([]byte(c.output(t)), 6000))
@@ -167,25 +174,62 @@ func scrape(url, name string) float64 {
 	return math.NaN()
 }
 
-// TestHAFailoverKill9: three `lmcache coordinator` processes on a real
+// TestHAFailoverKill9 is the failover proof over Kafka (a kfake cluster in
+// the test process, or $LMCACHE_TEST_KAFKA_BROKERS): the simulated servers
+// publish their events as `lmcache server --coordinator-event-transport
+// kafka` does and every coordinator consumes the topic in its own group.
+// After the failover checks, all coordinators restart at once and are warm
+// from their checkpoints plus replay.
+func TestHAFailoverKill9(t *testing.T) { haFailover(t, true) }
+
+// TestHAFailoverKill9HTTP is the same proof with the servers posting every
+// batch to every coordinator's POST /events.
+func TestHAFailoverKill9HTTP(t *testing.T) { haFailover(t, false) }
+
+// haFailover: three `lmcache coordinator` processes on a real
 // three-member etcd cluster, plus a reference coordinator outside the
-// election that evicts nothing, and 20 simulated MP servers streaming
-// store events to all four over HTTP (each coordinator ingests every
-// event; the Kafka transport is exercised by part A's tests). Quotas put
-// through a standby are redirected to the leader and land in etcd. The
+// election that evicts nothing, and 20 simulated MP servers
+// (coordload.Fleet) streaming store events that all four ingest. Quotas
+// put through a standby are redirected to the leader and land in etcd. The
 // leader is killed with SIGKILL mid-ingest: a standby takes over with a
 // higher fencing token and the intent, eviction resumes under it, and
 // once the stream drains its ledger, the other standby's and the
 // reference's equal what the fleet holds (same keys, sizes and bytes per
 // salt). Killing one etcd member changes nothing: same leader, same token,
 // intent writes still commit.
-func TestHAFailoverKill9(t *testing.T) {
+func haFailover(t *testing.T, kafka bool) {
 	cl := etcdtest.Start(t, 3)
+	dir := t.TempDir()
+	var brokers, topic string
+	var sink *kafkaevents.Sink
+	if kafka {
+		brokers, topic = startKafka(t, 8)
+		var err error
+		sink, err = kafkaevents.NewSink(kafkaevents.SinkConfig{Brokers: strings.Split(brokers, ","), Topic: topic, DeliveryTimeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sink.Close() })
+	}
+	ingest := func(name string) []string {
+		if !kafka {
+			return nil
+		}
+		return []string{"--event-transport", "kafka", "--kafka-bootstrap-servers", brokers, "--kafka-topic", topic, "--kafka-group-id", name,
+			"--checkpoint-path", filepath.Join(dir, name+".ckpt"), "--checkpoint-interval", "1"}
+	}
+	ports := map[string]int{}
+	launch := func(name string, etcd []string, extra ...string) *haCoord {
+		if ports[name] == 0 {
+			ports[name] = freePort(t)
+		}
+		return startHACoord(t, name, ports[name], etcd, append(ingest(name), extra...)...)
+	}
 	var coords []*haCoord
 	for i := range 3 {
-		coords = append(coords, startHACoord(t, fmt.Sprintf("coord-%d", i), cl.Endpoints))
+		coords = append(coords, launch(fmt.Sprintf("coord-%d", i), cl.Endpoints))
 	}
-	ref := startHACoord(t, "coord-ref", nil, "--eviction-check-interval", "0")
+	ref := launch("coord-ref", nil, "--eviction-check-interval", "0")
 	leaderOf := func(cs []*haCoord) (*haCoord, float64) {
 		for _, c := range cs {
 			if ok, rev := c.ready(); ok {
@@ -224,7 +268,8 @@ func TestHAFailoverKill9(t *testing.T) {
 		targets = append(targets, c.url)
 	}
 	fleet, err := coordload.StartFleet(context.Background(), coordload.FleetConfig{Targets: targets, Instances: instances,
-		KeysPerInstance: perInstance, Batch: 25, Salts: salts, Bytes: size, Window: 2, Pace: 100 * time.Millisecond, Heartbeat: 500 * time.Millisecond})
+		KeysPerInstance: perInstance, Batch: 25, Salts: salts, Bytes: size, Window: 2, Pace: 100 * time.Millisecond, Heartbeat: 500 * time.Millisecond,
+		Sink: sink})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,9 +305,6 @@ func TestHAFailoverKill9(t *testing.T) {
 		failover.Round(time.Millisecond), lead.name, next.name, stored, instances*perInstance)
 	if revB <= revA {
 		t.Fatalf("new leader's fencing token %v not above the old %v", revB, revA)
-	}
-	if dir := os.Getenv("LMCACHE_BENCH_OUT"); dir != "" {
-		_ = os.WriteFile(filepath.Join(dir, "ha_failover.txt"), []byte(fmt.Sprintf("failover_ms %d\n", failover.Milliseconds())), 0o644)
 	}
 	var q map[string]any
 	call(t, "GET", next.url+"/quota/tenant-0", nil, nil, &q)
@@ -341,4 +383,58 @@ func TestHAFailoverKill9(t *testing.T) {
 	if code, _ := call(t, "GET", other.url+"/healthz", nil, nil, &hr); code != http.StatusOK {
 		t.Fatalf("standby /healthz %d", code)
 	}
+	if !kafka {
+		return
+	}
+	if err := fleet.PublishErr(); err != nil || sink.DroppedBatches() != 0 {
+		t.Fatalf("publishing: %v, %d batches dropped", err, sink.DroppedBatches())
+	}
+	for _, c := range []*haCoord{next, other, ref} {
+		for _, m := range []string{"lmcache_coordinator_kafka_records_rejected_total", "lmcache_coordinator_kafka_records_undecodable_total"} {
+			if v := scrape(c.url, m); v != 0 {
+				t.Errorf("%s %s = %v", c.name, m, v)
+			}
+		}
+	}
+
+	// Restart every coordinator at once (the one killed earlier too): each
+	// is warm from its checkpoint plus the replay of the topic past it.
+	for _, c := range []*haCoord{next, other, ref} {
+		c.stop(t)
+	}
+	began := time.Now()
+	var again []*haCoord
+	for _, c := range coords {
+		again = append(again, launch(c.name, cl.Endpoints))
+	}
+	refAgain := launch(ref.name, nil, "--eviction-check-interval", "0")
+	warmAt := map[string]time.Duration{} // first moment each ledger equalled the fleet's
+	waitFor(t, "every restarted ledger equal to the fleet's, and a leader", func() bool {
+		saltBytes, keys := fleet.Live()
+		want := ledgerView{Salts: saltBytes, Keys: int64(keys)}
+		for _, b := range saltBytes {
+			want.Bytes += b
+		}
+		all := true
+		for _, c := range append([]*haCoord{refAgain}, again...) {
+			if _, done := warmAt[c.name]; done {
+				continue
+			}
+			if v, ok := c.ledger(t); ok && v.equal(want) {
+				warmAt[c.name] = time.Since(began)
+			} else {
+				all = false
+			}
+		}
+		l, _ := leaderOf(again)
+		return all && l != nil
+	})
+	warm := time.Since(began)
+	t.Logf("per coordinator, restart to ledger equal (the killed %s's consumer group waits out its old member's session): %v", lead.name, warmAt)
+	for _, c := range append([]*haCoord{refAgain}, again...) {
+		if n := scrape(c.url, "lmcache_coordinator_checkpoint_restored_keys"); !(n > 0) {
+			t.Errorf("%s restored %v keys from its checkpoint", c.name, n)
+		}
+	}
+	t.Logf("restart of all four coordinators: %v until every ledger equals the fleet's (%d keys; checkpoint + replay)", warm.Round(time.Millisecond), truth.Keys)
 }
