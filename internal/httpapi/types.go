@@ -142,6 +142,8 @@ type KVRequest struct {
 	ModelName string  `json:"model_name"`
 	Tokens    []int64 `json:"tokens"`
 	WorldSize int     `json:"world_size,omitempty" doc:"1..255; default: the model's one registered layout"`
+	// ProtocolVersion asks a retrieve for newer upstream's framed answer.
+	ProtocolVersion int `json:"protocol_version,omitempty" doc:"1: answer in application/x-lmcache-kv-stream frames"`
 }
 
 // KVStoreResponse is POST /api/kv/store: upstream's status and
