@@ -129,7 +129,8 @@ func TestWebConsoleFleet(t *testing.T) {
 	layout := fmt.Sprintf(`{"model_name":%q,"world_size":1,"num_layers":2,"hidden_size":64,"dtype":"float16","object_bytes":%d}`, model, objectBytes)
 	coordURL := "http://127.0.0.1:" + itoa(freePort(t))
 	start(t, "coordinator", nil, "coordinator", "--host", "127.0.0.1", "--port", coordURL[len("http://127.0.0.1:"):],
-		"--auth-token", coordTok, "--eviction-check-interval", "0.5", "--health-check-interval", "1", "--chunk-size", itoa(chunkSize))
+		"--auth-token", coordTok, "--eviction-check-interval", "0.5", "--health-check-interval", "1", "--chunk-size", itoa(chunkSize),
+		"--trigger-watermark", "0.8", "--mp-auth-token", srvTok)
 	waitFor(t, "coordinator healthz", healthy(coordURL+"/healthz"))
 	servers := map[string]string{}
 	for _, id := range []string{"s1", "s2"} {
@@ -138,7 +139,9 @@ func TestWebConsoleFleet(t *testing.T) {
 		start(t, id, nil, "server", "--instance-id", id, "--http-port", itoa(port), "--port", itoa(freePort(t)),
 			"--http-auth-token", srvTok, "--l1-size-gb", "0.0625", "--chunk-size", itoa(chunkSize), "--l2-adapter", adapter,
 			"--register-model", layout, "--coordinator-url", coordURL, "--coordinator-auth-token", coordTok,
-			"--coordinator-advertise-ip", "127.0.0.1", "--coordinator-heartbeat-interval", "0.5",
+			// Heartbeats every 3 s: the page and the route then agree on
+			// the last one for most of each interval.
+			"--coordinator-advertise-ip", "127.0.0.1", "--coordinator-heartbeat-interval", "3",
 			"--coordinator-event-reporting", "--coordinator-event-flush-interval", "0.2")
 		servers[id] = "http://127.0.0.1:" + itoa(port)
 		waitFor(t, id+" healthcheck", healthy(servers[id]+"/healthcheck"))
@@ -221,7 +224,19 @@ func TestWebConsoleFleet(t *testing.T) {
 		if charts != 2 {
 			t.Errorf("%d charts drawn, want 2", charts)
 		}
+		consoleFleetFigures(t, ctx, coordURL, coordTok, "")
+		var rid string
+		t.Run("prefetch", func(t *testing.T) {
+			rid = consolePrefetchInFlight(t, ctx, coordURL, coordTok)
+		})
 		screenshot(t, ctx, "console-coordinator")
+		// With the token typed in, the page sends it and shows the same.
+		browse(t, ctx, chromedp.SendKeys("#token", coordTok), chromedp.Click("#auth button"))
+		consoleFleetFigures(t, ctx, coordURL, coordTok, "token set")
+		if rid != "" {
+			consolePrefetchDone(t, ctx, coordURL, coordTok, rid)
+		}
+		screenshot(t, ctx, "console-coordinator-token")
 	})
 
 	t.Run("server", func(t *testing.T) {

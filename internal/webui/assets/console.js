@@ -172,32 +172,60 @@
   }
 
   async function coordinator(now) {
-    const r = await Promise.allSettled([get("/instances"), get("/quota"), get("/quota/config"), get("/periodic-threads"), get("/metrics", true)]);
+    const r = await Promise.allSettled([get("/instances"), get("/quota"), get("/quota/config"), get("/periodic-threads"), get("/metrics", true), get("/ui/api/fleet")]);
+    // fleet: the console's own route (heartbeat ages, watermarks, prefetches).
+    const fleet = r[5].status === "fulfilled" ? r[5].value : null;
+    const age = {}, salts = {};
+    if (fleet) {
+      fleet.instances.forEach(function (i) { age[i.instance_id] = i.heartbeat_age_seconds; });
+      fleet.salts.forEach(function (s) { salts[s.cache_salt] = s; });
+    }
+    const timeout = fleet ? fleet.instance_timeout : null;
     let body = section("fleet", "Fleet");
     if (r[0].status !== "fulfilled") fail(body, "/instances", r[0].reason);
-    else table(body, "fleet-table", ["instance", "address", "mq port", "registered", "L1 used", "L1 keys", "event seq", "stream"],
+    else table(body, "fleet-table", ["instance", "address", "mq port", "registered", "last heartbeat", "L1 used", "L1 keys", "event seq", "stream"],
       r[0].value.instances.map(function (i) {
         const es = i.event_stream;
+        const a = age[i.instance_id];
+        const late = a !== undefined && timeout && a > timeout / 2;
         return { id: i.instance_id, cells: [{ k: "instance_id", v: i.instance_id }, i.ip + ":" + i.http_port, { k: "mq_port", v: i.mq_port },
           new Date(i.registration_time * 1000).toISOString().replace("T", " ").slice(0, 19),
+          { k: "last_heartbeat_time", v: i.last_heartbeat_time, text: a === undefined ? "?" : num(a, 1) + " s ago", cls: late ? "num bad" : "num" },
           { k: "l1_used_bytes", v: i.l1_used_bytes, text: bytes(i.l1_used_bytes) }, { k: "l1_keys", v: i.l1_keys },
           { k: "last_seq", v: es ? es.last_seq : "", text: es ? String(es.last_seq) : "none yet" },
           es ? (es.gap_detected ? { v: "gap", cls: "bad" } : { v: "ok", cls: "ok" }) : ""] };
       }));
-    body = section("quota", "Quotas and usage (L2)");
+    body = section("quota", "Quotas and usage (L2)" + (fleet ? ", eviction at " + num(100 * fleet.trigger_watermark, 0) + " % of the limit" : ""));
     if (r[1].status !== "fulfilled") fail(body, "/quota", r[1].reason);
     else {
       const def = r[2].status === "fulfilled" ? r[2].value.default_limit_gb : null;
       const rows = r[1].value.by_cache_salt.map(function (s) {
         const lim = s.quota_exists ? s.quota_limit_gb : def;
         const pct = lim ? 100 * s.usage_gb / lim : null;
+        const w = salts[s.cache_salt];
+        const starts = w && w.eviction_starts_bytes !== null ? w.eviction_starts_bytes : null;
         return { id: s.cache_salt, cells: [{ k: "cache_salt", v: s.cache_salt, text: s.cache_salt || "(empty)" },
           { k: "quota_limit_gb", v: lim === null ? "" : lim, text: lim === null ? "none" : num(lim, 6) + (s.quota_exists ? "" : " (default)") },
           { k: "usage_gb", v: s.usage_gb, text: num(s.usage_gb, 6) },
-          { k: "used_pct", v: pct === null ? "" : pct, text: pct === null ? "" : num(pct, 1) + " %", cls: pct !== null && pct > 100 ? "num bad" : "num" }] };
+          { k: "used_pct", v: pct === null ? "" : pct, text: pct === null ? "" : num(pct, 1) + " %", cls: pct !== null && pct > 100 ? "num bad" : "num" },
+          { k: "eviction_starts_bytes", v: starts === null ? "" : starts, text: starts === null ? (w ? "exempt" : "") : bytes(starts) },
+          w ? (w.over_watermark ? { k: "over_watermark", v: "yes", cls: "bad" } : { k: "over_watermark", v: "no", cls: "ok" }) : ""] };
       });
-      rows.push({ id: "_total", cells: ["total", def === null ? "default: none" : "default: " + num(def, 6), { k: "total_gb", v: r[1].value.total_gb, text: num(r[1].value.total_gb, 6) }, ""] });
-      table(body, "quota-table", ["cache salt", "limit (GB)", "usage (GB)", "used"], rows);
+      rows.push({ id: "_total", cells: ["total", def === null ? "default: none" : "default: " + num(def, 6), { k: "total_gb", v: r[1].value.total_gb, text: num(r[1].value.total_gb, 6) }, "", "", ""] });
+      table(body, "quota-table", ["cache salt", "limit (GB)", "usage (GB)", "used", "eviction starts at", "evicting"], rows);
+    }
+    body = section("prefetches", "Warm prefetches in flight (relayed by this coordinator)");
+    if (r[5].status !== "fulfilled") fail(body, "/ui/api/fleet", r[5].reason);
+    else {
+      const p = fleet.prefetches;
+      facts(body, "prefetch-facts", [["in_flight", p.in_flight], ["submitted", p.submitted], ["completed", p.completed], ["forgotten", p.forgotten]]);
+      if (p.jobs.length) {
+        const t = el("div");
+        body.appendChild(t);
+        table(t, "prefetch-table", ["instance", "request", "age (s)"], p.jobs.map(function (j) {
+          return { id: j.instance_id + "/" + j.request_id, cells: [j.instance_id, j.request_id, { k: "age_seconds", v: j.age_seconds, text: num(j.age_seconds, 1) }] };
+        }));
+      }
     }
     loops(r[3]);
     body = section("coord-metrics", "Pins, keys and eviction");
