@@ -75,6 +75,9 @@ func (e *Encoder) Section(name string, fill func(*Encoder)) {
 	e.Bytes(body.buf)
 }
 
+// Payload is the bytes appended so far (aliased, not copied).
+func (e *Encoder) Payload() []byte { return e.buf }
+
 // Len is the payload's size so far.
 func (e *Encoder) Len() int { return len(e.buf) }
 
