@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -270,4 +271,88 @@ func (m *mpServer) listCount() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.listQueries)
+}
+
+var logTime = regexp.MustCompile(`^time=(\S+) `)
+
+// logTimes returns the time of every log line containing msg.
+func logTimes(t *testing.T, logs string, msg string) []time.Time {
+	t.Helper()
+	var out []time.Time
+	for _, line := range strings.Split(logs, "\n") {
+		if !strings.Contains(line, msg) {
+			continue
+		}
+		m := logTime.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("log line without time: %q", line)
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, at)
+	}
+	return out
+}
+
+// TestHAPartitionedLeaderStopsDispatchingFirst: the leader reaches etcd
+// through proxies; cutting them partitions it from etcd while it keeps
+// running. It stops leading at its renew deadline, before etcd can expire
+// its lease and elect the standby: its step-down and every eviction it
+// dispatched come before the new leader's term begins, it reports
+// not-ready, and it refuses intent writes with 503 (no leader it can
+// name). The new leader dispatches under a higher fence.
+func TestHAPartitionedLeaderStopsDispatchingFirst(t *testing.T) {
+	cl := etcdtest.Start(t, 3)
+	proxies, viaProxy := etcdtest.ProxyAll(t, cl)
+	mpA, mpB := newMP(t), newMP(t)
+	fast := func(c *config.Config) { c.EvictionCheckInterval, c.InflightTTL = 0.1, 0 }
+	a := startHA(t, viaProxy, fast)
+	waitFor(t, "A ready", func() bool { code, _ := a.readyz(); return code == 200 })
+	b := startHA(t, cl.Endpoints, fast)
+	waitFor(t, "B sees A lead", func() bool { _, r := b.readyz(); return r["leader"] == a.base })
+	a.must("PUT", "/quota/t1", map[string]any{"limit_gb": 0.0009765625}, 200)
+	waitFor(t, "B mirrors the quota", func() bool { return b.must("GET", "/quota/t1", nil, 200)["quota_exists"] == true })
+	mpA.register(a, "mp-a")
+	mpB.register(b, "mp-b")
+	a.events(storeEvents("t1", 0, 10, 200000)...)
+	b.events(storeEvents("t1", 0, 10, 200000)...)
+	waitFor(t, "A dispatches", func() bool { return len(mpA.deleteBatches()) > 0 })
+
+	for _, p := range proxies {
+		p.Cut()
+	}
+	waitFor(t, "B leads", func() bool { code, _ := b.readyz(); return code == 200 })
+	waitFor(t, "B dispatches", func() bool { return len(mpB.deleteBatches()) > 0 })
+	if len(mpB.deleteBatches()) == 0 || len(mpA.deleteBatches()) == 0 {
+		t.Fatal("no dispatches")
+	}
+	bLeads := logTimes(t, b.logs.String(), "msg=\"leading:")
+	aDown := logTimes(t, a.logs.String(), "msg=\"not leading:")
+	aSent := logTimes(t, a.logs.String(), "msg=\"eviction dispatched\"")
+	if len(bLeads) != 1 || len(aDown) != 1 || len(aSent) == 0 {
+		t.Fatalf("log lines: B leading %v, A stepped down %v, A dispatched %d", bLeads, aDown, len(aSent))
+	}
+	if !aDown[0].Before(bLeads[0]) {
+		t.Errorf("A stepped down at %v, not before B led at %v", aDown[0], bLeads[0])
+	}
+	for _, at := range aSent {
+		if !at.Before(bLeads[0]) {
+			t.Errorf("A dispatched at %v, during B's term (from %v)", at, bLeads[0])
+		}
+	}
+	t.Logf("A stopped %v before B's term began; A dispatched %d times before", bLeads[0].Sub(aDown[0]).Round(time.Millisecond), len(aSent))
+	if code, r := a.readyz(); code != 503 || r["role"] != "standby" {
+		t.Errorf("partitioned A readyz %d %v", code, r)
+	}
+	if code, _, body := a.noFollow("PUT", "/quota/t2", `{"limit_gb": 1}`); code != 503 || body["leader"] != nil {
+		t.Errorf("partitioned A PUT: %d %v", code, body)
+	}
+	if got, revB := b.metric("lmcache_coordinator_eviction_dispatch_fence_revision"), b.metric("lmcache_coordinator_leader_revision"); got != revB || revB <= a.metric("lmcache_coordinator_eviction_dispatch_fence_revision") {
+		t.Errorf("fences: B dispatched under %v (its term %v), A under %v", got, revB, a.metric("lmcache_coordinator_eviction_dispatch_fence_revision"))
+	}
+	if lost := a.metric("lmcache_coordinator_leader_lost_total"); lost != 1 {
+		t.Errorf("A lost_total %v", lost)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/etcdtest"
 	"github.com/lmcache-go/lmcache/internal/leader"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -173,14 +174,14 @@ func TestStandbyTakesOverWhenLeaderClientDies(t *testing.T) {
 func TestPartitionedLeaderStopsBeforeLeaseExpires(t *testing.T) {
 	c := startCluster(t)
 	admin := newClient(t, c.Endpoints)
-	proxies, viaProxy := proxyAll(t, c)
+	proxies, viaProxy := etcdtest.ProxyAll(t, c)
 	a := runElector(t, newClient(t, viaProxy), "coord-a")
 	gainA := a.next(t, true)
 	b := runElector(t, newClient(t, c.Endpoints), "coord-b")
 	waitKeys(t, admin, 2)
 
 	for _, p := range proxies {
-		p.cut()
+		p.Cut()
 	}
 	cut := time.Now() // no renewal sent after this can reach etcd
 	lostA := a.next(t, false)
@@ -235,15 +236,15 @@ func TestStandbyRequeuesAfterItsLeaseExpires(t *testing.T) {
 	admin := newClient(t, c.Endpoints)
 	a := runElector(t, newClient(t, c.Endpoints), "coord-a")
 	gainA := a.next(t, true)
-	proxies, viaProxy := proxyAll(t, c)
+	proxies, viaProxy := etcdtest.ProxyAll(t, c)
 	b := runElector(t, newClient(t, viaProxy), "coord-b")
 	waitKeys(t, admin, 2)
 	for _, p := range proxies {
-		p.cut()
+		p.Cut()
 	}
 	waitKeys(t, admin, 1) // B's lease expired
 	for _, p := range proxies {
-		p.heal()
+		p.Heal()
 	}
 	waitKeys(t, admin, 2) // B queued again
 	a.stop()

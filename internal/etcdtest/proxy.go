@@ -1,4 +1,4 @@
-package leader_test
+package etcdtest
 
 import (
 	"io"
@@ -8,10 +8,10 @@ import (
 	"testing"
 )
 
-// proxy forwards TCP to one etcd member until cut, after which every
+// Proxy forwards TCP to one etcd member until Cut, after which every
 // connection is closed and new ones are dropped on accept: a network
 // partition between one client and etcd (fault injection).
-type proxy struct {
+type Proxy struct {
 	l      net.Listener
 	target string
 	mu     sync.Mutex
@@ -20,26 +20,29 @@ type proxy struct {
 	wg     sync.WaitGroup
 }
 
-func startProxy(t *testing.T, targetURL string) *proxy {
+// StartProxy listens on loopback and forwards to targetURL's host:port
+// until the test ends.
+func StartProxy(t testing.TB, targetURL string) *Proxy {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{l: l, target: strings.TrimPrefix(targetURL, "http://")}
+	p := &Proxy{l: l, target: strings.TrimPrefix(targetURL, "http://")}
 	p.wg.Add(1)
-	go p.accept()
+	go p.accept() // owned by the proxy; ends when the listener closes
 	t.Cleanup(func() {
 		l.Close()
-		p.cut()
+		p.Cut()
 		p.wg.Wait()
 	})
 	return p
 }
 
-func (p *proxy) url() string { return "http://" + p.l.Addr().String() }
+// URL is the proxy's client URL.
+func (p *Proxy) URL() string { return "http://" + p.l.Addr().String() }
 
-func (p *proxy) accept() {
+func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
 		c, err := p.l.Accept()
@@ -60,28 +63,28 @@ func (p *proxy) accept() {
 		}
 		p.conns = append(p.conns, c, d)
 		p.wg.Add(2)
-		go p.pipe(c, d)
+		go p.pipe(c, d) // both pipes end when either side closes
 		go p.pipe(d, c)
 		p.mu.Unlock()
 	}
 }
 
-func (p *proxy) pipe(dst, src net.Conn) {
+func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
 	_, _ = io.Copy(dst, src)
 	dst.Close()
 	src.Close()
 }
 
-// heal accepts and forwards connections again.
-func (p *proxy) heal() {
+// Heal accepts and forwards connections again.
+func (p *Proxy) Heal() {
 	p.mu.Lock()
 	p.isCut = false
 	p.mu.Unlock()
 }
 
-// cut closes every forwarded connection and refuses new ones.
-func (p *proxy) cut() {
+// Cut closes every forwarded connection and refuses new ones.
+func (p *Proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.isCut = true
@@ -91,16 +94,16 @@ func (p *proxy) cut() {
 	p.conns = nil
 }
 
-// proxyAll puts a proxy in front of every member of c and returns them with
+// ProxyAll puts a proxy in front of every member of c and returns them with
 // the endpoints that go through them.
-func proxyAll(t *testing.T, c *cluster) ([]*proxy, []string) {
+func ProxyAll(t testing.TB, c *Cluster) ([]*Proxy, []string) {
 	t.Helper()
-	var proxies []*proxy
+	var proxies []*Proxy
 	var urls []string
 	for _, ep := range c.Endpoints {
-		p := startProxy(t, ep)
+		p := StartProxy(t, ep)
 		proxies = append(proxies, p)
-		urls = append(urls, p.url())
+		urls = append(urls, p.URL())
 	}
 	return proxies, urls
 }
