@@ -229,8 +229,9 @@ func Run(cfg Config, dev Device) (*Result, error) {
 	perm := rnd.Perm(int(g.nb))
 	const chunksPerReq = 16
 	type req struct {
-		tokens []wire.Int
-		blocks []int
+		tokens   []wire.Int
+		blocks   []int
+		lookupID string // the LOOKUP whose read locks the retrieve uses
 	}
 	var reqs []req
 	for b := 0; b < len(perm); b += chunksPerReq * int(bpc) {
@@ -239,7 +240,7 @@ func Run(cfg Config, dev Device) (*Result, error) {
 		for i := range toks {
 			toks[i] = wire.Int(rnd.IntN(150000))
 		}
-		reqs = append(reqs, req{toks, perm[b:e]})
+		reqs = append(reqs, req{tokens: toks, blocks: perm[b:e]})
 	}
 	key := func(r req, id string) *wire.Key {
 		return &wire.Key{ModelName: model, WorldSize: 1, WorkerID: wire.SomeInt(0), TokenIDs: r.tokens, Start: 0, End: wire.Int(len(r.tokens)), RequestID: id, NumKVReaders: 1}
@@ -282,15 +283,33 @@ func Run(cfg Config, dev Device) (*Result, error) {
 	storeT := time.Since(t0)
 
 	// LOOKUP (and so prefetch-lock) everything, then scramble the cache.
+	// The server commits a CUDA store once its completion event fired, on
+	// its own goroutine, so a LOOKUP right after the worker saw the event
+	// can come first: a short LOOKUP is retried (its locks freed) for up
+	// to 10 s before it counts as a failure.
 	for i, r := range reqs {
-		k := key(r, fmt.Sprintf("gpucheck-load-%d", i))
-		k.WorkerID = wire.OptInt{}
-		n, err := c.LookupWait(k, time.Millisecond)
-		if err != nil {
-			return nil, fmt.Errorf("LOOKUP %d: %w", i, err)
-		}
-		if want := len(r.blocks) / int(bpc); n != want {
-			return nil, fmt.Errorf("LOOKUP %d hit %d of %d chunks (is the server's L1 big enough for %d bytes?)", i, n, want, total)
+		want := len(r.blocks) / int(bpc)
+		deadline := time.Now().Add(10 * time.Second)
+		for try := 0; ; try++ {
+			k := key(r, fmt.Sprintf("gpucheck-load-%d-%d", i, try))
+			k.WorkerID = wire.OptInt{}
+			n, err := c.LookupWait(k, time.Millisecond)
+			if err != nil {
+				return nil, fmt.Errorf("LOOKUP %d: %w", i, err)
+			}
+			if n == want {
+				reqs[i].lookupID = k.RequestID
+				break
+			}
+			if n > 0 {
+				if err := c.FreeLookupLocks(k, 1); err != nil {
+					return nil, fmt.Errorf("FREE_LOOKUP_LOCKS %d: %w", i, err)
+				}
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("LOOKUP %d hit %d of %d chunks for 10 s (is the server's L1 big enough for %d bytes?)", i, n, want, total)
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
 	}
 	zero := make([]byte, g.layerBytes())
@@ -304,7 +323,7 @@ func Run(cfg Config, dev Device) (*Result, error) {
 	}
 	t0 = time.Now()
 	for i, r := range reqs {
-		k := wire.Marshal(key(r, fmt.Sprintf("gpucheck-load-%d", i)))
+		k := wire.Marshal(key(r, r.lookupID))
 		if err := transfer(wire.OpRetrieve, k, wire.EncodeInt(inst), blockIDs(r.blocks), msgp.AppendBytes(nil, ready[:]), wire.EncodeInt(0)); err != nil {
 			return nil, fmt.Errorf("RETRIEVE %d: %w", i, err)
 		}
