@@ -430,7 +430,7 @@ func haFailover(t *testing.T, kafka bool) {
 		return all && l != nil
 	})
 	warm := time.Since(began)
-	t.Logf("per coordinator, restart to ledger equal (the killed %s's consumer group waits out its old member's session): %v", lead.name, warmAt)
+	t.Logf("per coordinator, restart to ledger equal (%s was killed: its old group member must time out first): %v", lead.name, warmAt)
 	for _, c := range append([]*haCoord{refAgain}, again...) {
 		if n := scrape(c.url, "lmcache_coordinator_checkpoint_restored_keys"); !(n > 0) {
 			t.Errorf("%s restored %v keys from its checkpoint", c.name, n)
