@@ -834,6 +834,16 @@ func (st *state) countTransfer(r *lmdReg, direction string, plan *kvlayout.Plan,
 	m.TransferCopySeconds.WithLabelValues(direction, path).Add(took.Seconds())
 }
 
+// countEngineDriven records an engine-driven transfer the worker
+// finished (COMMIT_STORE after its copies into the slots, COMMIT_RETRIEVE
+// after its copies out of them) under path="engine_driven": whole
+// objects, no copy time (the worker's).
+func (st *state) countEngineDriven(direction string, chunks int, objBytes int64) {
+	m := st.s.metrics
+	m.TransferBytes.WithLabelValues(direction, "engine_driven").Add(float64(int64(chunks) * objBytes))
+	m.TransferChunks.WithLabelValues(direction, "engine_driven").Add(float64(chunks))
+}
+
 // lmdAsyncFailed reports a CUDA transfer that failed after its reply
 // (the copies or the commit): the store's chunks are dropped, counted in
 // lmcache_mp_zmq_refused_requests_total{reason="lmcache_driven_transfer"}.

@@ -273,6 +273,20 @@ func lmdFormatEndToEnd(t *testing.T, format string, world int) {
 		}
 	}
 	lookupUntil(t, sched, key(model, world, -1, other, 0, testChunk, "e"), 1)
+	// The engine-driven workers' transfers: 2 chunks read, 1 written each.
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"engine-driven retrieve bytes", counterValue(tm.TransferBytes.WithLabelValues("retrieve", "engine_driven")), float64(world * 2 * objBytes)},
+		{"engine-driven retrieve chunks", counterValue(tm.TransferChunks.WithLabelValues("retrieve", "engine_driven")), float64(world * 2)},
+		{"engine-driven store bytes", counterValue(tm.TransferBytes.WithLabelValues("store", "engine_driven")), float64(world * objBytes)},
+		{"engine-driven store chunks", counterValue(tm.TransferChunks.WithLabelValues("store", "engine_driven")), float64(world)},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s counted %v, want %v", c.name, c.got, c.want)
+		}
+	}
 	for r, rk := range ranks {
 		if b := call(r, wire.OpRetrieve, other, testChunk, "e", blockIDs(13, 14), msgp.AppendBytes(nil, nil), wire.EncodeInt(0)); !bytes.Equal(b, transferOK) {
 			t.Fatalf("rank %d RETRIEVE of an engine-driven object = %x", r, b)

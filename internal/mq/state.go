@@ -738,6 +738,7 @@ func (st *state) commitStore(req *request) ([]byte, error) {
 	if err != nil {
 		return wire.False, fmt.Errorf("commit %d chunks (%d published): %w", len(w.keys), n, err)
 	}
+	st.countEngineDriven("store", len(w.keys), r.objBytes)
 	return wire.True, nil
 }
 
@@ -795,6 +796,7 @@ func (st *state) commitRetrieve(req *request) ([]byte, error) {
 		return wire.False, fmt.Errorf("COMMIT_RETRIEVE without a pending PREPARE_RETRIEVE for [%d, %d)", key.Start, key.End)
 	}
 	st.s.eng.ReleaseRead(rd.owner, rd.keys, 1)
+	st.countEngineDriven("retrieve", len(rd.keys), r.objBytes)
 	return wire.True, nil
 }
 
