@@ -21,8 +21,10 @@ const (
 	maxPollRecords = 500
 	// commitTimeout bounds the final commit on a clean stop.
 	commitTimeout = 10 * time.Second
-	retryInitial  = 100 * time.Millisecond
-	retryMax      = 5 * time.Second
+	// sessionTimeout is the consumer group session (see Open).
+	sessionTimeout = 10 * time.Second
+	retryInitial   = 100 * time.Millisecond
+	retryMax       = 5 * time.Second
 )
 
 // ErrRejected, wrapped in an Applier's error, says the record can never be
@@ -251,6 +253,13 @@ func (s *Source) Open() error {
 		// unapplied one.
 		kgo.BlockRebalanceOnPoll(),
 		kgo.AdjustFetchOffsetsFn(s.adjustOffsets),
+		// A coordinator killed with SIGKILL never leaves its group: its
+		// partitions stay assigned to the dead member until the session
+		// times out, and a restart in the same group reads nothing until
+		// then. 10 s (librdkafka and franz-go default to 45 s) bounds that
+		// wait; heartbeats every second keep a live member well inside it.
+		kgo.SessionTimeout(sessionTimeout),
+		kgo.HeartbeatInterval(time.Second),
 	)
 	if err != nil {
 		return fmt.Errorf("kafkaevents: new consumer: %w", err)
