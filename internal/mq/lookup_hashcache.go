@@ -1,6 +1,7 @@
 package mq
 
 import (
+	"hash/maphash"
 	"math/rand/v2"
 	"sync"
 
@@ -20,14 +21,20 @@ import (
 // The parent hash chains the entries, so a chunk is reused only behind the
 // same prefix, which is what makes its hash the same.
 //
+// Entries are per cache_salt: the hash does not depend on the salt, but
+// sharing entries across salts would let one tenant tell, by how fast its
+// LOOKUP is answered, that another sent a prompt recently, which is what
+// a salt is there to prevent.
+//
 // Bounded: two generations of at most half entries each; a full current
 // generation becomes the old one and the old one is dropped, and an entry
 // found in the old generation moves to the current one (an LRU
 // approximation without a list). Each entry owns its token ids (ChunkSize
 // uint32s) and hash, so the bound is on memory too.
 type prefixCache struct {
-	seed uint64 // fingerprint seed, random per process
-	half int    // entries per generation; 0 disables the cache
+	seed     uint64 // fingerprint seed, random per process
+	saltSeed maphash.Seed
+	half     int // entries per generation; 0 disables the cache
 
 	mu  sync.Mutex
 	cur map[chunkID]*chunkNode
@@ -39,12 +46,14 @@ type chunkID struct {
 	parent [32]byte // the previous chunk's hash; zero for the first chunk
 	first  bool     // chunk 0, whose parent is the hasher's root
 	fp     uint64   // fingerprint of the chunk's token ids
+	salt   uint64   // fingerprint of the request's cache_salt
 }
 
 // chunkNode is one hashed chunk. Immutable once built, so sessions and
 // callers may keep pointers to it after the cache dropped it.
 type chunkNode struct {
 	id     chunkID
+	salt   string   // the cache_salt of the request that hashed it
 	tokens []uint32 // the chunk's token ids, owned by this node
 	hash   []byte
 }
@@ -56,13 +65,14 @@ func newPrefixCache(chunks int, h *tokenhash.Hasher) *prefixCache {
 	if h == nil || len(h.ChunkHashesU32(make([]uint32, h.ChunkSize()))[0]) != len(chunkID{}.parent) {
 		half = 0
 	}
-	return &prefixCache{seed: rand.Uint64() | 1, half: half,
+	return &prefixCache{seed: rand.Uint64() | 1, saltSeed: maphash.MakeSeed(), half: half,
 		cur: make(map[chunkID]*chunkNode), old: make(map[chunkID]*chunkNode)}
 }
 
-// idOf is the cache key of the chunk ids following parent (nil: the root).
-func (c *prefixCache) idOf(parent *chunkNode, ids []wire.Int) chunkID {
-	id := chunkID{first: parent == nil, fp: c.fingerprint(ids)}
+// idOf is the cache key of the chunk ids following parent (nil: the root)
+// in a request with this cache_salt.
+func (c *prefixCache) idOf(parent *chunkNode, salt string, ids []wire.Int) chunkID {
+	id := chunkID{first: parent == nil, fp: c.fingerprint(ids), salt: maphash.String(c.saltSeed, salt)}
 	if parent != nil {
 		copy(id.parent[:], parent.hash) // 32 bytes (newPrefixCache checks)
 	}
@@ -94,8 +104,8 @@ func (c *prefixCache) fingerprint(ids []wire.Int) uint64 {
 
 // extend appends to nodes (the chunks of ids already resolved, in order)
 // the cached chunks that follow them, and returns it: it stops at the
-// first chunk not cached with exactly these token ids.
-func (c *prefixCache) extend(nodes []*chunkNode, ids []wire.Int, chunk int) []*chunkNode {
+// first chunk not cached with exactly these token ids and this salt.
+func (c *prefixCache) extend(nodes []*chunkNode, salt string, ids []wire.Int, chunk int) []*chunkNode {
 	if c.half == 0 {
 		return nodes
 	}
@@ -107,7 +117,7 @@ func (c *prefixCache) extend(nodes []*chunkNode, ids []wire.Int, chunk int) []*c
 			parent = nodes[i-1]
 		}
 		part := ids[i*chunk : (i+1)*chunk]
-		id := c.idOf(parent, part)
+		id := c.idOf(parent, salt, part)
 		n := c.cur[id]
 		if n == nil {
 			if n = c.old[id]; n != nil {
@@ -115,7 +125,7 @@ func (c *prefixCache) extend(nodes []*chunkNode, ids []wire.Int, chunk int) []*c
 				c.putLocked(n)
 			}
 		}
-		if n == nil || !sameTokens(n.tokens, part) {
+		if n == nil || n.salt != salt || !sameTokens(n.tokens, part) {
 			break
 		}
 		nodes = append(nodes, n)

@@ -47,7 +47,12 @@ func wantHashes(t *testing.T, st *state, ids []wire.Int) [][]byte {
 
 func hashesOf(t *testing.T, st *state, req string, ids []wire.Int) [][]byte {
 	t.Helper()
-	k := &wire.Key{ModelName: "m", WorldSize: 1, TokenIDs: ids, End: wire.Int(len(ids)), RequestID: req}
+	return saltedHashesOf(t, st, req, "", ids)
+}
+
+func saltedHashesOf(t *testing.T, st *state, req, salt string, ids []wire.Int) [][]byte {
+	t.Helper()
+	k := &wire.Key{ModelName: "m", WorldSize: 1, TokenIDs: ids, End: wire.Int(len(ids)), RequestID: req, CacheSalt: salt}
 	got, err := st.chunkHashes(k, len(ids)/4)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +121,7 @@ func TestPrefixCacheFingerprintCollision(t *testing.T) {
 	first := hashesOf(t, st, "a", p)
 	// Corrupt chunk 1's cached tokens in place, keeping its key.
 	parent := &chunkNode{hash: first[0]}
-	id := st.prefixes.idOf(parent, p[4:8])
+	id := st.prefixes.idOf(parent, "", p[4:8])
 	n := st.prefixes.cur[id]
 	if n == nil {
 		t.Fatal("chunk 1 not cached")
@@ -128,6 +133,30 @@ func TestPrefixCacheFingerprintCollision(t *testing.T) {
 	}
 	if sameArray(first[1], second[1]) {
 		t.Fatal("chunk 1 was taken from an entry with other token ids")
+	}
+}
+
+// TestPrefixCacheIsPerSalt: a prompt another cache_salt hashed is hashed
+// again (so LOOKUP's speed tells a tenant nothing about other tenants'
+// prompts); the same salt reuses its own entries.
+func TestPrefixCacheIsPerSalt(t *testing.T) {
+	st := prefixState(t, 64)
+	p := idsOf(1, 2, 3, 4, 5, 6, 7, 8)
+	a := saltedHashesOf(t, st, "a", "tenant-a", p)
+	b := saltedHashesOf(t, st, "b", "tenant-b", p)
+	for i := range a {
+		if sameArray(a[i], b[i]) {
+			t.Fatalf("chunk %d of salt tenant-a reused for salt tenant-b", i)
+		}
+	}
+	again := saltedHashesOf(t, st, "c", "tenant-a", p)
+	for i := range a {
+		if !sameArray(a[i], again[i]) {
+			t.Fatalf("chunk %d not reused for the same salt", i)
+		}
+	}
+	if n := st.prefixes.len(); n != 4 {
+		t.Fatalf("cache holds %d chunks, want 2 per salt", n)
 	}
 }
 

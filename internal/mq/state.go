@@ -570,7 +570,7 @@ func (st *state) chunkHashes(k *wire.Key, last int) ([][]byte, error) {
 		nodes = append(nodes, sess.nodes[:reuse]...)
 	}
 	st.mu.Unlock()
-	nodes = st.prefixes.extend(nodes, ids, c)
+	nodes = st.prefixes.extend(nodes, k.CacheSalt, ids, c)
 
 	if reuse := len(nodes); reuse < last {
 		tokens := make([]uint32, 0, (last-reuse)*c)
@@ -591,8 +591,8 @@ func (st *state) chunkHashes(k *wire.Key, last int) ([][]byte, error) {
 			if j := reuse + i; j > 0 {
 				parent = nodes[j-1]
 			}
-			nodes = append(nodes, &chunkNode{id: st.prefixes.idOf(parent, ids[(reuse+i)*c:(reuse+i+1)*c]),
-				tokens: slices.Clone(tokens[i*c : (i+1)*c]), hash: sum})
+			nodes = append(nodes, &chunkNode{id: st.prefixes.idOf(parent, k.CacheSalt, ids[(reuse+i)*c:(reuse+i+1)*c]),
+				salt: k.CacheSalt, tokens: slices.Clone(tokens[i*c : (i+1)*c]), hash: sum})
 		}
 		st.prefixes.add(nodes, reuse)
 	}
