@@ -85,3 +85,77 @@ func BenchmarkLookupSocket(b *testing.B) {
 	b.ReportMetric(pct(hash, 0.5), "hash-p50-ns")
 	b.ReportMetric(pct(lat, 0.5)/pct(hash, 0.5), "p50/hash")
 }
+
+// BenchmarkLookupPhases splits BenchmarkLookupSocket's round trip over the
+// same socket and prompt: a NOOP round trip (the wire's floor), a PING
+// carrying a LOOKUP-sized (160 KiB) extra frame (the transfer), the
+// client's key encoding, LOOKUP alone with the key encoded beforehand, and
+// QUERY_PREFETCH_STATUS. p50/p99 of each, in µs.
+func BenchmarkLookupPhases(b *testing.B) {
+	const chunk, tokens, stored = 256, 32768, 16
+	h := start(b, opts{mq: func(c *mq.Config) { c.ChunkSize = chunk }, eng: func(c *engine.Config) { c.L1SizeBytes = 64 << 20 }})
+	c, err := mqclient.Dial(h.endpoint, mqclient.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.GetChunkSize(); err != nil {
+		b.Fatal(err)
+	}
+	reg := &wire.RegisterPayload{InstanceID: 1, ModelName: "m", WorldSize: 1, BlockSize: 16, NumLayers: 1, HiddenDimSize: 8, DtypeStr: "float16",
+		NumPhysicalSlots: wire.Nil, EngineGroupInfos: wire.EmptyList, GroupHiddenDimSizes: wire.Nil, GroupLayoutDescs: wire.Nil}
+	if _, err := c.Register(reg); err != nil {
+		b.Fatal(err)
+	}
+	ids := prompt(3, tokens)
+	sk := &wire.Key{ModelName: "m", WorldSize: 1, WorkerID: wire.SomeInt(0), TokenIDs: ids, End: stored * chunk, RequestID: "s", NumKVReaders: 1}
+	if plan, err := c.PrepareStore(sk, 1); err != nil || len(plan.Slots) != stored {
+		b.Fatalf("PREPARE_STORE %+v %v", plan, err)
+	}
+	if ok, err := c.CommitStore(sk, 1, nil); err != nil || !ok {
+		b.Fatalf("COMMIT_STORE %v %v", ok, err)
+	}
+	big := make([]byte, 160<<10)
+	var buf []byte
+	phases := map[string][]time.Duration{}
+	timed := func(name string, f func() error) {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		phases[name] = append(phases[name], time.Since(t0))
+	}
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		k := &wire.Key{ModelName: "m", WorldSize: 1, TokenIDs: ids, End: tokens, RequestID: fmt.Sprint("l", i), NumKVReaders: 1}
+		timed("noop", func() error { _, err := c.Noop(); return err })
+		timed("ping160k", func() error { _, err := c.Call(wire.OpPing, wire.Marshal(wire.OptInt{}), big); return err })
+		timed("encode", func() error { buf, err = k.MarshalMsg(buf[:0]); return err })
+		timed("lookup", func() error { _, err := c.Call(wire.OpLookup, buf, wire.EncodeInt(1)); return err })
+		timed("query", func() error {
+			n, ready, err := c.QueryPrefetchStatus(k.RequestID)
+			if err == nil && (!ready || n != stored) {
+				err = fmt.Errorf("ready=%v hits=%d, want %d", ready, n, stored)
+			}
+			return err
+		})
+		b.StopTimer()
+		if err := c.FreeLookupLocks(k, 1); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.EndSession(k.RequestID); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	pct := func(d []time.Duration, p float64) float64 {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Nanoseconds()) / 1e3
+	}
+	for name, d := range phases {
+		b.ReportMetric(pct(d, 0.5), name+"-p50-us")
+		b.ReportMetric(pct(d, 0.99), name+"-p99-us")
+	}
+}
