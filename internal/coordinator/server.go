@@ -167,6 +167,7 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 	}
 	s.metrics = newMetrics(s)
 	s.metrics.reg.MustRegister(s.ingestCollectors()...)
+	s.metrics.reg.MustRegister(s.loops.Collector(metricPrefix[:len(metricPrefix)-1])) // lmcache_coordinator_periodic_thread_*
 	t, err := s.buildTable()
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)

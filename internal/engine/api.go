@@ -271,6 +271,9 @@ type PrefetchResult struct {
 	// job is done, and the prefix's read locks are held as usual and must
 	// be released as usual. Failures are also counted in Counters.
 	Err error
+	// Duration is the time from Prefetch to the job's completion (set when
+	// Done; lmcache_mp_lookup_duration_seconds).
+	Duration time.Duration
 }
 
 // AdapterInfo describes one configured L2 adapter.

@@ -680,6 +680,7 @@ func (e *Engine) Counters() Counters {
 			LoadFailed: s.loadFailed.Load(), EvictedObjects: s.evicted.Load(), EvictionTicks: s.evictionTicks.Load(),
 			InflightStores: s.inflightStores.Load(), InflightLoads: s.inflightLoads.Load(),
 			PendingStores: s.pendingStores.Load(), UsageBytes: a.Usage().TotalBytesUsed,
+			BreakerState: int64(l2.BreakerStateOf(a)),
 		})
 	}
 	return c

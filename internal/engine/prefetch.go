@@ -491,8 +491,8 @@ func (e *Engine) finishJob(j *job) {
 	if !j.lookupDone {
 		j.lookupDone, j.lookupPrefix = true, prefix
 	}
-	j.res = PrefetchResult{Done: true, LookupDone: true, LookupPrefixChunks: j.lookupPrefix, PrefixChunks: prefix, TotalKeys: j.total, L1Keys: l1Keys, L2Keys: j.l2Keys, Err: j.err}
 	j.doneAt = time.Now()
+	j.res = PrefetchResult{Done: true, LookupDone: true, LookupPrefixChunks: j.lookupPrefix, PrefixChunks: prefix, TotalKeys: j.total, L1Keys: l1Keys, L2Keys: j.l2Keys, Err: j.err, Duration: j.doneAt.Sub(j.submitted)}
 	p.mu.Unlock()
 	e.st.activeJobs.Add(-1)
 	close(j.done)

@@ -429,7 +429,7 @@ func (s *Server) kvProbe(r *http.Request, e Engine, chunks [][]objkey.Key) (engi
 
 func (s *Server) recordLookup(req kvRequest, chunks int, res engine.PrefetchResult) {
 	s.metrics.RecordLookup(req.model, req.salt, s.hasher.ChunkSize(), chunks,
-		mpmetrics.LookupResult{PrefixChunks: res.PrefixChunks, L1Keys: res.L1Keys, L2Keys: res.L2Keys})
+		mpmetrics.LookupResult{PrefixChunks: res.PrefixChunks, L1Keys: res.L1Keys, L2Keys: res.L2Keys, Duration: res.Duration})
 }
 
 func setHitHeaders(h http.Header, res engine.PrefetchResult, prefix, total, chunkSize int) {

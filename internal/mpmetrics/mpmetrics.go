@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -45,6 +46,10 @@ type Metrics struct {
 	LookupHitL2Keys       *prometheus.CounterVec
 	Lookups               *prometheus.CounterVec
 	LookupEarlyExit       *prometheus.CounterVec
+	// LookupSeconds is the time lookups took from submission to the
+	// engine's answer (a Go addition; RecordLookup observes it). It has no
+	// labels; a vector only so that Reset can empty it.
+	LookupSeconds *prometheus.HistogramVec
 
 	// Coordinator event reporting (no upstream equivalent; Go additions).
 	CoordEventsQueued  *Counter
@@ -110,6 +115,13 @@ func New(instanceID string, src Source) *Metrics {
 	m.Lookups = cv(Namespace+"_lookups_requests_total", "Lookup requests.", lookupLabels...)
 	m.LookupEarlyExit = cv(Namespace+"_lookup_early_exit_requests_total", "Lookups answered without touching storage.", "model_name", "cache_salt", "reason")
 
+	lookupHist := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: Namespace + "_lookup_duration_seconds",
+		Help:    "Time from a lookup's submission (ZMQ LOOKUP, POST /api/kv lookup) to the engine's answer, L2 lookups and loads included.",
+		Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}}, nil)
+	m.reg.MustRegister(lookupHist)
+	m.LookupSeconds = lookupHist
+	lookupHist.WithLabelValues() // exported (empty) before the first lookup
+
 	c := func(name, help string) *Counter {
 		rc := &Counter{desc: prometheus.NewDesc(name, help, nil, nil)}
 		m.reg.MustRegister(rc)
@@ -171,6 +183,8 @@ func (m *Metrics) Reset() {
 	for _, c := range m.resets {
 		c.reset()
 	}
+	m.LookupSeconds.Reset()
+	m.LookupSeconds.WithLabelValues()
 	m.engine.rebase()
 }
 
@@ -274,6 +288,8 @@ var (
 	dL2Usage      = desc{"l2_usage_bytes", "L2 bytes in use.", []string{"l2_name"}}
 	dInflightSt   = desc{"num_inflight_l2_stores", "L2 store tasks in flight.", []string{"l2_name", "adapter_index"}}
 	dInflightLd   = desc{"num_inflight_l2_loads", "L2 load tasks in flight.", []string{"l2_name", "adapter_index"}}
+	// A Go addition: upstream reports the S3 breaker only in /status.
+	dBreaker = desc{"l2_breaker_state", "L2 adapter circuit breaker: 0 closed, 1 open (calls fail at once), 2 half-open (one probe decides); 0 for adapters without a breaker.", []string{"l2_name", "adapter_index"}}
 )
 
 func (d desc) prom() *prometheus.Desc {
@@ -357,6 +373,7 @@ func (e *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(dL2Usage, float64(a.UsageBytes), name)
 		gauge(dInflightSt, float64(a.InflightStores), name, idx)
 		gauge(dInflightLd, float64(a.InflightLoads), name, idx)
+		gauge(dBreaker, float64(a.BreakerState), name, idx)
 	}
 }
 
@@ -376,6 +393,9 @@ type LookupResult struct {
 	PrefixChunks int
 	// L1Keys were already resident; L2Keys were loaded from L2.
 	L1Keys, L2Keys int
+	// Duration is the time from submission to the answer; observed in
+	// lmcache_mp_lookup_duration_seconds when positive.
+	Duration time.Duration
 }
 
 // RecordLookup counts one finished lookup, from the vLLM data path or the
@@ -387,4 +407,7 @@ func (m *Metrics) RecordLookup(model, salt string, chunkSize, requestedChunks in
 	m.LookupHitTokens.WithLabelValues(model, salt).Add(float64(res.PrefixChunks * chunkSize))
 	m.LookupHitL1Keys.WithLabelValues(model, salt).Add(float64(res.L1Keys))
 	m.LookupHitL2Keys.WithLabelValues(model, salt).Add(float64(res.L2Keys))
+	if res.Duration > 0 {
+		m.LookupSeconds.WithLabelValues().Observe(res.Duration.Seconds())
+	}
 }

@@ -121,7 +121,7 @@ func (st *state) consumed(id string, res engine.PrefetchResult) {
 	st.mu.Unlock()
 	if ok {
 		st.s.cfg.Metrics.RecordLookup(m.model, m.salt, st.s.hasher.ChunkSize(), m.chunks,
-			mpmetrics.LookupResult{PrefixChunks: res.PrefixChunks, L1Keys: res.L1Keys, L2Keys: res.L2Keys})
+			mpmetrics.LookupResult{PrefixChunks: res.PrefixChunks, L1Keys: res.L1Keys, L2Keys: res.L2Keys, Duration: res.Duration})
 	}
 }
 

@@ -80,6 +80,7 @@ type Loop struct {
 	running bool
 	started time.Time
 	lastRun time.Time
+	lastOK  time.Time // start of the last successful cycle
 	runs    int64
 	failed  int64
 	last    *lastSummary
@@ -161,6 +162,8 @@ func (l *Loop) record(start time.Time, sum Summary, err error) {
 	if err != nil {
 		l.failed++
 		msg = err.Error()
+	} else {
+		l.lastOK = start
 	}
 	l.lastRun = start
 	l.last = &lastSummary{at: start, duration: end.Sub(start), ok: err == nil, message: msg, extra: sum.Extra}
@@ -356,4 +359,19 @@ func Unhealthy(all []Status) []Status {
 		}
 	}
 	return out
+}
+
+// sinceSuccess is the time since the last successful cycle started, since
+// the loop started when none has succeeded, and 0 when it is not running.
+func (l *Loop) sinceSuccess() time.Duration {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case !l.running:
+		return 0
+	case l.lastOK.IsZero():
+		return now.Sub(l.started)
+	}
+	return now.Sub(l.lastOK)
 }

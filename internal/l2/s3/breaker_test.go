@@ -119,6 +119,9 @@ func TestBreakerOpensFailsFastAndRecovers(t *testing.T) {
 	if st := a.Status(); st["breaker_state"] != "open" {
 		t.Fatalf("after 3 failures: %v", st)
 	}
+	if got := l2.BreakerStateOf(a); got != l2.BreakerOpen { // the lmcache_mp_l2_breaker_state gauge's value
+		t.Fatalf("BreakerStateOf after 3 failures = %d, want %d", got, l2.BreakerOpen)
+	}
 	before := o.requests.Load()
 	assertBroken(t, a, append(keys, more...), [][]byte{objs[0], objs[0]})
 	if got := o.requests.Load(); got != before {
@@ -155,6 +158,9 @@ func TestBreakerOpensFailsFastAndRecovers(t *testing.T) {
 	st := a.Status()
 	if st["breaker_state"] != "closed" || st["is_healthy"] != true || st["breaker_trips"] != int64(2) {
 		t.Fatalf("status after recovery = %v", st)
+	}
+	if got := l2.BreakerStateOf(a); got != l2.BreakerClosed {
+		t.Fatalf("BreakerStateOf after recovery = %d, want %d", got, l2.BreakerClosed)
 	}
 }
 

@@ -609,7 +609,7 @@ func (a *Adapter) Status() map[string]any {
 		"addressing_style":    a.cfg.AddressingStyle,
 		"connection_failures": failures,
 		"connection_disabled": state != closed,
-		"breaker_state":       state.String(),
+		l2.StatusBreakerKey:   state.String(),
 		"breaker_trips":       trips,
 		"slow_calls":          slows,
 		"current_size_bytes":  u.TotalBytesUsed,

@@ -101,4 +101,7 @@ type L2Counters struct {
 	InflightLoads  int64 // num_inflight_l2_loads
 	PendingStores  int64 // objects queued or backing off for this adapter
 	UsageBytes     int64 // l2_usage_bytes
+	// BreakerState is l2.BreakerStateOf the adapter (l2_breaker_state):
+	// 0 closed, 1 open, 2 half-open; 0 for adapters without a breaker.
+	BreakerState int64
 }
