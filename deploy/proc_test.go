@@ -92,7 +92,8 @@ func get(t *testing.T, url string) (int, []byte) {
 }
 
 // metricNames are the metric family names a /metrics page exposes, parsed
-// with Prometheus' own text-format parser.
+// with Prometheus' own text-format parser, plus a histogram's _bucket, _sum
+// and _count series names (a summary's _sum and _count).
 func metricNames(t *testing.T, url string) map[string]bool {
 	t.Helper()
 	code, body := get(t, url)
@@ -105,8 +106,11 @@ func metricNames(t *testing.T, url string) map[string]bool {
 		t.Fatalf("parse %s: %v", url, err)
 	}
 	out := map[string]bool{}
-	for n := range fams {
+	for n, f := range fams {
 		out[n] = true
+		if t := f.GetType().String(); t == "HISTOGRAM" || t == "SUMMARY" { // queries name the series
+			out[n+"_bucket"], out[n+"_sum"], out[n+"_count"] = t == "HISTOGRAM", true, true
+		}
 	}
 	return out
 }
