@@ -152,6 +152,27 @@ func TestFleetFromManifests(t *testing.T) {
 		coordNames = metricNames(t, f.coordHTTP+"/metrics")
 	}
 	serverNames := metricNames(t, f.serverHTTP+"/metrics")
+
+	// The bench's lookups (ZMQ LOOKUP) are each observed once in the
+	// lookup latency histogram, the metric LMCacheLookupLatencyHigh uses;
+	// both periodic-loop gauges list the services' loops, all healthy.
+	t.Run("AlertMetricsHaveSamples", func(t *testing.T) {
+		server := metricValues(t, f.serverHTTP+"/metrics")
+		lookups, observed := server["lmcache_mp_lookups_requests_total"], server["lmcache_mp_lookup_duration_seconds_count"]
+		t.Logf("lookups %v, observed %v, lookup seconds sum %v", lookups, observed, server["lmcache_mp_lookup_duration_seconds_sum"])
+		if lookups < 6 || observed != lookups {
+			t.Errorf("lookups %v, lookup_duration_seconds_count %v; want equal, at least the bench's 6", lookups, observed)
+		}
+		if v, ok := server["lmcache_mp_l2_breaker_state"]; !ok || v != 0 {
+			t.Errorf("lmcache_mp_l2_breaker_state (fs adapter) = %v (present %v), want 0", v, ok)
+		}
+		coord := metricValues(t, f.coordHTTP+"/metrics")
+		for name, vals := range map[string]map[string]float64{"lmcache_mp_periodic_thread_healthy": server, "lmcache_coordinator_periodic_thread_healthy": coord} {
+			if vals[name+"#series"] < 2 || vals[name] != vals[name+"#series"] {
+				t.Errorf("%s: %v loops, %v healthy; want every one of at least 2", name, vals[name+"#series"], vals[name])
+			}
+		}
+	})
 	exported := map[string]bool{}
 	for n := range serverNames {
 		exported[n] = true
@@ -173,7 +194,8 @@ func TestFleetFromManifests(t *testing.T) {
 		}
 		var missing []string
 		for n := range exported {
-			if strings.HasPrefix(n, "lmcache_") && !used[n] {
+			base := strings.TrimSuffix(strings.TrimSuffix(n, "_count"), "_sum")
+			if strings.HasPrefix(n, "lmcache_") && !used[n] && !used[n+"_bucket"] && !used[base+"_bucket"] {
 				missing = append(missing, n)
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -91,10 +92,9 @@ func get(t *testing.T, url string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-// metricNames are the metric family names a /metrics page exposes, parsed
-// with Prometheus' own text-format parser, plus a histogram's _bucket, _sum
-// and _count series names (a summary's _sum and _count).
-func metricNames(t *testing.T, url string) map[string]bool {
+// metricFamilies fetches a /metrics page and parses it with Prometheus'
+// own text-format parser.
+func metricFamilies(t *testing.T, url string) map[string]*dto.MetricFamily {
 	t.Helper()
 	code, body := get(t, url)
 	if code != http.StatusOK {
@@ -105,6 +105,39 @@ func metricNames(t *testing.T, url string) map[string]bool {
 	if err != nil {
 		t.Fatalf("parse %s: %v", url, err)
 	}
+	return fams
+}
+
+// metricValues sums each metric family's samples (a histogram's under
+// name_count and name_sum) on a /metrics page; name#series is the number
+// of series.
+func metricValues(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	fams := metricFamilies(t, url)
+	out := map[string]float64{}
+	for n, f := range fams {
+		for _, m := range f.GetMetric() {
+			out[n+"#series"]++
+			switch {
+			case m.GetHistogram() != nil:
+				out[n+"_count"] += float64(m.GetHistogram().GetSampleCount())
+				out[n+"_sum"] += m.GetHistogram().GetSampleSum()
+			case m.GetCounter() != nil:
+				out[n] += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[n] += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+// metricNames are the metric family names a /metrics page exposes, parsed
+// with Prometheus' own text-format parser, plus a histogram's _bucket, _sum
+// and _count series names (a summary's _sum and _count).
+func metricNames(t *testing.T, url string) map[string]bool {
+	t.Helper()
+	fams := metricFamilies(t, url)
 	out := map[string]bool{}
 	for n, f := range fams {
 		out[n] = true
