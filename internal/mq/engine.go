@@ -14,7 +14,8 @@ type Engine interface {
 	// Pool is the shared-memory L1 pool handed to registering workers.
 	Pool() engine.PoolInfo
 	// RegisterLayout makes (model, world_size) known to lookups, prefetch
-	// and the HTTP KV API for good (the lmcache-driven path).
+	// and the HTTP KV API for good, as --register-model does. Worker
+	// registrations of either transfer mode use AcquireLayout instead.
 	RegisterLayout(l engine.Layout) error
 	// AcquireLayout and ReleaseLayout hold the layout of an engine-driven
 	// worker registration: after the last release lookups of the model
