@@ -244,7 +244,8 @@ const StreamMinBytes = 1 << 20
 // streamRuns is the streaming form of kvlayout's GatherRange and
 // ScatterRange for runs the caller has checked: a run whose destination
 // address, step and length are 32-byte multiples goes to copyStream
-// whole; any other falls back to copy() per row.
+// whole (when the CPU has the kernel); any other falls back to copy()
+// per row.
 func streamRuns(runs []kvlayout.Run, segs, objs [][]byte, gather bool) {
 	for _, r := range runs {
 		if r.Len == 0 {
@@ -255,7 +256,7 @@ func streamRuns(runs []kvlayout.Run, segs, objs [][]byte, gather bool) {
 			dst, do, ds, src, so, ss = objs[r.Obj], r.ObjOff, r.ObjStep, segs[r.Seg], r.SegOff, r.SegStep
 		}
 		d := unsafe.Pointer(&dst[do])
-		if (uintptr(d)|uintptr(r.Len)|uintptr(ds))%32 == 0 {
+		if haveStream && (uintptr(d)|uintptr(r.Len)|uintptr(ds))%32 == 0 {
 			copyStream(d, unsafe.Pointer(&src[so]), uintptr(r.Len), uintptr(r.Count), uintptr(ds), uintptr(ss))
 			continue
 		}
