@@ -1,7 +1,6 @@
 package coordinator_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -40,19 +38,8 @@ func startHA(t *testing.T, endpoints []string, mutate func(*config.Config)) *coo
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx, ln) }()
-	c := &coord{t: t, srv: srv, base: cfg.HA.AdvertiseURL, client: &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second},
-		logs: logs, stop: cancel}
-	c.wait = sync.OnceValue(func() error { return <-done })
-	t.Cleanup(func() {
-		cancel()
-		if err := c.wait(); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-		c.client.CloseIdleConnections()
-	})
+	c := serveOn(t, srv, ln)
+	c.logs = logs
 	return c
 }
 

@@ -104,6 +104,12 @@ func runOn(t testing.TB, srv *coordinator.Server) *coord {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveOn(t, srv, ln)
+}
+
+// serveOn runs srv on ln until the test ends (or stop is called).
+func serveOn(t testing.TB, srv *coordinator.Server, ln net.Listener) *coord {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, ln) }()

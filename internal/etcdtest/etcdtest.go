@@ -6,7 +6,6 @@ package etcdtest
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/proctest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -37,16 +37,6 @@ type Cluster struct {
 	Dir string
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // Start runs an n-member cluster on loopback and waits until every member
 // answers; a missing etcd binary fails the test (it is a declared test
 // dependency, not optional hardware).
@@ -59,8 +49,8 @@ func Start(t testing.TB, n int) *Cluster {
 	peers, clients := make([]string, n), make([]string, n)
 	var initial []string
 	for i := range n {
-		peers[i] = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-		clients[i] = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+		peers[i] = fmt.Sprintf("http://127.0.0.1:%d", proctest.FreePort(t))
+		clients[i] = fmt.Sprintf("http://127.0.0.1:%d", proctest.FreePort(t))
 		initial = append(initial, fmt.Sprintf("m%d=%s", i, peers[i]))
 	}
 	c := &Cluster{Endpoints: clients, Dir: dir}
