@@ -2,7 +2,6 @@ package mq_test
 
 import (
 	"bytes"
-	"fmt"
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
@@ -54,21 +53,7 @@ func TestKVEventsLMCacheDrivenStore(t *testing.T) {
 	if !r.Enabled || r.Lost || len(r.Events) != 3 {
 		t.Fatalf("poll: %+v", r)
 	}
-	for i, e := range r.Events {
-		var parent any
-		if i > 0 {
-			parent = hashes[i-1]
-		}
-		wantToks := make([]any, testChunk)
-		for j := range wantToks {
-			wantToks[j] = uint64(toks[i*testChunk+j])
-		}
-		want := map[string]any{"seq": int64(i + 1), "kind": "stored", "medium": "CPU", "model_name": "m", "block_hashes": []any{hashes[i]},
-			"parent_block_hash": parent, "token_ids": wantToks, "block_size": int64(testChunk)}
-		if fmt.Sprint(e) != fmt.Sprint(want) {
-			t.Errorf("record %d\n%v\nwant\n%v", i, e, want)
-		}
-	}
+	checkStoredRecords(t, r.Events, toks, hashes)
 	if rec.Unbound() != 0 {
 		t.Errorf("%d lmcache-driven chunks stored unbound", rec.Unbound())
 	}

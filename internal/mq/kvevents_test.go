@@ -90,21 +90,7 @@ func TestKVEventsPollThroughServer(t *testing.T) {
 	if !r.Enabled || r.Lost || r.Next != 3 || len(r.Events) != 3 || r.Incarnation != lg.Incarnation() {
 		t.Fatalf("poll: %+v", r)
 	}
-	for i, e := range r.Events {
-		var parent any
-		if i > 0 {
-			parent = hashes[i-1]
-		}
-		wantToks := make([]any, testChunk)
-		for j := range wantToks {
-			wantToks[j] = uint64(toks[i*testChunk+j])
-		}
-		want := map[string]any{"seq": int64(i + 1), "kind": "stored", "medium": "CPU", "model_name": "m", "block_hashes": []any{hashes[i]},
-			"parent_block_hash": parent, "token_ids": wantToks, "block_size": int64(testChunk)}
-		if fmt.Sprint(e) != fmt.Sprint(want) {
-			t.Errorf("record %d\n%v\nwant\n%v", i, e, want)
-		}
-	}
+	checkStoredRecords(t, r.Events, toks, hashes)
 	st := h.srv.Status()["kv_events"].(map[string]any)
 	if fmt.Sprint(st) != fmt.Sprint(map[string]any{"enabled": true, "incarnation": lg.Incarnation(), "log_depth": 3, "log_capacity": 5,
 		"next_seq": int64(4), "lost_markers": 0, "unbound_stores": int64(0)}) {
@@ -192,5 +178,27 @@ func TestKVEventsByName(t *testing.T) {
 	}
 	if r := poll(t, w, "m", 0, 10); !r.Enabled || r.Lost || r.Incarnation != lg.Incarnation() {
 		t.Fatalf("POLL_KV_EVENTS by name: %+v", r)
+	}
+}
+
+// checkStoredRecords checks that events are the CPU "stored" records of
+// model "m" for toks, one per chunk in order, seq from 1, each chained to
+// the previous chunk's hash.
+func checkStoredRecords(t *testing.T, events []map[string]any, toks []wire.Int, hashes [][]byte) {
+	t.Helper()
+	for i, e := range events {
+		var parent any
+		if i > 0 {
+			parent = hashes[i-1]
+		}
+		wantToks := make([]any, testChunk)
+		for j := range wantToks {
+			wantToks[j] = uint64(toks[i*testChunk+j])
+		}
+		want := map[string]any{"seq": int64(i + 1), "kind": "stored", "medium": "CPU", "model_name": "m", "block_hashes": []any{hashes[i]},
+			"parent_block_hash": parent, "token_ids": wantToks, "block_size": int64(testChunk)}
+		if fmt.Sprint(e) != fmt.Sprint(want) {
+			t.Errorf("record %d\n%v\nwant\n%v", i, e, want)
+		}
 	}
 }
