@@ -21,29 +21,8 @@ import (
 // (hash-p50-ns). FREE_LOOKUP_LOCKS and END_SESSION of each sample are not
 // timed.
 func BenchmarkLookupSocket(b *testing.B) {
-	const chunk, tokens, stored = 256, 32768, 16
-	h := start(b, opts{mq: func(c *mq.Config) { c.ChunkSize = chunk }, eng: func(c *engine.Config) { c.L1SizeBytes = 64 << 20 }})
-	c, err := mqclient.Dial(h.endpoint, mqclient.Options{Timeout: 10 * time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.GetChunkSize(); err != nil {
-		b.Fatal(err)
-	}
-	reg := &wire.RegisterPayload{InstanceID: 1, ModelName: "m", WorldSize: 1, BlockSize: 16, NumLayers: 1, HiddenDimSize: 8, DtypeStr: "float16",
-		NumPhysicalSlots: wire.Nil, EngineGroupInfos: wire.EmptyList, GroupHiddenDimSizes: wire.Nil, GroupLayoutDescs: wire.Nil}
-	if _, err := c.Register(reg); err != nil {
-		b.Fatal(err)
-	}
-	ids := prompt(3, tokens)
-	sk := &wire.Key{ModelName: "m", WorldSize: 1, WorkerID: wire.SomeInt(0), TokenIDs: ids, End: stored * chunk, RequestID: "s", NumKVReaders: 1}
-	if plan, err := c.PrepareStore(sk, 1); err != nil || len(plan.Slots) != stored {
-		b.Fatalf("PREPARE_STORE %+v %v", plan, err)
-	}
-	if ok, err := c.CommitStore(sk, 1, nil); err != nil || !ok {
-		b.Fatalf("COMMIT_STORE %v %v", ok, err)
-	}
+	c, ids := lookupBenchServer(b)
+	const chunk, tokens, stored = benchChunk, benchTokens, benchStored
 	hasher, err := tokenhash.New(tokenhash.Blake3, chunk)
 	if err != nil {
 		b.Fatal(err)
@@ -92,29 +71,8 @@ func BenchmarkLookupSocket(b *testing.B) {
 // client's key encoding, LOOKUP alone with the key encoded beforehand, and
 // QUERY_PREFETCH_STATUS. p50/p99 of each, in µs.
 func BenchmarkLookupPhases(b *testing.B) {
-	const chunk, tokens, stored = 256, 32768, 16
-	h := start(b, opts{mq: func(c *mq.Config) { c.ChunkSize = chunk }, eng: func(c *engine.Config) { c.L1SizeBytes = 64 << 20 }})
-	c, err := mqclient.Dial(h.endpoint, mqclient.Options{Timeout: 10 * time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.GetChunkSize(); err != nil {
-		b.Fatal(err)
-	}
-	reg := &wire.RegisterPayload{InstanceID: 1, ModelName: "m", WorldSize: 1, BlockSize: 16, NumLayers: 1, HiddenDimSize: 8, DtypeStr: "float16",
-		NumPhysicalSlots: wire.Nil, EngineGroupInfos: wire.EmptyList, GroupHiddenDimSizes: wire.Nil, GroupLayoutDescs: wire.Nil}
-	if _, err := c.Register(reg); err != nil {
-		b.Fatal(err)
-	}
-	ids := prompt(3, tokens)
-	sk := &wire.Key{ModelName: "m", WorldSize: 1, WorkerID: wire.SomeInt(0), TokenIDs: ids, End: stored * chunk, RequestID: "s", NumKVReaders: 1}
-	if plan, err := c.PrepareStore(sk, 1); err != nil || len(plan.Slots) != stored {
-		b.Fatalf("PREPARE_STORE %+v %v", plan, err)
-	}
-	if ok, err := c.CommitStore(sk, 1, nil); err != nil || !ok {
-		b.Fatalf("COMMIT_STORE %v %v", ok, err)
-	}
+	c, ids := lookupBenchServer(b)
+	const chunk, tokens, stored = benchChunk, benchTokens, benchStored
 	big := make([]byte, 160<<10)
 	var buf []byte
 	phases := map[string][]time.Duration{}
@@ -130,7 +88,7 @@ func BenchmarkLookupPhases(b *testing.B) {
 		k := &wire.Key{ModelName: "m", WorldSize: 1, TokenIDs: ids, End: tokens, RequestID: fmt.Sprint("l", i), NumKVReaders: 1}
 		timed("noop", func() error { _, err := c.Noop(); return err })
 		timed("ping160k", func() error { _, err := c.Call(wire.OpPing, wire.Marshal(wire.OptInt{}), big); return err })
-		timed("encode", func() error { buf, err = k.MarshalMsg(buf[:0]); return err })
+		timed("encode", func() (err error) { buf, err = k.MarshalMsg(buf[:0]); return err })
 		timed("lookup", func() error { _, err := c.Call(wire.OpLookup, buf, wire.EncodeInt(1)); return err })
 		timed("query", func() error {
 			n, ready, err := c.QueryPrefetchStatus(k.RequestID)
@@ -158,4 +116,42 @@ func BenchmarkLookupPhases(b *testing.B) {
 		b.ReportMetric(pct(d, 0.5), name+"-p50-us")
 		b.ReportMetric(pct(d, 0.99), name+"-p99-us")
 	}
+}
+
+// The lookup benchmarks' prompt: benchTokens ids in chunks of benchChunk,
+// the first benchStored chunks of it stored.
+const (
+	benchChunk, benchTokens, benchStored = 256, 32768, 16
+)
+
+// lookupBenchServer starts a server, registers an engine-driven worker
+// with a client and stores the first benchStored chunks of a
+// benchTokens-token prompt, which it returns with the client (closed when
+// the benchmark ends).
+func lookupBenchServer(b *testing.B) (*mqclient.Client, []wire.Int) {
+	b.Helper()
+	const chunk, stored = benchChunk, benchStored
+	h := start(b, opts{mq: func(c *mq.Config) { c.ChunkSize = chunk }, eng: func(c *engine.Config) { c.L1SizeBytes = 64 << 20 }})
+	c, err := mqclient.Dial(h.endpoint, mqclient.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	if _, err := c.GetChunkSize(); err != nil {
+		b.Fatal(err)
+	}
+	reg := &wire.RegisterPayload{InstanceID: 1, ModelName: "m", WorldSize: 1, BlockSize: 16, NumLayers: 1, HiddenDimSize: 8, DtypeStr: "float16",
+		NumPhysicalSlots: wire.Nil, EngineGroupInfos: wire.EmptyList, GroupHiddenDimSizes: wire.Nil, GroupLayoutDescs: wire.Nil}
+	if _, err := c.Register(reg); err != nil {
+		b.Fatal(err)
+	}
+	ids := prompt(3, benchTokens)
+	sk := &wire.Key{ModelName: "m", WorldSize: 1, WorkerID: wire.SomeInt(0), TokenIDs: ids, End: stored * chunk, RequestID: "s", NumKVReaders: 1}
+	if plan, err := c.PrepareStore(sk, 1); err != nil || len(plan.Slots) != stored {
+		b.Fatalf("PREPARE_STORE %+v %v", plan, err)
+	}
+	if ok, err := c.CommitStore(sk, 1, nil); err != nil || !ok {
+		b.Fatalf("COMMIT_STORE %v %v", ok, err)
+	}
+	return c, ids
 }
