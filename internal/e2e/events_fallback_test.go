@@ -18,12 +18,8 @@ import (
 // what was stored, its instance row has a /quota/events stream (seq from 1)
 // and no /events stream.
 func TestEventsFleetFallsBackThroughRealCoordinator(t *testing.T) {
-	coordPort := freePort(t)
-	coordURL := "http://127.0.0.1:" + itoa(coordPort)
-	coord := start(t, "coordinator", []string{"LMCACHE_MP_COORDINATOR_ENABLE_STARTUP_RESYNC=false"},
-		"coordinator", "--host", "127.0.0.1", "--port", itoa(coordPort), "--eviction-check-interval", "0", "--chunk-size", itoa(chunkSize))
+	coord, coordURL := startEventsCoordinator(t)
 	defer coord.Stop(t)
-	waitFor(t, "coordinator healthz", healthy(coordURL+"/healthz"))
 	target, err := url.Parse(coordURL)
 	if err != nil {
 		t.Fatal(err)

@@ -65,12 +65,8 @@ func storeChunks(t *testing.T, server string, from int) {
 // --instance-id, a new incarnation) fences its previous incarnation: the
 // L2 usage is kept, and the new stream's stores add to it.
 func TestEventsFleetUsageThroughEvents(t *testing.T) {
-	coordPort := freePort(t)
-	coordURL := "http://127.0.0.1:" + itoa(coordPort)
-	coord := start(t, "coordinator", []string{"LMCACHE_MP_COORDINATOR_ENABLE_STARTUP_RESYNC=false"},
-		"coordinator", "--host", "127.0.0.1", "--port", itoa(coordPort), "--eviction-check-interval", "0", "--chunk-size", itoa(chunkSize))
+	coord, coordURL := startEventsCoordinator(t)
 	defer coord.Stop(t)
-	waitFor(t, "coordinator healthz", healthy(coordURL+"/healthz"))
 	usage := func() int64 {
 		var q quotaView
 		if code, _ := call(t, "GET", coordURL+"/quota/"+salt, nil, nil, &q); code != http.StatusOK {
@@ -203,4 +199,17 @@ func TestEventsFleetFallsBackToQuotaEvents(t *testing.T) {
 			t.Fatalf("/quota/events seqs %v, want 1, 2, ...", stand.seqs)
 		}
 	}
+}
+
+// startEventsCoordinator runs `lmcache coordinator` on a free port with no
+// startup resync and no eviction loop, waits until it is healthy and
+// returns it with its base URL; the caller stops it.
+func startEventsCoordinator(t *testing.T) (*proc, string) {
+	t.Helper()
+	coordPort := freePort(t)
+	coordURL := "http://127.0.0.1:" + itoa(coordPort)
+	coord := start(t, "coordinator", []string{"LMCACHE_MP_COORDINATOR_ENABLE_STARTUP_RESYNC=false"},
+		"coordinator", "--host", "127.0.0.1", "--port", itoa(coordPort), "--eviction-check-interval", "0", "--chunk-size", itoa(chunkSize))
+	waitFor(t, "coordinator healthz", healthy(coordURL+"/healthz"))
+	return coord, coordURL
 }
