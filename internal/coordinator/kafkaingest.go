@@ -3,7 +3,6 @@ package coordinator
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -126,23 +125,6 @@ func (s *Server) afterIngestReady(ctx context.Context, run func()) func() {
 		case <-ctx.Done():
 		}
 	}
-}
-
-// kafkaDoors answers 404 on /events in kafka mode, as upstream (the HTTP
-// event source is not mounted): one path per emitter stream is what the
-// gate's seq cursor assumes. POST /quota/events, the spec-era door the
-// gate only observes, stays.
-func (s *Server) kafkaDoors(h http.Handler) http.Handler {
-	if s.kafka == nil {
-		return h
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/events" {
-			writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
 }
 
 // kafkaCollectors are the Source's counters and the lag and readiness

@@ -121,8 +121,8 @@ func TestCheckpointBadArtifactMovedAside(t *testing.T) {
 // unreachable the lag is unknown (-1, never read as caught up), readiness
 // stays 0, and the eviction loop is not started (registered, never run) (it waits for the lag to
 // be within --max-ready-lag), while the lag loop keeps measuring; POST
-// /events answers 404 ({"detail":"Not Found"}) and /quota/events still
-// applies.
+// /events is not mounted (404 {"detail":"Not Found"}, absent from
+// /openapi.json) and /quota/events still applies.
 func TestKafkaNotReadyHoldsEviction(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -154,6 +154,9 @@ func TestKafkaNotReadyHoldsEviction(t *testing.T) {
 	}
 	if code, raw := c.do("POST", "/events", map[string]any{"batches": []any{}}); code != 404 || string(raw) != `{"detail":"Not Found"}` {
 		t.Errorf("POST /events in kafka mode: %d %s", code, raw)
+	}
+	if _, raw := c.do("GET", "/openapi.json", nil); strings.Contains(string(raw), `"/events"`) || !strings.Contains(string(raw), `"/quota/events"`) {
+		t.Errorf("kafka mode's OpenAPI document must list /quota/events and not /events")
 	}
 	c.events(ev("store", strings.Repeat("ab", 32), "q", 10))
 	if got := c.usageBytes("q"); got != 10 {

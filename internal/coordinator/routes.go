@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/lmcache-go/lmcache/internal/httproute"
@@ -82,6 +83,13 @@ func (s *Server) routeTable() []route {
 			rts[i].Auth = httproute.Bearer
 			rts[i].Statuses[401] = "Bearer token missing or wrong (only with --auth-token)"
 		}
+	}
+	if s.kafka != nil {
+		// Kafka is the event source: POST /events is not mounted (404, as
+		// upstream), since one door per emitter stream is what the gate's
+		// seq cursor assumes. POST /quota/events, which the gate only
+		// observes, stays.
+		rts = slices.DeleteFunc(rts, func(r route) bool { return r.Path == "/events" })
 	}
 	return s.haRoutes(rts)
 }

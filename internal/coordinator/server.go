@@ -172,7 +172,7 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	s.table, s.handler = t, s.kafkaDoors(t.Handler())
+	s.table, s.handler = t, t.Handler()
 	return s, nil
 }
 
