@@ -225,11 +225,14 @@ func (a *Adapter) call(ctx context.Context, slowAfter time.Duration, fn func(ctx
 	failSlow := l2.FailSlow(ctx)
 	var abandoned atomic.Bool
 	t := time.AfterFunc(slowAfter, func() {
+		// Count the slow call before cancelling: the cancel lets the
+		// caller return, and a caller that then reads the breaker (a
+		// lookup answered, a status read) must already see the count.
+		a.brk.slow(probe)
 		if failSlow {
 			abandoned.Store(true)
 			cancel()
 		}
-		a.brk.slow(probe)
 	})
 	err = fn(cctx)
 	// Stop reports false when the timer has fired (or is firing): the call
