@@ -2,7 +2,9 @@ package wire
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -73,7 +75,7 @@ func TestTokenIDsRefusesBadArrays(t *testing.T) {
 }
 
 // BenchmarkTokenIDs32k: a 32k-token key's ids (token values below 150000,
-// so mostly the 5-byte uint32 form) encoded into a reused buffer and
+// so mostly the 5-byte uint32 form; the -random cases draw them at random) encoded into a reused buffer and
 // decoded into a reused array, by TokenIDs and, as the baseline in the
 // same run, element by element through Int (what the generated code did).
 func BenchmarkTokenIDs32k(b *testing.B) {
@@ -81,7 +83,16 @@ func BenchmarkTokenIDs32k(b *testing.B) {
 	for i := range ids {
 		ids[i] = Int((3*1_000_003 + i*7919) % 150000)
 	}
+	// Ids drawn at random from a 128k vocabulary, as a real prompt's are:
+	// their forms (3 or 5 bytes) follow no pattern a branch predictor
+	// could learn.
+	rnd := make(TokenIDs, len(ids))
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range rnd {
+		rnd[i] = Int(r.IntN(128000))
+	}
 	frame, _ := ids.MarshalMsg(nil)
+	rndFrame, _ := rnd.MarshalMsg(nil)
 	buf := make([]byte, 0, len(frame))
 	back := make(TokenIDs, 0, len(ids))
 	b.Run("encode", func(b *testing.B) {
@@ -105,6 +116,19 @@ func BenchmarkTokenIDs32k(b *testing.B) {
 			}
 		}
 	})
+	b.Run("encode-random", func(b *testing.B) {
+		for b.Loop() {
+			buf, _ = rnd.MarshalMsg(buf[:0])
+		}
+	})
+	b.Run("decode-random", func(b *testing.B) {
+		for b.Loop() {
+			back = back[:0]
+			if _, err := back.UnmarshalMsg(rndFrame); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("decode-per-int", func(b *testing.B) {
 		for b.Loop() {
 			n, rest, _ := msgp.ReadArrayHeaderBytes(frame)
@@ -112,6 +136,65 @@ func BenchmarkTokenIDs32k(b *testing.B) {
 			for i := range back {
 				rest, _ = back[i].UnmarshalMsg(rest)
 			}
+		}
+	})
+}
+
+// decodeGeneric decodes an id array element by element through Int, the
+// way the generated code did before TokenIDs.
+func decodeGeneric(b []byte) ([]Int, []byte, error) {
+	n, rest, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return nil, b, err
+	}
+	if uint64(n) > uint64(len(rest)) {
+		return nil, b, msgp.ErrShortBytes
+	}
+	ids := make([]Int, n)
+	for i := range ids {
+		if rest, err = ids[i].UnmarshalMsg(rest); err != nil {
+			return nil, b, msgp.WrapError(err, i)
+		}
+	}
+	return ids, rest, nil
+}
+
+// FuzzTokenIDsMatchesGeneric is differential: on any frame TokenIDs
+// decodes exactly what the element-by-element decoder does (the same
+// values and rest, or an error in both), and any values it is given
+// (8 bytes each) encode byte for byte as AppendInt writes them.
+func FuzzTokenIDsMatchesGeneric(f *testing.F) {
+	frame, _ := TokenIDs(tokenSamples).MarshalMsg(nil)
+	f.Add(frame)
+	f.Add(append(msgp.AppendArrayHeader(nil, 3), 0xce, 0, 1, 0, 0, 0xcd))
+	f.Add(append(msgp.AppendArrayHeader(nil, 2), 5, 0xa1, 'x', 0xc0))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		want, wantRest, wantErr := decodeGeneric(data)
+		var got TokenIDs
+		rest, err := got.UnmarshalMsg(data)
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("frame %x: TokenIDs err %v, generic err %v", data, err, wantErr)
+		}
+		if err == nil && (!slices.Equal(got, TokenIDs(want)) || !bytes.Equal(rest, wantRest)) {
+			t.Fatalf("frame %x: TokenIDs %v rest %x, generic %v rest %x", data, got, rest, want, wantRest)
+		}
+		if err != nil && err.Error() != wantErr.Error() {
+			t.Fatalf("frame %x: TokenIDs err %q, generic err %q", data, err, wantErr)
+		}
+		vals := make(TokenIDs, len(data)/8)
+		for i := range vals {
+			vals[i] = Int(binary.LittleEndian.Uint64(data[8*i:]))
+			if i%2 == 0 { // keep many in the 1-5 byte forms
+				vals[i] &= 0x1ffff
+			}
+		}
+		enc, _ := vals.MarshalMsg([]byte{0xc0})
+		ref := msgp.AppendArrayHeader([]byte{0xc0}, uint32(len(vals)))
+		for _, v := range vals {
+			ref = AppendInt(ref, int64(v))
+		}
+		if !bytes.Equal(enc, ref) {
+			t.Fatalf("values %v: encoded %x, want %x", vals, enc, ref)
 		}
 	})
 }
