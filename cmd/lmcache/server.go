@@ -16,6 +16,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/coordclient"
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/gcfloor"
 	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/kafkaevents"
 	"github.com/lmcache-go/lmcache/internal/kvevents"
@@ -101,10 +102,12 @@ type server struct {
 	tr       *tracing.Provider
 	// cfgGroups is the resolved configuration, logged (redacted) at start.
 	cfgGroups map[string]map[string]any
+	// gcHeapFloorMB is --gc-heap-floor-mb, set while run runs.
+	gcHeapFloorMB int
 }
 
 func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.Registry) (*server, error) {
-	s := &server{log: levels.Logger("lmcache"), cfgGroups: cfg.Groups()}
+	s := &server{log: levels.Logger("lmcache"), cfgGroups: cfg.Groups(), gcHeapFloorMB: cfg.GCHeapFloorMB}
 	var root []byte
 	if cfg.HashRootHex != "" {
 		root, _ = hex.DecodeString(cfg.HashRootHex) // validated by serverconfig
@@ -301,6 +304,8 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 // so that it outlives the front ends: they drain first, then it stops.
 func (s *server) run(ctx context.Context) error {
 	defer s.release()
+	floor := gcfloor.Start(int64(s.gcHeapFloorMB) << 20)
+	defer floor.Stop()
 	engCtx, stopEngine := context.WithCancel(context.Background())
 	engDone := make(chan error, 1)
 	go func() { engDone <- s.eng.Run(engCtx) }()
