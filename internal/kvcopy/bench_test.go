@@ -1,6 +1,7 @@
 package kvcopy
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"testing"
@@ -110,7 +111,8 @@ func threadCPU() time.Duration {
 // BenchmarkCPUKernel compares the copy loops on one locked thread: memcpy,
 // the plain copy() loop (kvlayout's GatherRange/ScatterRange, what every
 // request used before the streaming kernel) and the streaming kernel
-// (streamRuns), each timed in thread CPU time and taking the best of the
+// (streamRuns: batches of runs with a prefetch cursor StreamAhead rows
+// ahead), each timed in thread CPU time and taking the best of the
 // iterations (interleaved), so the ratios show what the loop costs rather
 // than when a core was free. Reported: memcpy GB/s and each loop's ratio
 // to it.
@@ -152,5 +154,43 @@ func BenchmarkCPUKernel(b *testing.B) {
 				b.ReportMetric(best[0].Seconds()/best[i+1].Seconds(), v.name+"/memcpy")
 			}
 		})
+	}
+}
+
+// BenchmarkStreamAhead times the streaming kernel on the HND request with
+// the prefetch cursor 0, 4, 8, 16 (StreamAhead) and 32 rows ahead for
+// strided batches, as
+// BenchmarkCPUKernel times its loops (one locked thread, thread CPU time,
+// best of the interleaved iterations), reporting each one's ratio to
+// memcpy: the evidence for StreamAhead.
+//
+//	go test -run '^$' -bench BenchmarkStreamAhead -benchtime 30x ./internal/kvcopy/
+func BenchmarkStreamAhead(b *testing.B) {
+	if !haveStream {
+		b.Skip("no streaming kernel on this CPU (amd64 with AVX2 only)")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	q := newBenchRequest(b, "HND")
+	p, segs, objs := q.plan, q.c.maps, q.objs
+	aheads := []uintptr{0, 4, 8, 16, 32}
+	best := make([]time.Duration, 1+2*len(aheads))
+	timeBest := func(i int, f func()) {
+		t0 := threadCPU()
+		f()
+		if d := threadCPU() - t0; best[i] == 0 || d < best[i] {
+			best[i] = d
+		}
+	}
+	for b.Loop() {
+		timeBest(0, q.memcpy)
+		for i, a := range aheads {
+			timeBest(1+2*i, func() { streamRunsAhead(p.Runs, segs, objs, true, a) })
+			timeBest(2+2*i, func() { streamRunsAhead(p.Runs, segs, objs, false, a) })
+		}
+	}
+	for i, a := range aheads {
+		b.ReportMetric(best[0].Seconds()/best[1+2*i].Seconds(), fmt.Sprintf("ahead%d_store/memcpy", a))
+		b.ReportMetric(best[0].Seconds()/best[2+2*i].Seconds(), fmt.Sprintf("ahead%d_retrieve/memcpy", a))
 	}
 }

@@ -1,15 +1,11 @@
 package kvcopy
 
-import (
-	"unsafe"
+import "golang.org/x/sys/cpu"
 
-	"golang.org/x/sys/cpu"
-)
-
-// copyStream is in copy_amd64.s.
+// copyRuns is in copy_amd64.s.
 //
 //go:noescape
-func copyStream(dst, src unsafe.Pointer, n, count, dstStep, srcStep uintptr)
+func copyRuns(d *streamRun, nd, ahead uintptr)
 
 // haveStream: the kernel needs AVX2 (VMOVDQU/VMOVNTDQ on 32-byte
 // registers); without it every run goes through copy().

@@ -1,35 +1,92 @@
 #include "textflag.h"
 
-// func copyStream(dst, src unsafe.Pointer, n, count, dstStep, srcStep uintptr)
+// func copyRuns(d *streamRun, nd, ahead uintptr)
 //
-// count rows of n bytes (n a multiple of 32, dst 32-byte aligned: the Go
-// caller checks) from src+k·srcStep to dst+k·dstStep. AVX2 unaligned
-// loads, non-temporal stores (no read-for-ownership of destination lines
-// the copy overwrites whole), software prefetch of the source four rows
-// ahead (strided rows defeat the hardware prefetcher) and 1 KiB ahead
-// within a row; SFENCE before returning so the stores are ordered before
-// whatever the caller does next (the commit that publishes the object).
-TEXT ·copyStream(SB), NOSPLIT, $0-48
-	MOVQ dst+0(FP), DI
-	MOVQ src+8(FP), SI
-	MOVQ n+16(FP), BX
-	MOVQ count+24(FP), CX
-	MOVQ dstStep+32(FP), R8
-	MOVQ srcStep+40(FP), R9
+// Copies the rows of nd run descriptors {dst, src, n, count, dstStep,
+// srcStep} (n a multiple of 32, dst 32-byte aligned, count ≥ 1: the Go
+// caller checks) with AVX2 unaligned loads and non-temporal stores (no
+// read-for-ownership of destination lines the copy overwrites whole).
+// A second cursor walks the same rows ahead rows in front of the copy,
+// across descriptor boundaries, and prefetches each row's first 256
+// bytes: strided rows (HND's 256-byte head rows) defeat the hardware
+// prefetcher, and a cursor confined to one run would leave every run's
+// first rows unprefetched. Rows longer than 128 bytes also prefetch
+// 1 KiB ahead within the row. SFENCE before returning orders the stores
+// before whatever the caller does next (the commit that publishes the
+// object).
+TEXT ·copyRuns(SB), NOSPLIT, $0-24
+	MOVQ d+0(FP), R12
+	MOVQ nd+8(FP), R13
+	MOVQ ahead+16(FP), BX
+	TESTQ R13, R13
+	JZ rdone
+	IMULQ $48, R13
+	ADDQ R12, R13
+	// Prefetch cursor: R14 descriptor, AX row address, R9 rows left;
+	// ahead 0 parks it at the end (no software prefetch at all).
+	MOVQ R13, R14
+	TESTQ BX, BX
+	JZ rdesc
+	MOVQ R12, R14
+	MOVQ 8(R14), AX
+	MOVQ 24(R14), R9
+	// Run it ahead rows forward, prefetching as it goes.
+pfwarm:
+	TESTQ BX, BX
+	JZ rdesc
+	CMPQ R14, R13
+	JAE pwdone
+	PREFETCHT0 0(AX)
+	PREFETCHT0 64(AX)
+	PREFETCHT0 128(AX)
+	PREFETCHT0 192(AX)
+	ADDQ 40(R14), AX
+	DECQ R9
+	JNZ pwdone
+pwnext:
+	ADDQ $48, R14
+	CMPQ R14, R13
+	JAE pwdone
+	MOVQ 8(R14), AX
+	MOVQ 24(R14), R9
+	TESTQ R9, R9
+	JZ pwnext
+pwdone:
+	DECQ BX
+	JMP pfwarm
+rdesc:
+	CMPQ R12, R13
+	JAE rdone
+	MOVQ 0(R12), DI
+	MOVQ 8(R12), SI
+	MOVQ 24(R12), CX
 	TESTQ CX, CX
-	JZ done
-row:
+	JZ rnextdesc
+rrow:
+	CMPQ R14, R13
+	JAE prdone
+	PREFETCHT0 0(AX)
+	PREFETCHT0 64(AX)
+	PREFETCHT0 128(AX)
+	PREFETCHT0 192(AX)
+	ADDQ 40(R14), AX
+	DECQ R9
+	JNZ prdone
+prnext:
+	ADDQ $48, R14
+	CMPQ R14, R13
+	JAE prdone
+	MOVQ 8(R14), AX
+	MOVQ 24(R14), R9
+	TESTQ R9, R9
+	JZ prnext
+prdone:
 	MOVQ DI, R10
 	MOVQ SI, R11
-	MOVQ BX, DX
-	LEAQ (SI)(R9*4), R12
-	PREFETCHT0 0(R12)
-	PREFETCHT0 64(R12)
-	PREFETCHT0 128(R12)
-	PREFETCHT0 192(R12)
-loop128:
+	MOVQ 16(R12), DX
+rnt128:
 	CMPQ DX, $128
-	JB loop32
+	JB rnt32
 	PREFETCHT0 1024(R11)
 	PREFETCHT0 1088(R11)
 	VMOVDQU 0(R11), Y0
@@ -43,22 +100,25 @@ loop128:
 	ADDQ $128, R10
 	ADDQ $128, R11
 	SUBQ $128, DX
-	JMP loop128
-loop32:
+	JMP rnt128
+rnt32:
 	TESTQ DX, DX
-	JZ next
+	JZ rrownext
 	VMOVDQU 0(R11), Y0
 	VMOVNTDQ Y0, 0(R10)
 	ADDQ $32, R10
 	ADDQ $32, R11
 	SUBQ $32, DX
-	JMP loop32
-next:
-	ADDQ R8, DI
-	ADDQ R9, SI
+	JMP rnt32
+rrownext:
+	ADDQ 32(R12), DI
+	ADDQ 40(R12), SI
 	DECQ CX
-	JNZ row
-done:
+	JNZ rrow
+rnextdesc:
+	ADDQ $48, R12
+	JMP rdesc
+rdone:
 	SFENCE
 	VZEROUPPER
 	RET

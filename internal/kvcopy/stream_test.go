@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/lmcache-go/lmcache/internal/kvlayout"
 )
@@ -82,6 +83,92 @@ func TestStreamRunsMatchReference(t *testing.T) {
 		}
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestStreamKernelRunLists drives the batched kernel with synthetic run
+// lists the layouts do not produce: hundreds of runs (several kernel
+// batches, so the prefetch cursor crosses batch and run boundaries),
+// rows of 32 bytes to 4 KiB, counts of 1 to 40, gaps between rows,
+// destinations on and off 32-byte alignment mixed within one batch (the
+// off ones flush the batch and go through copy()), and prefetch
+// distances of 0, 1, StreamAhead and more rows than the list holds. In
+// both directions the bytes written equal the naive reference's
+// (kvlayout's GatherRange / ScatterRange) and nothing else changes.
+func TestStreamKernelRunLists(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 31))
+	for iter := range 30 {
+		nruns := 1 + r.IntN(300)
+		if iter%5 == 0 {
+			nruns = StreamBatch * (1 + r.IntN(3)) // whole batches exactly
+		}
+		const nbuf = 3
+		var segEnd, objEnd [nbuf]int64
+		p := &kvlayout.Plan{}
+		for range nruns {
+			ln := 32 * (1 + r.Int64N(128))
+			if r.IntN(6) == 0 {
+				ln = 1 + r.Int64N(300) // not a 32-byte multiple: copy() path
+			}
+			cnt := 1 + r.Int64N(40)
+			gap := func() int64 { return []int64{0, 32, 64, 1792, int64(r.IntN(100))}[r.IntN(5)] }
+			run := kvlayout.Run{Seg: int32(r.IntN(nbuf)), Obj: int32(r.IntN(nbuf)), Len: ln, Count: cnt,
+				SegStep: ln + gap(), ObjStep: ln + gap()}
+			if cnt == 1 {
+				run.SegStep, run.ObjStep = 0, 0
+			}
+			run.SegOff = segEnd[run.Seg] + []int64{0, 32, 16}[r.IntN(3)]
+			run.ObjOff = objEnd[run.Obj] + []int64{0, 32, 16}[r.IntN(3)]
+			segEnd[run.Seg] = run.SegOff + (cnt-1)*run.SegStep + ln
+			objEnd[run.Obj] = run.ObjOff + (cnt-1)*run.ObjStep + ln
+			p.Runs = append(p.Runs, run)
+			p.Bytes += ln * cnt
+		}
+		// Buffers start 32-byte aligned so the offsets decide alignment.
+		alloc := func(n int64) []byte {
+			b := make([]byte, n+32)
+			off := (32 - int(uintptr(unsafe.Pointer(&b[0]))%32)) % 32
+			return b[off : off+int(n)]
+		}
+		fill := func(bufs [][]byte) {
+			for _, b := range bufs {
+				for i := range b {
+					b[i] = byte(r.Uint32())
+				}
+			}
+		}
+		clone := func(bufs [][]byte) [][]byte {
+			out := make([][]byte, len(bufs))
+			for i, b := range bufs {
+				out[i] = alloc(int64(len(b)))
+				copy(out[i], b)
+			}
+			return out
+		}
+		segs, objs := make([][]byte, nbuf), make([][]byte, nbuf)
+		for i := range nbuf {
+			segs[i], objs[i] = alloc(segEnd[i]+64), alloc(objEnd[i]+64)
+		}
+		if err := p.Check(segs, objs); err != nil {
+			t.Fatalf("iter %d: generated plan: %v", iter, err)
+		}
+		ahead := []uintptr{0, 1, StreamAhead, 1 << 20}[iter%4]
+		for _, gather := range []bool{true, false} {
+			fill(segs)
+			fill(objs)
+			wantSegs, wantObjs := clone(segs), clone(objs)
+			if gather {
+				p.GatherRange(wantSegs, wantObjs, 0, len(p.Runs))
+			} else {
+				p.ScatterRange(wantSegs, wantObjs, 0, len(p.Runs))
+			}
+			streamRunsAhead(p.Runs, segs, objs, gather, ahead)
+			for i := range nbuf {
+				if !bytes.Equal(segs[i], wantSegs[i]) || !bytes.Equal(objs[i], wantObjs[i]) {
+					t.Fatalf("iter %d (%d runs, ahead %d, gather %v): buffer %d differs from the reference", iter, nruns, ahead, gather, i)
+				}
+			}
 		}
 	}
 }
