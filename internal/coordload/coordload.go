@@ -154,6 +154,9 @@ type SlowRequest struct {
 	// (for every request in flight, and its GC).
 	ServerCPU  time.Duration `json:"server_cpu_ns,omitempty"`
 	ClientWait time.Duration `json:"client_wait_ns,omitempty"`
+	// ServerFaults is the coordinator's minor page faults meanwhile
+	// (pages the kernel mapped on first touch), with Config.ServerPID.
+	ServerFaults int64 `json:"server_faults,omitempty"`
 }
 
 // EventsPerSecond is the ingest throughput.
@@ -165,8 +168,8 @@ func (r Result) String() string {
 	fmt.Fprintf(&b, "events=%d requests=%d elapsed=%.2fs events/s=%.0f max=%.2fms p99=%.2fms p50=%.2fms",
 		r.Events, r.Requests, r.Elapsed.Seconds(), r.EventsPerSecond(), ms(r.Max), ms(r.P99), ms(r.P50))
 	for _, s := range r.Slow {
-		fmt.Fprintf(&b, "\nslow: start=%.3fs took=%.2fms first_key=%d server_cpu=%.2fms server_wait=%.2fms client_wait=%.2fms",
-			s.Start.Seconds(), ms(s.Took), s.FirstKey, ms(s.ServerCPU), ms(s.ServerWait), ms(s.ClientWait))
+		fmt.Fprintf(&b, "\nslow: start=%.3fs took=%.2fms first_key=%d server_cpu=%.2fms server_wait=%.2fms client_wait=%.2fms server_faults=%d",
+			s.Start.Seconds(), ms(s.Took), s.FirstKey, ms(s.ServerCPU), ms(s.ServerWait), ms(s.ClientWait), s.ServerFaults)
 	}
 	return b.String()
 }
@@ -301,7 +304,7 @@ func Run(ctx context.Context, cfg Config, client *http.Client) (Result, error) {
 	}
 	for i := range res.Slow {
 		s := &res.Slow[i]
-		s.ServerCPU, s.ServerWait, s.ClientWait = sampler.between(s.Start, s.Start+s.Took)
+		s.ServerCPU, s.ServerWait, s.ClientWait, s.ServerFaults = sampler.between(s.Start, s.Start+s.Took)
 	}
 	slices.Sort(lat)
 	res.Requests = int64(len(lat))

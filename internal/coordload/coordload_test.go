@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -280,5 +281,33 @@ func TestSchedWaitCountsCPU(t *testing.T) {
 	}
 	if cpu2 <= cpu1 || sum == [32]byte{} {
 		t.Fatalf("CPU time %v then %v after 200,000 hashes", cpu1, cpu2)
+	}
+}
+
+// TestMinorFaultsCounted: writing 64 fresh anonymous pages raises this
+// process's minor-fault count by at least 64.
+func TestMinorFaultsCounted(t *testing.T) {
+	const pages = 64
+	mem, err := syscall.Mmap(-1, 0, pages*4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(mem)
+	before, err := minorFaults(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(mem); i += 4096 {
+		mem[i] = 1
+	}
+	after, err := minorFaults(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after-before < pages {
+		t.Fatalf("minor faults %d then %d after writing %d fresh pages", before, after, pages)
+	}
+	if _, err := minorFaults(1 << 30); err == nil {
+		t.Fatal("minorFaults of a missing pid: no error")
 	}
 }

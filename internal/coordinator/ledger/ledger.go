@@ -287,6 +287,13 @@ type Ledger struct {
 	next        []uint64
 	nextFaulted int
 
+	// spare is an entry page Refill allocated and faulted in ahead, nil
+	// when none is ready; need wakes the refill loop (see reserve.go).
+	spare []entry
+	need  chan struct{}
+	// Counters of the reserve (see ReserveStats).
+	preparedPages, preparedTables, coldPages, coldTables uint64
+
 	models   []string
 	modelIDs map[string]uint32
 	salts    []*saltState
@@ -313,7 +320,13 @@ func New() *Ledger {
 		longIDs:  map[string]uint32{},
 		pins:     map[ckey]int32{},
 		freeHead: nilIdx,
+		need:     make(chan struct{}, 1),
+		// Room for 4M entries before append copies the page list, so
+		// growing it is rare (and an allocation small enough not to
+		// matter) on the ingest path.
+		pages: make([][]entry, 0, 64),
 	}
+	l.wake()
 	l.index = make([]uint64, 1024)
 	l.mask = 1023
 	return l
@@ -575,7 +588,7 @@ func (l *Ledger) alloc() uint32 {
 	}
 	i := l.n
 	if i>>pageBits >= uint32(len(l.pages)) {
-		l.pages = append(l.pages, make([]entry, pageSize))
+		l.pages = append(l.pages, l.newPage())
 	}
 	l.n++
 	return i
@@ -645,7 +658,12 @@ func (l *Ledger) storeH(cp *ckey, h uint64, size int64) {
 	case n*4 > size*3:
 		l.startGrow()
 	case n*8 > size*5 && l.next == nil && l.old == nil:
+		// Refill has not prepared it (see wantTable): allocate it here,
+		// prefaulted by the stores to come.
 		l.next, l.nextSlab = newTable(int(size * 2))
+		l.coldTables++
+	case n == size/2+1 && l.next == nil && l.old == nil:
+		l.wake()
 	}
 }
 

@@ -1,0 +1,157 @@
+package ledger
+
+import (
+	"context"
+	"time"
+	"unsafe"
+)
+
+// The reserve keeps the kernel's page faults off the ingest path.
+//
+// Fresh anonymous memory is mapped by the kernel page by page on first
+// write, and each of those faults zeroes a 4 KiB page: 1-2 us on an idle
+// machine, about 18 us on the development VM when the host backs the page
+// for the first time. A new 5 MiB entry page is 1,280 such pages; when the
+// Go allocator hands back memory it must zero, it clears the whole page at
+// once, faulting all of them inside the one request that needed a new
+// page (16-29 ms of coordinator CPU in the slowest requests measured). The
+// next index table has the same problem at up to 512 MiB, spread over the
+// stores that prefaulted it.
+//
+// So the memory the ingest path will need next is prepared ahead, by
+// Refill on a background goroutine and without the lock: one spare entry
+// page, and the next index table once the index is half full (growth
+// starts at 3/4, so an eighth of the index's size in stores passes before
+// the fallback below would be needed). Refill allocates and writes every
+// memory page of them; alloc and storeH only take what is ready. When
+// nothing is ready (no refill loop, or it fell behind) they allocate under
+// the lock as before, and count it in Reserve's Cold fields.
+
+// osPage is the kernel page size the prefault loops step by (4 KiB on
+// amd64 and arm64 Linux; a larger page only makes them write some pages
+// twice).
+const osPage = 4096
+
+// touch writes a zero into every memory page of b, so the kernel maps them
+// now. A read would map the shared zero page and fault again on the first
+// write.
+func touch(b []byte) {
+	for i := 0; i < len(b); i += osPage {
+		b[i] = 0
+	}
+	if len(b) > 0 {
+		b[len(b)-1] = 0
+	}
+}
+
+func entryBytes(p []entry) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(&p[0])), len(p)*int(unsafe.Sizeof(entry{})))
+}
+
+func tableBytes(t []uint64) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(&t[0])), len(t)*8)
+}
+
+// ReserveStats is the state of the reserve.
+type ReserveStats struct {
+	// SparePage is whether a prepared entry page is ready.
+	SparePage bool
+	// PreparedPages and PreparedTables count what Refill prepared and
+	// the ledger took or holds.
+	PreparedPages, PreparedTables uint64
+	// ColdPages and ColdTables count entry pages and next index tables
+	// the ingest path had to allocate itself (under the lock, faulting
+	// on first write) because the reserve had none ready.
+	ColdPages, ColdTables uint64
+}
+
+// Reserve reports the reserve's counters.
+func (l *Ledger) Reserve() ReserveStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return ReserveStats{SparePage: l.spare != nil, PreparedPages: l.preparedPages, PreparedTables: l.preparedTables,
+		ColdPages: l.coldPages, ColdTables: l.coldTables}
+}
+
+// wake tells the refill loop the reserve needs work; must hold mu. The
+// channel holds one token, so a wake-up already pending is enough.
+func (l *Ledger) wake() {
+	select {
+	case l.need <- struct{}{}:
+	default:
+	}
+}
+
+// WaitNeed blocks until the reserve may need a refill, at most d, or
+// until ctx ends. A refill loop calls it between Refills; it returns at
+// once the first time.
+func (l *Ledger) WaitNeed(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-l.need:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// wantTable is the size of the next index table Refill should prepare, 0
+// when none is wanted: from half full, when no migration is running and
+// no next table exists. Must hold mu.
+func (l *Ledger) wantTable() int {
+	if l.next != nil || l.old != nil || uint64(l.live)*2 <= uint64(len(l.index)) {
+		return 0
+	}
+	return 2 * len(l.index)
+}
+
+// Refill prepares what the reserve lacks: a spare entry page, and the next
+// index table when one is wanted. Each is allocated and faulted in without
+// the lock (holding it only to look and to hand the memory over), so
+// ingest goes on meanwhile. It reports what it handed over. Call it from
+// one goroutine at a time (the coordinator's ledger-reserve loop).
+func (l *Ledger) Refill() (pages, tables int) {
+	l.mu.Lock()
+	needPage, want := l.spare == nil, l.wantTable()
+	l.mu.Unlock()
+	if needPage {
+		p := make([]entry, pageSize)
+		touch(entryBytes(p))
+		l.mu.Lock()
+		if l.spare == nil {
+			l.spare = p
+			l.preparedPages++
+			pages++
+		}
+		l.mu.Unlock()
+	}
+	if want > 0 {
+		t, sl := newTable(want)
+		touch(tableBytes(t))
+		l.mu.Lock()
+		if l.wantTable() == want {
+			l.next, l.nextSlab, l.nextFaulted = t, sl, len(t)
+			l.preparedTables++
+			tables++
+			sl = nil
+		}
+		l.mu.Unlock()
+		// Not wanted any more: the ingest path allocated its own meanwhile,
+		// or deletes shrank the ledger.
+		sl.free()
+	}
+	return pages, tables
+}
+
+// newPage returns an entry page for alloc: the spare when one is ready
+// (and wakes the refill loop to prepare the next), else a fresh one that
+// faults on the ingest path. Must hold mu.
+func (l *Ledger) newPage() []entry {
+	if p := l.spare; p != nil {
+		l.spare = nil
+		l.wake()
+		return p
+	}
+	l.coldPages++
+	return make([]entry, pageSize)
+}
