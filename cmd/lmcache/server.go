@@ -214,6 +214,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 	mqcfg.Metrics = metrics
 	mqcfg.Periodic = loops
 	mqcfg.MaxQueued = cfg.MaxQueuedRequests
+	mqcfg.BusyPoll = time.Duration(cfg.ZMQBusyPollUS) * time.Microsecond
 	if s.kv, err = kvevents.New(kvevents.Config{LogSize: cfg.KVEventLogSize, BlockSize: cfg.ChunkSize, Loops: loops,
 		Publisher: kvevents.PublisherConfig{Endpoint: cfg.KVEventsEndpoint, ReplayEndpoint: cfg.KVEventsReplayEndpoint, Topic: cfg.KVEventsTopic,
 			BufferSteps: cfg.KVEventsBufferSteps, HWM: cfg.KVEventsHWM, MaxQueueSize: cfg.KVEventsMaxQueueSize},

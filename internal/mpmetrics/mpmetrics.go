@@ -69,6 +69,9 @@ type Metrics struct {
 	ZMQReapedWorkers       *Counter
 	ZMQAbandonedTransfers  *Counter
 	ZMQProfileRefusedPeers *Counter
+	// ZMQBusyPollSeconds is the time the socket goroutine spent polling
+	// without blocking (--zmq-busy-poll-us): CPU spent to save wake-ups.
+	ZMQBusyPollSeconds *Counter
 
 	// KV bytes and chunks moved between workers and L1 (Go additions), by
 	// {direction}: store, retrieve and {path}: engine_driven (the worker
@@ -136,6 +139,7 @@ func New(instanceID string, src Source) *Metrics {
 	m.ZMQRefused = cv(Namespace+"_zmq_refused_requests_total", "ZMQ requests refused without being executed (answered with their negative reply, or not at all for a refused peer).", "reason")
 	m.ZMQDroppedReplies = cv(Namespace+"_zmq_dropped_replies_total", "ZMQ replies that never reached their client.", "reason")
 	m.ZMQMalformed = cv(Namespace+"_zmq_malformed_messages_total", "ZMQ messages that could not be parsed as a request.", "kind")
+	m.ZMQBusyPollSeconds = c(Namespace+"_zmq_busy_poll_seconds_total", "Time the ZMQ socket goroutine spent polling without blocking after a message (--zmq-busy-poll-us), CPU spent to answer the next request without a wake-up.")
 	m.ZMQReapedWorkers = c(Namespace+"_zmq_reaped_workers_total", "Worker registrations dropped by the reaper after going silent.")
 	m.ZMQAbandonedTransfers = c(Namespace+"_zmq_abandoned_transfers_total", "PREPARE_STORE/PREPARE_RETRIEVE whose COMMIT never came, dropped (staged writes aborted, read locks released).")
 	m.ZMQProfileRefusedPeers = c(Namespace+"_zmq_wire_profile_refused_peers_total", "Client connections refused because their first request fingerprints a wire profile other than the forced --wire-profile.")

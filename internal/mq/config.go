@@ -100,6 +100,14 @@ type Config struct {
 	// whose prompt shares a prefix with a recent one does not hash that
 	// prefix again. A negative value keeps none.
 	PrefixHashChunks int
+	// BusyPoll is how long the socket goroutine keeps polling its sockets
+	// without blocking after it last handled a message (0: it blocks at
+	// once). A request that arrives within it is picked up without the
+	// thread wake-ups a blocked poll costs (on a VM whose idle vCPUs halt,
+	// tens of µs each, twice per round trip); vLLM's LOOKUP is two round
+	// trips back to back. The cost is CPU: at most BusyPoll per burst,
+	// counted in lmcache_mp_zmq_busy_poll_seconds_total.
+	BusyPoll time.Duration
 	// KVEvents, if set, records the chunks store requests bind for KV-aware
 	// routers and serves POLL_KV_EVENTS and the kv_events capability
 	// (kvevents.go); nil serves neither.

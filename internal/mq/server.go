@@ -280,8 +280,23 @@ func (s *Server) run(ctx context.Context) error {
 	poller.Add(s.router, zmq.POLLIN)
 	poller.Add(s.pull, zmq.POLLIN)
 	lastSweep := time.Now()
+	// While time is before spinUntil the loop polls without blocking
+	// (Config.BusyPoll); spun is the time those polls found nothing,
+	// added to the metric when the spin ends.
+	var spinUntil time.Time
+	var spun time.Duration
 	for ctx.Err() == nil {
-		polled, err := poller.Poll(pollInterval)
+		wait := pollInterval
+		var t0 time.Time
+		if s.cfg.BusyPoll > 0 {
+			if t0 = time.Now(); t0.Before(spinUntil) {
+				wait = 0
+			} else if spun > 0 {
+				s.metrics.ZMQBusyPollSeconds.Add(spun.Seconds())
+				spun = 0
+			}
+		}
+		polled, err := poller.Poll(wait)
 		if err != nil {
 			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
 				continue
@@ -294,6 +309,15 @@ func (s *Server) run(ctx context.Context) error {
 				s.drainRequests()
 			case s.pull:
 				s.drainReplies()
+			}
+		}
+		if s.cfg.BusyPoll > 0 {
+			switch now := time.Now(); {
+			case len(polled) > 0:
+				// Spin from the last reply sent, not from its request.
+				spinUntil = now.Add(s.cfg.BusyPoll)
+			case wait == 0:
+				spun += now.Sub(t0)
 			}
 		}
 		if now := time.Now(); now.Sub(lastSweep) > time.Minute {

@@ -47,6 +47,7 @@ type Config struct {
 	SessionTTLSeconds        float64
 	MaxQueuedRequests        int
 	GCHeapFloorMB            int
+	ZMQBusyPollUS            int
 	SeparateObjectGroups     bool
 	// KV events for KV-aware routers (internal/kvevents): upstream's
 	// POLL_KV_EVENTS log size, and the native vLLM-format publisher named
@@ -255,6 +256,7 @@ func (c *Config) register() *registry {
 	}
 	r.float(&c.SessionTTLSeconds, "session-ttl-seconds", "session_ttl_seconds", mp, "", 600, "drop lookup sessions idle this long").Validate = positiveFinite(&c.SessionTTLSeconds)
 	r.intv(&c.MaxQueuedRequests, "max-queued-requests", "max_queued_requests", mp, "", 4096, "ZMQ requests that may wait for a handler; past it a request is refused at once").Validate = atLeast(&c.MaxQueuedRequests, 1)
+	r.intv(&c.ZMQBusyPollUS, "zmq-busy-poll-us", "zmq_busy_poll_us", mp, "", 0, "keep polling the ZMQ socket this long after a message before blocking, so a request right behind it (LOOKUP's second round trip) is taken without a thread wake-up; costs up to this much CPU per burst (lmcache_mp_zmq_busy_poll_seconds_total); 0: block at once").Validate = atLeast(&c.ZMQBusyPollUS, 0)
 	r.intv(&c.GCHeapFloorMB, "gc-heap-floor-mb", "gc_heap_floor_mb", mp, "", 64, "Go heap size below which the garbage collector does not start (request frames are copied into the heap; a small heap collected every few LOOKUPs); 0: GOGC alone").Validate = atLeast(&c.GCHeapFloorMB, 0)
 	r.boolPair(&c.SeparateObjectGroups, "separate-object-groups", "separate_object_groups", mp, "", false, "store hybrid-model object groups separately")
 	r.intv(&c.KVEventLogSize, "kv-event-log-size", "kv_event_log_size", mp, "", 32768, "cache-event records kept for POLL_KV_EVENTS (workers republish them to KV-aware routers); 0 disables the channel and its kv_events capability").Validate = atLeast(&c.KVEventLogSize, 0)

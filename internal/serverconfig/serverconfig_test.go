@@ -20,7 +20,8 @@ func TestDefaults(t *testing.T) {
 		c.ChunkSize != 256 || c.HashAlgorithm != "blake3" || c.L1SizeGB != DefaultL1SizeGB ||
 		c.EvictionPolicy != "LRU" || c.EvictionWatermark != 0.8 || c.EvictionRatio != 0.2 ||
 		c.L1ReadTTLSeconds != 300 || c.L1WriteTTLSeconds != 600 || c.L1AlignBytes != 4096 ||
-		!c.L1UseLazy || c.CoordinatorHeartbeatInterval != 5 || len(c.L2Adapters) != 0 || c.MaxQueuedRequests != 4096 {
+		!c.L1UseLazy || c.CoordinatorHeartbeatInterval != 5 || len(c.L2Adapters) != 0 || c.MaxQueuedRequests != 4096 ||
+		c.GCHeapFloorMB != 64 || c.ZMQBusyPollUS != 0 {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if c.L1SizeBytes() != 1<<30 || c.L1InitSizeBytes() != 1<<30 {
