@@ -376,6 +376,12 @@ func startProgress(ctx context.Context, every time.Duration, w io.Writer, c *cou
 
 func tokensFor(seed int64, n int) []wire.Int {
 	out := make([]wire.Int, n)
+	fillTokens(out, seed)
+	return out
+}
+
+// fillTokens writes tokensFor(seed, len(out)) into out.
+func fillTokens(out []wire.Int, seed int64) {
 	x := uint64(seed)*0x9E3779B97F4A7C15 + 1
 	for i := range out {
 		x ^= x << 13
@@ -383,7 +389,6 @@ func tokensFor(seed int64, n int) []wire.Int {
 		x ^= x << 17
 		out[i] = wire.Int(x % 128000)
 	}
-	return out
 }
 
 func mkKey(model string, worker int, tokens []wire.Int, start, end int, reqID string) *wire.Key {
@@ -656,7 +661,7 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *co
 		}
 		// The same prompt with a new tail after the stored prefix.
 		if len(prefix) < len(fresh) {
-			copy(fresh[len(prefix):], tokensFor(runID^int64(i+1)<<32, len(fresh)-len(prefix)))
+			fillTokens(fresh[len(prefix):], runID^int64(i+1)<<32)
 		}
 		k = mkKey(o.Model, -1, fresh, 0, end, id+"-new")
 		if _, d, err = timedLookup(c, k); err != nil {
