@@ -19,8 +19,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lmcache-go/lmcache/internal/coordclient"
-	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/coordtest"
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
@@ -32,37 +32,6 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// startCoordinator runs the real coordinator on ln (loops off).
-func startCoordinator(t *testing.T, ln net.Listener) string {
-	t.Helper()
-	return startCoordinatorWith(t, ln, nil)
-}
-
-// startCoordinatorWith is startCoordinator with a config tweak.
-func startCoordinatorWith(t *testing.T, ln net.Listener, mutate func(*config.Config)) string {
-	t.Helper()
-	cfg := config.Default()
-	cfg.Host, cfg.Port = "127.0.0.1", 0
-	cfg.HealthCheckInterval, cfg.EvictionCheckInterval, cfg.EnableStartupResync = 0, 0, false
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	srv, err := coordinator.New(cfg, coordinator.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("coordinator Run: %v", err)
-		}
-	})
-	return "http://" + ln.Addr().String()
-}
 
 func listen(t *testing.T) net.Listener {
 	t.Helper()
@@ -128,7 +97,7 @@ func runClient(t *testing.T, c *coordclient.Client) (stop func()) {
 }
 
 func TestRegisterHeartbeatReregisterDeregister(t *testing.T) {
-	base := startCoordinator(t, listen(t))
+	base := coordtest.Start(t, listen(t), nil)
 	m := mpmetrics.New("mp-a", nil)
 	c, err := coordclient.New(coordclient.Config{URL: base + "/", HTTPPort: 8123, InstanceID: "mp-a", AdvertiseIP: "10.1.2.3",
 		HeartbeatInterval: 20 * time.Millisecond, Metrics: m, Logger: quiet})
@@ -183,7 +152,7 @@ func TestRandomInstanceIDAndRetryWhileDown(t *testing.T) {
 	// failed three times, then the coordinator comes up on it.
 	ln := &downUntilOpened{Listener: listen(t)}
 	addr := ln.Addr().String()
-	base := startCoordinator(t, ln)
+	base := coordtest.Start(t, ln, nil)
 	reg := periodic.NewRegistry()
 	c, err := coordclient.New(coordclient.Config{URL: "http://" + addr, HTTPPort: 8080, HeartbeatInterval: 20 * time.Millisecond, Periodic: reg, Logger: quiet})
 	if err != nil {
@@ -234,7 +203,7 @@ func TestDisabledClientIsInert(t *testing.T) {
 // engine with an fs adapter: write-behind store events and DELETE events
 // move the coordinator's usage.
 func TestL2EventsReachCoordinator(t *testing.T) {
-	base := startCoordinator(t, listen(t))
+	base := coordtest.Start(t, listen(t), nil)
 	m := mpmetrics.New("mp-e", nil)
 	c, err := coordclient.New(coordclient.Config{URL: base, HTTPPort: 8080, InstanceID: "mp-e", HeartbeatInterval: 50 * time.Millisecond,
 		EventReporting: true, EventFlushInterval: 20 * time.Millisecond, Metrics: m, Logger: quiet})
@@ -455,7 +424,7 @@ func TestLoopsInPeriodicRegistry(t *testing.T) {
 // ErrUnauthorized, counted as failed registrar runs) and never registered.
 func TestAuthTokenSentToCoordinator(t *testing.T) {
 	const tok = "fleet-s3cret"
-	base := startCoordinatorWith(t, listen(t), func(c *config.Config) { c.AuthToken = tok })
+	base := coordtest.Start(t, listen(t), func(c *config.Config) { c.AuthToken = tok })
 	reg := periodic.NewRegistry()
 	good, err := coordclient.New(coordclient.Config{URL: base, HTTPPort: 8080, InstanceID: "mp-good", AuthToken: tok, HeartbeatInterval: 20 * time.Millisecond,
 		EventReporting: true, EventFlushInterval: time.Hour, Periodic: reg, Logger: quiet})
@@ -533,7 +502,7 @@ func (l *lockedBuf) String() string {
 // with the password masked, on success and on failure.
 func TestURLPasswordNeverLogged(t *testing.T) {
 	ln := listen(t)
-	base := startCoordinator(t, ln)
+	base := coordtest.Start(t, ln, nil)
 	var logs lockedBuf
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	withPass := strings.Replace(base, "http://", "http://ops:pw-s3cret@", 1)

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/lmcache-go/lmcache/internal/coordclient"
+	"github.com/lmcache-go/lmcache/internal/coordtest"
 	"github.com/lmcache-go/lmcache/internal/kafkaevents"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
@@ -233,7 +234,7 @@ func TestIncarnationPerStart(t *testing.T) {
 // client resends it with the same seqs and the coordinator drops it as a
 // duplicate, so a store then delete is not replayed into a resurrected key.
 func TestLostReplyResendIsDuplicateOnRealCoordinator(t *testing.T) {
-	base := startCoordinator(t, listen(t))
+	base := coordtest.Start(t, listen(t), nil)
 	target, _ := url.Parse(base)
 	var mu sync.Mutex
 	lose := 1

@@ -5,8 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,37 +15,10 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/lmcache-go/lmcache/internal/coordinator"
-	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/coordtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// startCoordinator runs a real coordinator on a loopback port until the
-// test ends and returns its base URL.
-func startCoordinator(t *testing.T) string {
-	t.Helper()
-	cfg := config.Default()
-	cfg.Host, cfg.Port, cfg.EnableStartupResync = "127.0.0.1", 0, false
-	srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("coordinator: %v", err)
-		}
-	})
-	return "http://" + ln.Addr().String()
-}
 
 type usage struct {
 	TotalGB float64 `json:"total_gb"`
@@ -76,7 +47,7 @@ func getUsage(t *testing.T, c *http.Client, url string) usage {
 // salt as key i mod salts, a rerun of the same keys changes nothing, and
 // an offset run adds new ones.
 func TestRunAgainstCoordinator(t *testing.T) {
-	url := startCoordinator(t)
+	url := coordtest.Start(t, nil, nil)
 	client := NewClient(3)
 	defer client.CloseIdleConnections()
 	cfg := Config{URL: url, Keys: 5003, Batch: 100, Concurrency: 3, Salts: 5, Instances: 7, Bytes: 1 << 30, Timeout: DefaultConfig().Timeout}
@@ -231,7 +202,7 @@ func TestChunkHashDistinct(t *testing.T) {
 // the coordinator too) each carries the sampled counters; a ServerPID
 // that names no process fails the run.
 func TestSlowRequestsListed(t *testing.T) {
-	url := startCoordinator(t)
+	url := coordtest.Start(t, nil, nil)
 	client := NewClient(2)
 	defer client.CloseIdleConnections()
 	cfg := Config{URL: url, Keys: 200, Batch: 10, Concurrency: 2, Salts: 2, Instances: 2, Timeout: DefaultConfig().Timeout, Slow: time.Nanosecond, ServerPID: os.Getpid()}
