@@ -1,5 +1,7 @@
 package coordinator
 
+import "github.com/lmcache-go/lmcache/internal/coordinator/ledger"
+
 // HoldEvictionCycles blocks every eviction cycle (the loop's and
 // RunEvictionCycle's) until release is called, wedging the eviction loop
 // for tests of /periodic-threads-health.
@@ -15,3 +17,6 @@ func SetMaxSeqTracked(n int) (restore func()) {
 	maxSeqTracked = n
 	return func() { maxSeqTracked = old }
 }
+
+// LedgerReserve reports the ledger's reserve counters.
+func (s *Server) LedgerReserve() ledger.ReserveStats { return s.ledger.Reserve() }

@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -21,6 +22,11 @@ type threadStatus struct {
 	IsRunning bool    `json:"is_running"`
 	IsActive  bool    `json:"is_active"`
 	TotalRuns int64   `json:"total_runs"`
+
+	LastSummary struct {
+		Message string            `json:"message"`
+		Extra   map[string]string `json:"extra_info"`
+	} `json:"last_summary"`
 }
 
 func (c *coord) threads() map[string]threadStatus {
@@ -42,9 +48,10 @@ func (c *coord) threads() map[string]threadStatus {
 	return out
 }
 
-// TestCoordinatorLoopsRegistered: the health sweep, eviction loop and
-// startup resync are periodic loops with their level and interval; they
-// run, and the one-shot resync stops running once it has finished.
+// TestCoordinatorLoopsRegistered: the health sweep, eviction loop, startup
+// resync and ledger reserve are periodic loops with their level and
+// interval; they run, and the one-shot resync stops running once it has
+// finished.
 func TestCoordinatorLoopsRegistered(t *testing.T) {
 	c := startCoord(t, func(cfg *config.Config) {
 		cfg.HealthCheckInterval = 0.02
@@ -56,16 +63,18 @@ func TestCoordinatorLoopsRegistered(t *testing.T) {
 	waitFor(t, "every loop to run", func() bool {
 		th := c.threads()
 		return th[coordinator.LoopHealthSweep].TotalRuns > 0 && th[coordinator.LoopEviction].TotalRuns > 0 &&
-			th[coordinator.LoopResync].TotalRuns > 0 && !th[coordinator.LoopResync].IsRunning
+			th[coordinator.LoopResync].TotalRuns > 0 && !th[coordinator.LoopResync].IsRunning &&
+			th[coordinator.LoopLedgerReserve].TotalRuns > 0
 	})
 	th := c.threads()
-	if len(th) != 3 {
+	if len(th) != 4 {
 		t.Fatalf("threads %v", th)
 	}
 	for name, want := range map[string]threadStatus{
-		coordinator.LoopHealthSweep: {Level: "high", Interval: 0.02, IsRunning: true},
-		coordinator.LoopEviction:    {Level: "high", Interval: 0.03, IsRunning: true},
-		coordinator.LoopResync:      {Level: "medium", Interval: 0.01, IsRunning: false},
+		coordinator.LoopHealthSweep:   {Level: "high", Interval: 0.02, IsRunning: true},
+		coordinator.LoopEviction:      {Level: "high", Interval: 0.03, IsRunning: true},
+		coordinator.LoopResync:        {Level: "medium", Interval: 0.01, IsRunning: false},
+		coordinator.LoopLedgerReserve: {Level: "low", Interval: 1, IsRunning: true},
 	} {
 		got := th[name]
 		if got.Level != want.Level || got.Interval != want.Interval || got.IsRunning != want.IsRunning {
@@ -205,4 +214,32 @@ func TestSeqTrackerResetCounted(t *testing.T) {
 	if _, raw := c.do("GET", "/metrics", nil); !strings.Contains(string(raw), "lmcache_coordinator_event_seq_tracker_resets_total 1\n") {
 		t.Fatal("reset not counted")
 	}
+}
+
+// TestLedgerReserveLoop: the reserve loop prepares the ledger's entry pages
+// while real ingest goes on. It readies a spare before the first batch;
+// the batches that fill the first page (65,536 entries) and start the
+// second take spares, and the loop leaves a new one ready: three pages
+// prepared or allocated, at least two of them by the loop.
+func TestLedgerReserveLoop(t *testing.T) {
+	c := startCoord(t, nil)
+	waitFor(t, "the reserve loop's first cycle", func() bool { return c.srv.LedgerReserve().SparePage })
+	const batch = 1000
+	for b := 0; b < 66; b++ {
+		evs := make([]any, batch)
+		for i := range evs {
+			evs[i] = map[string]any{"type": "store", "bytes": 1, "key": map[string]any{
+				"chunk_hash_hex": fmt.Sprintf("%08x", b*batch+i), "model_name": "m", "kv_rank": 0, "cache_salt": "s"}}
+		}
+		c.must("POST", "/quota/events", map[string]any{"instance_id": "i1", "seq": b + 1, "events": evs}, 200)
+	}
+	waitFor(t, "a spare after the second page", func() bool {
+		r := c.srv.LedgerReserve()
+		return r.SparePage && r.PreparedPages+r.ColdPages == 3 && r.PreparedPages >= 2
+	})
+	waitFor(t, "the loop's summary to count them", func() bool {
+		r, sum := c.srv.LedgerReserve(), c.threads()[coordinator.LoopLedgerReserve].LastSummary
+		return strings.HasPrefix(sum.Message, "prepared entry_pages=") && sum.Extra["prepared_entry_pages"] == fmt.Sprint(r.PreparedPages) &&
+			sum.Extra["ingest_path_entry_pages"] == fmt.Sprint(r.ColdPages) && sum.Extra["ingest_path_index_tables"] == fmt.Sprint(r.ColdTables)
+	})
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -42,7 +43,14 @@ const (
 	LoopHealthSweep = "coordinator-health-sweep"
 	LoopEviction    = "coordinator-eviction"
 	LoopResync      = "coordinator-startup-resync"
+	// LoopLedgerReserve prepares the ledger's next entry page and index
+	// table off the ingest path (ledger.Refill).
+	LoopLedgerReserve = "coordinator-ledger-reserve"
 )
+
+// ledgerReserveWait is the longest the reserve loop sleeps when the ledger
+// does not wake it; a wake-up (a page or table wanted) ends it at once.
+const ledgerReserveWait = time.Second
 
 // Server is one coordinator instance.
 type Server struct {
@@ -269,7 +277,25 @@ func (s *Server) startLoops(ctx context.Context) []func() {
 	if s.cfg.EnableStartupResync {
 		out = append(out, s.afterIngestReady(ctx, s.resyncLoop(ctx)))
 	}
+	// Low: if it stops, ingest allocates under the ledger lock again
+	// (slower requests, counted), nothing is lost.
+	reserve := s.loops.RegisterWorker(LoopLedgerReserve, periodic.Low, ledgerReserveWait, s.reserveCycle)
+	out = append(out, func() { reserve.Run(ctx) })
 	return append(out, s.ingestLoops(ctx)...)
+}
+
+// reserveCycle waits until the ledger wants memory (or ledgerReserveWait)
+// and prepares it; see ledger.Refill. s.ledger is set for good by New.
+func (s *Server) reserveCycle(ctx context.Context) (periodic.Summary, error) {
+	s.ledger.WaitNeed(ctx, ledgerReserveWait)
+	pages, tables := s.ledger.Refill()
+	r := s.ledger.Reserve()
+	u := func(n uint64) string { return strconv.FormatUint(n, 10) }
+	return periodic.Summary{Message: fmt.Sprintf("prepared entry_pages=%d index_tables=%d", pages, tables), Extra: map[string]string{
+		"prepared_entry_pages": u(r.PreparedPages), "prepared_index_tables": u(r.PreparedTables),
+		// Allocated under the lock because nothing was ready.
+		"ingest_path_entry_pages": u(r.ColdPages), "ingest_path_index_tables": u(r.ColdTables),
+	}}, nil
 }
 
 func (s *Server) healthCycle(context.Context) (periodic.Summary, error) {
