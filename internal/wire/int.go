@@ -210,8 +210,8 @@ func (t *TokenIDs) UnmarshalMsg(b []byte) ([]byte, error) {
 	} else {
 		ids = make([]Int, n)
 	}
-	pos := 0
-	for i := range ids {
+	done, pos := decodeSplit(rest, ids)
+	for i := done; i < len(ids); i++ {
 		// The forms token ids take, read as one word while 8 bytes
 		// remain; anything else (negative, 64-bit, not an integer, the
 		// last few bytes) goes through Int, which also makes the errors.

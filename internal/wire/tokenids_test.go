@@ -198,3 +198,87 @@ func FuzzTokenIDsMatchesGeneric(f *testing.F) {
 		}
 	})
 }
+
+// FuzzTokenIDsLongMatchesGeneric is FuzzTokenIDsMatchesGeneric for arrays
+// long enough for the two-chain decode (decodeSplit): a prompt of 4,096 to
+// 12,287 ids drawn from the fuzz input (a 128k vocabulary with ids of
+// every other form mixed in where the input says), followed by arbitrary
+// bytes, optionally with one byte replaced, decodes exactly as the
+// element-by-element decoder decodes it.
+func FuzzTokenIDsLongMatchesGeneric(f *testing.F) {
+	f.Add(uint64(1), uint16(0), uint8(0), []byte{0xc0}, uint32(0), uint8(0))
+	f.Add(uint64(7), uint16(8000), uint8(3), []byte{0xa1, 'x', 0xcd}, uint32(40000), uint8(0xce))
+	f.Add(uint64(9), uint16(100), uint8(200), []byte{}, uint32(25000), uint8(0x00))
+	f.Fuzz(func(t *testing.T, seed uint64, extra uint16, oddEvery uint8, after []byte, flipAt uint32, flipTo uint8) {
+		r := rand.New(rand.NewPCG(seed, uint64(extra)))
+		n := 4096 + int(extra)%8192
+		odd := []Int{0, 5, 127, 128, 255, -1, -33, 1 << 32, 1<<63 - 1, 65535, 65536}
+		ids := make([]Int, n)
+		for i := range ids {
+			ids[i] = Int(r.IntN(128000))
+			if oddEvery != 0 && r.IntN(int(oddEvery)+8) == 0 {
+				ids[i] = odd[r.IntN(len(odd))]
+			}
+		}
+		frame := msgp.AppendArrayHeader(nil, uint32(n))
+		for _, v := range ids {
+			frame = AppendInt(frame, int64(v))
+		}
+		frame = append(frame, after...)
+		if flipAt != 0 {
+			frame[int(flipAt)%len(frame)] = flipTo
+		}
+		want, wantRest, wantErr := decodeGeneric(frame)
+		var got TokenIDs
+		rest, err := got.UnmarshalMsg(frame)
+		if (err == nil) != (wantErr == nil) || (err != nil && err.Error() != wantErr.Error()) {
+			t.Fatalf("%d ids: TokenIDs err %v, generic err %v", n, err, wantErr)
+		}
+		if err == nil && (!slices.Equal(got, TokenIDs(want)) || !bytes.Equal(rest, wantRest)) {
+			i := 0
+			for i < min(len(got), len(want)) && got[i] == want[i] {
+				i++
+			}
+			t.Fatalf("%d ids: first difference at %d; rest %d bytes, want %d", n, i, len(rest), len(wantRest))
+		}
+		if flipAt == 0 && (err != nil || !slices.Equal(got, TokenIDs(ids))) {
+			t.Fatalf("%d ids: the unmodified frame did not decode to its ids (%v)", n, err)
+		}
+	})
+}
+
+// TestDecodeSplitDoesTheBulk: on a 32k-id prompt of a 128k vocabulary
+// the two-chain decode (not the plain loop after it) decodes all but a
+// few hundred ids, exactly, and stops at an id boundary; on a prompt
+// whose second half starts with a slow form it still decodes exactly
+// what it claims.
+func TestDecodeSplitDoesTheBulk(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	ids := make(TokenIDs, 32768)
+	for i := range ids {
+		ids[i] = Int(r.IntN(128000))
+	}
+	for _, slowAt := range []int{-1, 16384, 16390} {
+		in := slices.Clone(ids)
+		if slowAt >= 0 {
+			in[slowAt] = -5
+		}
+		frame, _ := in.MarshalMsg(nil)
+		_, rest, _ := msgp.ReadArrayHeaderBytes(frame)
+		out := make([]Int, len(in))
+		done, pos := decodeSplit(rest, out)
+		if slowAt < 0 && done < len(in)-1024 {
+			t.Fatalf("two chains decoded %d of %d ids", done, len(in))
+		}
+		if !slices.Equal(out[:done], in[:done]) {
+			t.Fatalf("slow id at %d: the %d ids decodeSplit claims differ", slowAt, done)
+		}
+		again, _ := TokenIDs(in[:done]).MarshalMsg(nil)
+		if _, prefix, _ := msgp.ReadArrayHeaderBytes(again); pos != len(prefix) {
+			t.Fatalf("slow id at %d: %d ids end at byte %d, decodeSplit says %d", slowAt, done, len(prefix), pos)
+		}
+		if slowAt >= 0 && done > slowAt {
+			t.Fatalf("decodeSplit decoded past the slow id at %d (%d)", slowAt, done)
+		}
+	}
+}
