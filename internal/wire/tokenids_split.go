@@ -59,7 +59,7 @@ func decodeSplit(rest []byte, ids []Int) (done, pos int) {
 	}
 	half := n / 2
 	pB := pA + (half-splitWarm)*pA/splitWarm // the middle id's guessed offset
-	steps := n - half - splitWarm             // ids the second chain decodes
+	steps := n - half - splitWarm            // ids the second chain decodes
 	if pB > limit {
 		return splitWarm, pA
 	}
