@@ -288,7 +288,7 @@ func (s *Server) startLoops(ctx context.Context) []func() {
 // and prepares it; see ledger.Refill. s.ledger is set for good by New.
 func (s *Server) reserveCycle(ctx context.Context) (periodic.Summary, error) {
 	s.ledger.WaitNeed(ctx, ledgerReserveWait)
-	pages, tables := s.ledger.Refill()
+	pages, tables := s.ledger.Refill(ctx)
 	r := s.ledger.Reserve()
 	u := func(n uint64) string { return strconv.FormatUint(n, 10) }
 	return periodic.Summary{Message: fmt.Sprintf("prepared entry_pages=%d index_tables=%d", pages, tables), Extra: map[string]string{

@@ -32,16 +32,44 @@ import (
 // twice).
 const osPage = 4096
 
+// refillChunk and refillPause pace Refill: it faults in refillChunk bytes
+// (256 pages, about 0.3-5 ms of kernel time) and then pauses, so that
+// preparing a 512 MiB table does not hold a CPU for 0.2-2.4 s on end while
+// requests and the other processes of a small machine wait for one. At a
+// quarter of a core or less, the largest table (512 MiB, for 25M-50M
+// keys) takes under a second of the seconds its window lasts.
+const (
+	refillChunk = 1 << 20
+	refillPause = time.Millisecond
+)
+
 // touch writes a zero into every memory page of b, so the kernel maps them
-// now. A read would map the shared zero page and fault again on the first
-// write.
-func touch(b []byte) {
-	for i := 0; i < len(b); i += osPage {
-		b[i] = 0
+// now (a read would map the shared zero page and fault again on the first
+// write), pausing refillPause after every refillChunk. It returns false,
+// leaving the rest untouched, when ctx ends first.
+func touch(ctx context.Context, b []byte) bool {
+	var pause *time.Timer
+	for off := 0; off < len(b); off += refillChunk {
+		if off > 0 {
+			if pause == nil {
+				pause = time.NewTimer(refillPause)
+				defer pause.Stop()
+			} else {
+				pause.Reset(refillPause)
+			}
+			select {
+			case <-pause.C:
+			case <-ctx.Done():
+				return false
+			}
+		}
+		c := b[off:min(off+refillChunk, len(b))]
+		for i := 0; i < len(c); i += osPage {
+			c[i] = 0
+		}
+		c[len(c)-1] = 0
 	}
-	if len(b) > 0 {
-		b[len(b)-1] = 0
-	}
+	return true
 }
 
 func entryBytes(p []entry) []byte {
@@ -108,15 +136,19 @@ func (l *Ledger) wantTable() int {
 // Refill prepares what the reserve lacks: a spare entry page, and the next
 // index table when one is wanted. Each is allocated and faulted in without
 // the lock (holding it only to look and to hand the memory over), so
-// ingest goes on meanwhile. It reports what it handed over. Call it from
-// one goroutine at a time (the coordinator's ledger-reserve loop).
-func (l *Ledger) Refill() (pages, tables int) {
+// ingest goes on meanwhile, and paced (see refillChunk). It reports what
+// it handed over; when ctx ends it stops and hands over nothing more.
+// Call it from one goroutine at a time (the coordinator's ledger-reserve
+// loop).
+func (l *Ledger) Refill(ctx context.Context) (pages, tables int) {
 	l.mu.Lock()
 	needPage, want := l.spare == nil, l.wantTable()
 	l.mu.Unlock()
 	if needPage {
 		p := make([]entry, pageSize)
-		touch(entryBytes(p))
+		if !touch(ctx, entryBytes(p)) {
+			return 0, 0
+		}
 		l.mu.Lock()
 		if l.spare == nil {
 			l.spare = p
@@ -127,17 +159,17 @@ func (l *Ledger) Refill() (pages, tables int) {
 	}
 	if want > 0 {
 		t, sl := newTable(want)
-		touch(tableBytes(t))
+		ok := touch(ctx, tableBytes(t))
 		l.mu.Lock()
-		if l.wantTable() == want {
+		if ok && l.wantTable() == want {
 			l.next, l.nextSlab, l.nextFaulted = t, sl, len(t)
 			l.preparedTables++
 			tables++
 			sl = nil
 		}
 		l.mu.Unlock()
-		// Not wanted any more: the ingest path allocated its own meanwhile,
-		// or deletes shrank the ledger.
+		// Not wanted any more (the ingest path allocated its own meanwhile,
+		// or deletes shrank the ledger), or ctx ended.
 		sl.free()
 	}
 	return pages, tables

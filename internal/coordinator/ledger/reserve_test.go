@@ -80,10 +80,10 @@ func TestReserveKeepsFaultsOffIngest(t *testing.T) {
 	}
 
 	l := New()
-	if p, tb := l.Refill(); p != 1 || tb != 0 {
+	if p, tb := l.Refill(context.Background()); p != 1 || tb != 0 {
 		t.Fatalf("first Refill of an empty ledger prepared %d pages, %d tables; want 1, 0", p, tb)
 	}
-	faults, growths = ingestFaults(t, l, n, func(l *Ledger) { l.Refill() })
+	faults, growths = ingestFaults(t, l, n, func(l *Ledger) { l.Refill(context.Background()) })
 	r = l.Reserve()
 	if r.ColdPages != 0 || r.ColdTables != 0 {
 		t.Errorf("with the reserve: %d entry pages and %d tables allocated inside Apply; want 0", r.ColdPages, r.ColdTables)
@@ -115,11 +115,11 @@ func TestRefillSkipsWhatIsNotWanted(t *testing.T) {
 		}
 	}
 	store(0, 512) // exactly half of 1024 slots
-	if _, tb := l.Refill(); tb != 0 || l.next != nil {
+	if _, tb := l.Refill(context.Background()); tb != 0 || l.next != nil {
 		t.Fatalf("Refill at half full prepared %d tables", tb)
 	}
 	store(512, 513)
-	if _, tb := l.Refill(); tb != 1 || len(l.next) != 2048 || l.nextFaulted != 2048 {
+	if _, tb := l.Refill(context.Background()); tb != 1 || len(l.next) != 2048 || l.nextFaulted != 2048 {
 		t.Fatalf("Refill past half full prepared %d tables (next %d slots, %d faulted)", tb, len(l.next), l.nextFaulted)
 	}
 	store(513, 800) // past 3/4: growth into the prepared table, migration running
@@ -136,7 +136,7 @@ func TestRefillSkipsWhatIsNotWanted(t *testing.T) {
 	if r := l.Reserve(); r.ColdTables != 1 || len(l.next) != 4096 {
 		t.Fatalf("reserve %+v, next %d slots; want 1 cold table of 4096", r, len(l.next))
 	}
-	if _, tb := l.Refill(); tb != 0 {
+	if _, tb := l.Refill(context.Background()); tb != 0 {
 		t.Fatalf("Refill prepared %d tables beside the ingest path's own", tb)
 	}
 }
@@ -154,7 +154,7 @@ func TestRefillLoop(t *testing.T) {
 		defer wg.Done()
 		for ctx.Err() == nil {
 			l.WaitNeed(ctx, time.Minute)
-			if p, _ := l.Refill(); p > 0 {
+			if p, _ := l.Refill(ctx); p > 0 {
 				refilled <- l.Reserve()
 			}
 		}
@@ -166,5 +166,28 @@ func TestRefillLoop(t *testing.T) {
 	l.Store(key(t, "00", "m", "s"), 1) // takes the spare for page 0
 	if r := <-refilled; !r.SparePage || r.PreparedPages != 2 || r.ColdPages != 0 {
 		t.Fatalf("refill after the first page was taken: %+v", r)
+	}
+}
+
+// TestRefillStopsOnCancel: a Refill whose context has ended stops after
+// the first chunk it faults in and hands nothing over, page or table.
+func TestRefillStopsOnCancel(t *testing.T) {
+	l := New()
+	for i := 0; i < 600; i++ { // past half of 1024 slots: a table is wanted
+		l.Store(key(t, fmt.Sprintf("%08x", i), "m", "s"), 1)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if p, tb := l.Refill(ctx); p != 0 || tb != 0 {
+		t.Fatalf("cancelled Refill handed over %d pages, %d tables", p, tb)
+	}
+	// The 5 MiB page is several chunks, so it stopped; the ingest path took
+	// its own page for the first store, and no table is ready.
+	if r := l.Reserve(); r.SparePage || r.PreparedPages != 0 || r.ColdPages != 1 || l.next != nil {
+		t.Fatalf("after a cancelled Refill: reserve %+v, next table %d slots", r, len(l.next))
+	}
+	// With a live context the same call prepares both.
+	if p, tb := l.Refill(context.Background()); p != 1 || tb != 1 {
+		t.Fatalf("Refill prepared %d pages, %d tables; want 1, 1", p, tb)
 	}
 }
