@@ -93,6 +93,9 @@ func (st *state) startPrefetch(key *wire.Key, readers int, parent trace.SpanCont
 	if len(flat) != (last-first)*world {
 		return false, fmt.Errorf("no object keys for (%s, %q)", key.ModelName, key.CacheSalt) // lookupKey validated both; defensive
 	}
+	// An answered lmcache-driven CUDA store of these chunks may still be
+	// committing: wait for it rather than miss them (lmdriven.go).
+	st.lmdAwaitCommits("lookup", flat)
 	chunks := make([][]objkey.Key, last-first)
 	for i := range chunks {
 		chunks[i] = flat[i*world : (i+1)*world : (i+1)*world]

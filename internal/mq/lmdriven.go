@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tinylib/msgp/msgp"
@@ -43,6 +44,9 @@ type lmDriven struct {
 	mu   sync.Mutex
 	regs map[int64]*lmdReg
 
+	// commits tracks CUDA stores answered but not yet committed.
+	commits pendingCommits
+
 	// The CUDA driver, loaded (and the L1 pool pinned) at the first CUDA
 	// registration; the pool is unpinned at stop.
 	cudaOnce sync.Once
@@ -79,6 +83,130 @@ func (st *state) cudaDriver() (kvcuda.Driver, error) {
 		st.log.Info("L1 pool pinned for CUDA copies", "bytes", len(pool))
 	})
 	return l.cuda, l.cudaErr
+}
+
+// LMDCommitWait bounds how long a LOOKUP or RETRIEVE waits for the
+// commit of a CUDA STORE of its chunks that was already answered: such a
+// store commits when its copies complete, after the reply (as upstream's
+// host callback does), and without the wait a LOOKUP sent right after
+// the reply would miss chunks the worker was told are stored. Copies of
+// one request take milliseconds; past the deadline the LOOKUP goes on
+// without them (a miss, as upstream), counted in
+// lmcache_mp_transfer_commit_waits_total{outcome="deadline"}.
+const LMDCommitWait = 2 * time.Second
+
+// pendingCommits maps the chunk keys of answered, uncommitted CUDA stores
+// to their store. Waiters take the done channels under mu and wait
+// outside it; a store's completion goroutine closes its channel after the
+// commit (or abort), so a waiter that wakes sees the final state.
+type pendingCommits struct {
+	// stores counts the stores in flight: zero keeps LOOKUP on its
+	// inline path without taking mu.
+	stores atomic.Int64
+
+	mu   sync.Mutex
+	keys map[objkey.Key]*pendingStore
+
+	// deadline overrides LMDCommitWait and onWait is called when a
+	// waiter starts waiting (both for tests, lmdriven_export_test.go).
+	deadline time.Duration
+	onWait   func(op string)
+}
+
+// pendingStore is one CUDA store between its reply and its commit.
+type pendingStore struct {
+	done chan struct{}
+}
+
+// add records a store of keys about to be submitted.
+func (p *pendingCommits) add(keys []objkey.Key) *pendingStore {
+	ps := &pendingStore{done: make(chan struct{})}
+	p.stores.Add(1)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.keys == nil {
+		p.keys = map[objkey.Key]*pendingStore{}
+	}
+	for _, k := range keys {
+		p.keys[k] = ps // a later store of the same key is the one to wait for
+	}
+	return ps
+}
+
+// finish ends ps (committed, aborted or never submitted) and wakes its
+// waiters.
+func (p *pendingCommits) finish(ps *pendingStore, keys []objkey.Key) {
+	p.mu.Lock()
+	for _, k := range keys {
+		if p.keys[k] == ps {
+			delete(p.keys, k)
+		}
+	}
+	p.mu.Unlock()
+	close(ps.done)
+	p.stores.Add(-1)
+}
+
+// busy reports whether any store is between its reply and its commit.
+func (p *pendingCommits) busy() bool { return p.stores.Load() > 0 }
+
+// of returns the done channels of the pending stores covering keys.
+func (p *pendingCommits) of(keys []objkey.Key) []chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []chan struct{}
+	seen := map[*pendingStore]bool{}
+	for _, k := range keys {
+		if ps := p.keys[k]; ps != nil && !seen[ps] {
+			seen[ps] = true
+			out = append(out, ps.done)
+		}
+	}
+	return out
+}
+
+// lmdAwaitCommits waits, up to LMDCommitWait, for the answered CUDA
+// stores of any of keys to commit, so op (lookup, retrieve) sees what
+// their replies promised. Without such stores it returns at once. The
+// wait is counted in lmcache_mp_transfer_commit_waits_total{op, outcome}
+// (committed, deadline; shutdown when the server stops meanwhile).
+func (st *state) lmdAwaitCommits(op string, keys []objkey.Key) {
+	p := &st.lmd.commits
+	if !p.busy() {
+		return
+	}
+	waits := p.of(keys)
+	if len(waits) == 0 {
+		return
+	}
+	if p.onWait != nil {
+		p.onWait(op)
+	}
+	d := LMDCommitWait
+	if p.deadline > 0 {
+		d = p.deadline
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	outcome := "committed"
+wait:
+	for _, ch := range waits {
+		select {
+		case <-ch:
+		case <-timer.C:
+			outcome = "deadline"
+			break wait
+		case <-st.s.handlerCtx.Done():
+			outcome = "shutdown"
+			break wait
+		}
+	}
+	st.s.metrics.TransferCommitWaits.WithLabelValues(op, outcome).Inc()
+	if outcome == "deadline" {
+		st.warnEvery("lmd/commit-wait/"+op, protocolWarnEvery,
+			"a "+op+" covered lmcache-driven CUDA stores still not committed after the wait; it went on without them (logged at most every 10 s; counted in lmcache_mp_transfer_commit_waits_total{outcome=\"deadline\"})",
+			"stores", len(waits), "waited", d)
+	}
 }
 
 // lmdReg is one registered paged KV cache (one vLLM worker).
@@ -722,8 +850,12 @@ func (st *state) lmdStore(req *request) ([]byte, error) {
 	if err == nil && r.gpu != nil {
 		// Commit (or abort) once the copies completed, off this FIFO; the
 		// worker waits on the returned event before reusing its blocks.
+		// Until the commit, a LOOKUP or RETRIEVE of these chunks waits
+		// for it (lmdAwaitCommits) instead of missing them.
+		pending := st.lmd.commits.add(reserved)
 		var h kvcuda.IPCHandle
 		h, err = r.gpu.Submit(plan, objs, kvcuda.Store, t.event, func(err error) {
+			defer st.lmd.commits.finish(pending, reserved)
 			if err != nil {
 				st.s.eng.AbortWrite(r.tag, reserved)
 				st.lmdAsyncFailed(r, "STORE", err)
@@ -738,6 +870,7 @@ func (st *state) lmdStore(req *request) ([]byte, error) {
 		if err == nil {
 			return wire.Marshal(&wire.TransferReply{Handle: h[:], OK: true}), nil
 		}
+		st.lmd.commits.finish(pending, reserved) // not submitted: done never runs
 	} else if err == nil {
 		err = r.cpu.Gather(plan, objs)
 	}
@@ -770,6 +903,7 @@ func (st *state) lmdRetrieve(req *request) ([]byte, error) {
 		return nil, fmt.Errorf("empty retrieve range [%d, %d)", k.Start, k.End)
 	}
 	keys := workerKeys(k, t.hashes, t.first, t.last)
+	st.lmdAwaitCommits("retrieve", keys)
 	slots, err := st.s.eng.ReadSlots(keys)
 	if err != nil {
 		// Nothing was read; the lookup's locks stay until FREE_LOOKUP_LOCKS

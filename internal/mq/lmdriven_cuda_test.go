@@ -32,65 +32,14 @@ func TestLMDCUDAFakeDriver(t *testing.T) {
 	c := h.dial(mqclient.Options{})
 	sched := h.dial(mqclient.Options{})
 
-	// A [2, 16, 8, 4, 16] fp16 cache per layer in "device" memory.
-	n := 2 * pcBlocks * pcBS * pcHeads * pcHS * 2
-	rnd := rand.New(rand.NewPCG(8, 8))
-	pc := &pagedCache{}
-	var specs []map[string]any
-	for range testLayers {
-		m := make([]byte, n)
-		for i := range m {
-			m[i] = byte(rnd.Uint32())
-		}
-		hd := f.ExportMem(m)
-		pc.maps = append(pc.maps, m)
-		specs = append(specs, map[string]any{"mem": hex.EncodeToString(hd[:]), "event": hex.EncodeToString(make([]byte, 64)), "nbytes": n, "dtype": "float16", "uuid": f.UUID,
-			"shape":  []int{2, pcBlocks, pcBS, pcHeads, pcHS},
-			"stride": []int{pcBlocks * pcBS * pcHeads * pcHS, pcBS * pcHeads * pcHS, pcHeads * pcHS, pcHS, 1}})
-	}
-	arg, _ := json.Marshal(specs)
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Fatalf("python3 is required to build wrapper pickles: %v", err)
-	}
-	out, err := exec.Command(py, "-c", gpucheck.CUDAPickler, string(arg)).Output()
-	if err != nil {
-		t.Fatalf("pickler: %v", err)
-	}
-	kv := msgp.AppendArrayHeader(nil, testLayers)
-	for _, l := range strings.Fields(string(out)) {
-		p, err := hex.DecodeString(l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if kv, err = msgp.AppendExtension(kv, &msgp.RawExtension{Type: 1, Data: p}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hints := msgp.AppendMapHeader(nil, 1)
-	hints = msgp.AppendString(hints, "kv_layout")
-	hints = msgp.AppendString(hints, "NHD")
-	frames := [][]byte{wire.EncodeInt(7), kv, msgp.AppendString(nil, "m"), wire.EncodeInt(1), msgp.AppendString(nil, "vllm"), hints, wire.EmptyList}
-	if b, err := c.Call(wire.OpRegisterKVCache, frames...); err != nil || !bytes.Equal(b, wire.Nil) {
-		t.Fatalf("REGISTER_KV_CACHE = %x %v", b, err)
-	}
+	pc := registerFakeCUDA(t, c, f, 7)
 	if got := f.Open(); got != "mem=2 events=0 streams=1 pinned=1 ctx=1" {
 		t.Fatalf("after registration: %s\n%s", got, h.logs.String())
 	}
 
 	tokens := prompt(3, 2*testChunk)
 	ev, _ := f.WorkerEvent()
-	reply := func(b []byte, err error) wire.TransferReply {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var r wire.TransferReply
-		if err := wire.Unmarshal(b, &r); err != nil {
-			t.Fatalf("reply %x: %v", b, err)
-		}
-		return r
-	}
+	reply := func(b []byte, err error) wire.TransferReply { t.Helper(); return transferReply(t, b, err) }
 	k := wire.Marshal(key("m", 1, 0, tokens, 0, len(tokens), "r1"))
 	r := reply(c.Call(wire.OpStore, k, wire.EncodeInt(7), blockIDs(5, 6, 1, 2), msgp.AppendBytes(nil, ev[:])))
 	if !r.OK || len(r.Handle) != 64 || !bytes.HasPrefix(r.Handle, []byte("fakeevt")) {
@@ -164,6 +113,68 @@ func TestLMDCUDAFakeDriver(t *testing.T) {
 	if got := f.Open(); got != "mem=0 events=0 streams=0 pinned=0 ctx=0" {
 		t.Fatalf("after the server stopped: %s", got)
 	}
+}
+
+// registerFakeCUDA REGISTER_KV_CACHEs instance inst with a [2, 16, 8, 4,
+// 16] fp16 NHD cache per layer in f's "device" memory (random bytes),
+// python-pickled CudaIPCWrappers, and returns the cache.
+func registerFakeCUDA(t *testing.T, c *mqclient.Client, f *kvcuda.Fake, inst int64) *pagedCache {
+	t.Helper()
+	n := 2 * pcBlocks * pcBS * pcHeads * pcHS * 2
+	rnd := rand.New(rand.NewPCG(8, 8))
+	pc := &pagedCache{}
+	var specs []map[string]any
+	for range testLayers {
+		m := make([]byte, n)
+		for i := range m {
+			m[i] = byte(rnd.Uint32())
+		}
+		hd := f.ExportMem(m)
+		pc.maps = append(pc.maps, m)
+		specs = append(specs, map[string]any{"mem": hex.EncodeToString(hd[:]), "event": hex.EncodeToString(make([]byte, 64)), "nbytes": n, "dtype": "float16", "uuid": f.UUID,
+			"shape":  []int{2, pcBlocks, pcBS, pcHeads, pcHS},
+			"stride": []int{pcBlocks * pcBS * pcHeads * pcHS, pcBS * pcHeads * pcHS, pcHeads * pcHS, pcHS, 1}})
+	}
+	arg, _ := json.Marshal(specs)
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("python3 is required to build wrapper pickles: %v", err)
+	}
+	out, err := exec.Command(py, "-c", gpucheck.CUDAPickler, string(arg)).Output()
+	if err != nil {
+		t.Fatalf("pickler: %v", err)
+	}
+	kv := msgp.AppendArrayHeader(nil, testLayers)
+	for _, l := range strings.Fields(string(out)) {
+		p, err := hex.DecodeString(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kv, err = msgp.AppendExtension(kv, &msgp.RawExtension{Type: 1, Data: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hints := msgp.AppendMapHeader(nil, 1)
+	hints = msgp.AppendString(hints, "kv_layout")
+	hints = msgp.AppendString(hints, "NHD")
+	frames := [][]byte{wire.EncodeInt(inst), kv, msgp.AppendString(nil, "m"), wire.EncodeInt(1), msgp.AppendString(nil, "vllm"), hints, wire.EmptyList}
+	if b, err := c.Call(wire.OpRegisterKVCache, frames...); err != nil || !bytes.Equal(b, wire.Nil) {
+		t.Fatalf("REGISTER_KV_CACHE = %x %v", b, err)
+	}
+	return pc
+}
+
+// transferReply decodes a STORE or RETRIEVE reply.
+func transferReply(t *testing.T, b []byte, err error) wire.TransferReply {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r wire.TransferReply
+	if err := wire.Unmarshal(b, &r); err != nil {
+		t.Fatalf("reply %x: %v", b, err)
+	}
+	return r
 }
 
 func indexIn(log []string, prefix string) int {

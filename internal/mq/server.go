@@ -510,7 +510,9 @@ func (s *Server) handle(msg [][]byte) {
 // on the socket goroutine: its key is at most Config.InlineLookupBytes,
 // which bounds how long other peers wait behind its hashing.
 func (s *Server) inlineLookup(payloads [][]byte) bool {
-	return len(payloads) > 0 && len(payloads[0]) <= s.cfg.InlineLookupBytes
+	// While lmcache-driven CUDA stores commit, a LOOKUP may wait for one
+	// (lmdAwaitCommits): never on the socket goroutine.
+	return len(payloads) > 0 && len(payloads[0]) <= s.cfg.InlineLookupBytes && !s.st.lmd.commits.busy()
 }
 
 // malformed counts a message that is not a well-formed request and logs

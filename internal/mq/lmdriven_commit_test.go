@@ -1,0 +1,134 @@
+package mq_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/lmcache-go/lmcache/internal/kvcuda"
+	"github.com/lmcache-go/lmcache/internal/mq"
+	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/wire"
+)
+
+// TestLMDCUDALookupWaitsForCommit: a CUDA STORE is answered before its
+// copies complete and commits after them (kvcuda.Fake's Gate holds the
+// completion). A LOOKUP sent right after the reply waits for that commit
+// instead of missing the chunks: it is seen waiting, the socket goroutine
+// still answers other requests meanwhile, and once the gate opens the
+// LOOKUP hits both chunks, counted as
+// lmcache_mp_transfer_commit_waits_total{op="lookup",outcome="committed"}.
+// A LOOKUP whose store stays uncommitted past the deadline goes on
+// without it (0 hits, counted outcome="deadline"); the chunks appear once
+// that commit lands. A LOOKUP of chunks no pending store covers does not
+// wait. All synchronisation is by channel: no sleeps.
+func TestLMDCUDALookupWaitsForCommit(t *testing.T) {
+	f := kvcuda.NewFake()
+	f.Gate = make(chan struct{})
+	h := start(t, opts{mq: func(c *mq.Config) { c.CUDA = f }})
+	// Runs before the server stops (which waits for held completions),
+	// so a failing test still ends.
+	t.Cleanup(func() { close(f.Gate) })
+	waiting := make(chan string, 4)
+	mq.SetCommitWait(h.srv, 300*time.Millisecond, func(op string) { waiting <- op })
+	c := h.dial(mqclient.Options{})
+	sched := h.dial(mqclient.Options{})
+	other := h.dial(mqclient.Options{})
+	registerFakeCUDA(t, c, f, 7)
+	ev, _ := f.WorkerEvent()
+	store := func(tokens []wire.Int, reqID string, ids ...int) {
+		t.Helper()
+		k := wire.Marshal(key("m", 1, 0, tokens, 0, len(tokens), reqID))
+		b, err := c.Call(wire.OpStore, k, wire.EncodeInt(7), blockIDs(ids...), msgp.AppendBytes(nil, ev[:]))
+		if r := transferReply(t, b, err); !r.OK || len(r.Handle) != 64 {
+			t.Fatalf("STORE reply %+v", r)
+		}
+	}
+	// lookup sends LOOKUP and returns the hit prefix once the job is done
+	// (WAIT_PREFETCH_STATUS waits in the server).
+	lookup := func(k *wire.Key) int {
+		if err := sched.Lookup(k, 1); err != nil {
+			t.Error(err)
+			return -1
+		}
+		n, ready, err := sched.WaitPrefetchStatus(k.RequestID, 10*time.Second)
+		if err != nil || !ready {
+			t.Errorf("WAIT_PREFETCH_STATUS %s = %d, %v, %v", k.RequestID, n, ready, err)
+		}
+		return n
+	}
+	waits := h.srv.Metrics().TransferCommitWaits
+	// waiter is the op of the next request seen waiting for a commit (the
+	// 10 s bound only ends a failing test).
+	waiter := func() string {
+		t.Helper()
+		select {
+		case op := <-waiting:
+			return op
+		case <-time.After(10 * time.Second):
+			t.Fatal("no request waited for the pending commit")
+			return ""
+		}
+	}
+
+	tokens := prompt(11, 2*testChunk)
+	store(tokens, "s1", 5, 6, 1, 2)
+	k1 := key("m", 1, -1, tokens, 0, len(tokens), "l1")
+	hits := make(chan int, 1)
+	go func() { hits <- lookup(k1) }()
+	if op := waiter(); op != "lookup" {
+		t.Fatalf("waiter %q, want the lookup", op)
+	}
+	// The LOOKUP waits off the socket goroutine: other requests go on.
+	if n, err := other.GetChunkSize(); err != nil || n != testChunk {
+		t.Fatalf("GET_CHUNK_SIZE while a LOOKUP waits = %d, %v", n, err)
+	}
+	f.Gate <- struct{}{} // the store's copies complete; it commits
+	if n := <-hits; n != 2 {
+		t.Fatalf("LOOKUP sent right after the STORE reply hit %d chunks, want 2", n)
+	}
+	if err := sched.FreeLookupLocks(k1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := counterValue(waits.WithLabelValues("lookup", "committed")); n != 1 {
+		t.Fatalf("commit waits {lookup, committed} = %v, want 1", n)
+	}
+
+	// The deadline: the second store's completion is held past it.
+	tokens2 := prompt(12, 2*testChunk)
+	store(tokens2, "s2", 3, 4, 7, 8)
+	k2 := key("m", 1, -1, tokens2, 0, len(tokens2), "l2")
+	if n := lookup(k2); n != 0 {
+		t.Fatalf("LOOKUP past the deadline hit %d chunks, want 0 (the store is not committed)", n)
+	}
+	if op := waiter(); op != "lookup" {
+		t.Fatalf("waiter %q, want the lookup", op)
+	}
+	if n := counterValue(waits.WithLabelValues("lookup", "deadline")); n != 1 {
+		t.Fatalf("commit waits {lookup, deadline} = %v, want 1", n)
+	}
+	f.Gate <- struct{}{}
+	// The late commit lands: the next LOOKUP hits (waiting for it if the
+	// commit is still finishing).
+	k3 := key("m", 1, -1, tokens2, 0, len(tokens2), "l3")
+	if n := lookup(k3); n != 2 {
+		t.Fatalf("LOOKUP after the late commit hit %d chunks, want 2", n)
+	}
+	if err := sched.FreeLookupLocks(k3, 1); err != nil {
+		t.Fatal(err)
+	}
+	for len(waiting) > 0 {
+		<-waiting
+	}
+
+	// Nothing pending: a LOOKUP of other chunks does not wait.
+	before := counterValue(waits.WithLabelValues("lookup", "committed"))
+	if n := lookup(key("m", 1, -1, prompt(13, testChunk), 0, testChunk, "l4")); n != 0 {
+		t.Fatalf("LOOKUP of never-stored chunks hit %d", n)
+	}
+	if len(waiting) != 0 || counterValue(waits.WithLabelValues("lookup", "committed")) != before ||
+		counterValue(waits.WithLabelValues("lookup", "deadline")) != 1 {
+		t.Fatal("a LOOKUP waited with no store of its chunks pending")
+	}
+}

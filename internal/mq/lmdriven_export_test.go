@@ -1,0 +1,10 @@
+package mq
+
+import "time"
+
+// SetCommitWait lets mq_test tests shorten LMDCommitWait (d > 0) and see
+// when a LOOKUP or RETRIEVE starts waiting for a pending CUDA commit
+// (onWait gets its op). Call it before the server sees traffic.
+func SetCommitWait(s *Server, d time.Duration, onWait func(op string)) {
+	s.st.lmd.commits.deadline, s.st.lmd.commits.onWait = d, onWait
+}
