@@ -9,34 +9,15 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/tinylib/msgp/msgp"
-	"golang.org/x/sys/unix"
 
-	"github.com/lmcache-go/lmcache/internal/gpucheck"
+	"github.com/lmcache-go/lmcache/internal/kvcopy/kvcopytest"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
-
-// shmPickler prints one CpuShmTensorWrapper pickle (hex) per JSON spec in
-// argv[1] ({name, nbytes, shape, stride}): stand-in classes with
-// upstream's module and class names, pickled by Debian's python3.
-const shmPickler = gpucheck.PicklerPrelude + `
-m = mod("lmcache.v1.platform.cpu.shm")
-W = type("CpuShmTensorWrapper", (object,), {})
-W.__module__ = m.__name__
-m.CpuShmTensorWrapper = W
-for t in json.loads(sys.argv[1]):
-    w = W.__new__(W)
-    w.__dict__.update(shm_name=t["name"], nbytes=t["nbytes"], handle=None, dtype=torch.float16,
-        shape=tuple(t["shape"]), stride=tuple(t["stride"]), storage_offset=0, device_uuid="cpu")
-    print(pickle.dumps(w, protocol=4).hex())
-`
 
 // hndCache is a worker's HND paged KV cache in /dev/shm, one segment per
 // layer: [2, hndBlocks, hndHeads, hndBS, hndHS] float16 of random bytes.
@@ -59,35 +40,15 @@ func newHNDCache(t *testing.T) *hndCache {
 	t.Helper()
 	hc := &hndCache{}
 	r := rand.New(rand.NewPCG(4, 12))
-	size := 2 * hndBlocks * hndKV
-	for l := range hndLayers {
-		name := fmt.Sprintf("lmcache_kv_e2e_%d_%d", os.Getpid(), l)
-		path := filepath.Join("/dev/shm", name)
-		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = os.Remove(path) })
-		if err := unix.Ftruncate(fd, int64(size)); err != nil {
-			_ = unix.Close(fd)
-			t.Fatal(err)
-		}
-		m, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-		_ = unix.Close(fd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = unix.Munmap(m) })
-		for i := range m {
-			m[i] = byte(r.Uint32())
-		}
+	for range hndLayers {
+		name, m := kvcopytest.Segment(t, "e2e", 2*hndBlocks*hndKV, r)
 		hc.names, hc.maps = append(hc.names, name), append(hc.maps, m)
 	}
 	return hc
 }
 
 // registerFrames are REGISTER_KV_CACHE's payload frames for instance inst
-// of model m, world size 1, with the HND layout hint.
+// of model m, world size 1, with the HND layout hints.
 func (hc *hndCache) registerFrames(t *testing.T, inst int64) [][]byte {
 	t.Helper()
 	var specs []map[string]any
@@ -96,32 +57,7 @@ func (hc *hndCache) registerFrames(t *testing.T, inst int64) [][]byte {
 			"shape":  []int{2, hndBlocks, hndHeads, hndBS, hndHS},
 			"stride": []int{hndBlocks * hndKV / 2, hndKV / 2, hndBS * hndHS, hndHS, 1}})
 	}
-	arg, _ := json.Marshal(specs)
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Fatalf("python3 is required to build wrapper pickles: %v", err)
-	}
-	out, err := exec.Command(py, "-c", shmPickler, string(arg)).Output()
-	if err != nil {
-		t.Fatalf("pickler: %v", err)
-	}
-	kv := msgp.AppendArrayHeader(nil, hndLayers)
-	for _, l := range strings.Fields(string(out)) {
-		p, err := hex.DecodeString(l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if kv, err = msgp.AppendExtension(kv, &msgp.RawExtension{Type: 1, Data: p}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hints := msgp.AppendMapHeader(nil, 2)
-	hints = msgp.AppendString(hints, "kv_layout")
-	hints = msgp.AppendString(hints, "HND")
-	hints = msgp.AppendString(hints, "tokens_per_block")
-	hints = msgp.AppendInt(hints, hndBS)
-	return [][]byte{wire.EncodeInt(inst), kv, msgp.AppendString(nil, "m"), wire.EncodeInt(1),
-		msgp.AppendString(nil, "vllm"), hints, wire.EmptyList}
+	return kvcopytest.RegisterFrames(inst, kvcopytest.Wrappers(t, kvcopytest.CPUShmPickler, specs), "m", 1, "HND", hndBS)
 }
 
 // block is block b of layer l as /cache/checksums defines it: its K part

@@ -30,30 +30,6 @@ TEXT ·copyRuns(SB), NOSPLIT, $0-24
 	MOVQ R12, R14
 	MOVQ 8(R14), AX
 	MOVQ 24(R14), R9
-	// Run it ahead rows forward, prefetching as it goes.
-pfwarm:
-	TESTQ BX, BX
-	JZ rdesc
-	CMPQ R14, R13
-	JAE pwdone
-	PREFETCHT0 0(AX)
-	PREFETCHT0 64(AX)
-	PREFETCHT0 128(AX)
-	PREFETCHT0 192(AX)
-	ADDQ 40(R14), AX
-	DECQ R9
-	JNZ pwdone
-pwnext:
-	ADDQ $48, R14
-	CMPQ R14, R13
-	JAE pwdone
-	MOVQ 8(R14), AX
-	MOVQ 24(R14), R9
-	TESTQ R9, R9
-	JZ pwnext
-pwdone:
-	DECQ BX
-	JMP pfwarm
 rdesc:
 	CMPQ R12, R13
 	JAE rdone
@@ -63,6 +39,9 @@ rdesc:
 	TESTQ CX, CX
 	JZ rnextdesc
 rrow:
+	// One cursor step: prefetch its row and move it on. Before the first
+	// row it steps ahead+1 times (BX counts the extra ones down), so row
+	// r is copied after row r+ahead was prefetched.
 	CMPQ R14, R13
 	JAE prdone
 	PREFETCHT0 0(AX)
@@ -81,6 +60,11 @@ prnext:
 	TESTQ R9, R9
 	JZ prnext
 prdone:
+	TESTQ BX, BX
+	JZ rcopy
+	DECQ BX
+	JMP rrow
+rcopy:
 	MOVQ DI, R10
 	MOVQ SI, R11
 	MOVQ 16(R12), DX

@@ -3,15 +3,14 @@ package mq_test
 import (
 	"bytes"
 	"encoding/hex"
-	"encoding/json"
 	"math/rand/v2"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/lmcache-go/lmcache/internal/gpucheck"
+	"github.com/lmcache-go/lmcache/internal/kvcopy/kvcopytest"
 	"github.com/lmcache-go/lmcache/internal/kvcuda"
 	"github.com/lmcache-go/lmcache/internal/mq"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
@@ -135,29 +134,7 @@ func registerFakeCUDA(t *testing.T, c *mqclient.Client, f *kvcuda.Fake, inst int
 			"shape":  []int{2, pcBlocks, pcBS, pcHeads, pcHS},
 			"stride": []int{pcBlocks * pcBS * pcHeads * pcHS, pcBS * pcHeads * pcHS, pcHeads * pcHS, pcHS, 1}})
 	}
-	arg, _ := json.Marshal(specs)
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Fatalf("python3 is required to build wrapper pickles: %v", err)
-	}
-	out, err := exec.Command(py, "-c", gpucheck.CUDAPickler, string(arg)).Output()
-	if err != nil {
-		t.Fatalf("pickler: %v", err)
-	}
-	kv := msgp.AppendArrayHeader(nil, testLayers)
-	for _, l := range strings.Fields(string(out)) {
-		p, err := hex.DecodeString(l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if kv, err = msgp.AppendExtension(kv, &msgp.RawExtension{Type: 1, Data: p}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hints := msgp.AppendMapHeader(nil, 1)
-	hints = msgp.AppendString(hints, "kv_layout")
-	hints = msgp.AppendString(hints, "NHD")
-	frames := [][]byte{wire.EncodeInt(inst), kv, msgp.AppendString(nil, "m"), wire.EncodeInt(1), msgp.AppendString(nil, "vllm"), hints, wire.EmptyList}
+	frames := kvcopytest.RegisterFrames(inst, kvcopytest.Wrappers(t, gpucheck.CUDAPickler, specs), "m", 1, "NHD", 0)
 	if b, err := c.Call(wire.OpRegisterKVCache, frames...); err != nil || !bytes.Equal(b, wire.Nil) {
 		t.Fatalf("REGISTER_KV_CACHE = %x %v", b, err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/lmcache-go/lmcache/internal/kvcopy/kvcopytest"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
@@ -30,8 +31,8 @@ func newFmtCache(t *testing.T, format string, seed uint64) *fmtCache {
 		c.nh, c.hs = 1, testHidden
 	}
 	r := rand.New(rand.NewPCG(seed, 31))
-	for l := range testLayers {
-		name, m := newShmSegment(t, c.nkv()*c.nb*c.nh*c.bs*c.hs*2, r, l)
+	for range testLayers {
+		name, m := kvcopytest.Segment(t, "mqtest", c.nkv()*c.nb*c.nh*c.bs*c.hs*2, r)
 		c.names, c.maps = append(c.names, name), append(c.maps, m)
 	}
 	return c

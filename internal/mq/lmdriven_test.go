@@ -2,38 +2,17 @@ package mq_test
 
 import (
 	"bytes"
-	"encoding/hex"
-	"encoding/json"
-	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
-	"golang.org/x/sys/unix"
 
-	"github.com/lmcache-go/lmcache/internal/gpucheck"
+	"github.com/lmcache-go/lmcache/internal/kvcopy/kvcopytest"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
-
-// lmdPickler builds CpuShmTensorWrapper pickles with Debian's python3 and
-// stand-in classes carrying upstream's module and class names (as
-// internal/kvwrap/testdata/gen_fixtures.py does), one hex line per tensor.
-const lmdPickler = gpucheck.PicklerPrelude + `
-m = mod("lmcache.v1.platform.cpu.shm")
-W = type("CpuShmTensorWrapper", (object,), {})
-W.__module__ = m.__name__
-m.CpuShmTensorWrapper = W
-for t in json.loads(sys.argv[1]):
-    w = W.__new__(W)
-    w.__dict__.update(shm_name=t["name"], nbytes=t["nbytes"], handle=None, dtype=torch.float16,
-        shape=tuple(t["shape"]), stride=tuple(t["stride"]), storage_offset=0, device_uuid="cpu")
-    print(pickle.dumps(w, protocol=4).hex())
-`
 
 // pagedCache is a client's NHD paged KV cache in /dev/shm, one segment per
 // layer: [2, nb, bs, nh, hs] float16, 2 layers × 4 heads × 16 = the
@@ -54,38 +33,11 @@ func newPagedCache(t *testing.T) *pagedCache {
 	t.Helper()
 	pc := &pagedCache{}
 	r := rand.New(rand.NewPCG(77, 7))
-	for l := range testLayers {
-		name, m := newShmSegment(t, 2*pcBlocks*pcBS*pcHeads*pcHS*2, r, l)
+	for range testLayers {
+		name, m := kvcopytest.Segment(t, "mqtest", 2*pcBlocks*pcBS*pcHeads*pcHS*2, r)
 		pc.names, pc.maps = append(pc.names, name), append(pc.maps, m)
 	}
 	return pc
-}
-
-// newShmSegment creates a client's /dev/shm segment of size bytes filled
-// from r, removed and unmapped when the test ends.
-func newShmSegment(t *testing.T, size int, r *rand.Rand, layer int) (string, []byte) {
-	t.Helper()
-	name := fmt.Sprintf("lmcache_kv_mqtest_%d_%d_%d", os.Getpid(), shmSeq.Add(1), layer)
-	path := filepath.Join("/dev/shm", name)
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.Remove(path) })
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		_ = unix.Close(fd)
-		t.Fatal(err)
-	}
-	m, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	_ = unix.Close(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Munmap(m) })
-	for i := range m {
-		m[i] = byte(r.Uint32())
-	}
-	return name, m
 }
 
 // row is one (kv, layer, block, token) row: 4 heads × 16 fp16.
@@ -134,38 +86,7 @@ func (pc *pagedCache) registerFrames(t *testing.T, inst int64) [][]byte {
 // and layout hints kv_layout (left out when empty) and tokens_per_block.
 func lmdRegisterFrames(t *testing.T, inst int64, model string, world int64, specs []map[string]any, kvLayout string, blockSize int) [][]byte {
 	t.Helper()
-	arg, _ := json.Marshal(specs)
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Fatalf("python3 is required to build wrapper pickles: %v", err)
-	}
-	out, err := exec.Command(py, "-c", lmdPickler, string(arg)).Output()
-	if err != nil {
-		t.Fatalf("pickler: %v", err)
-	}
-	lines := strings.Fields(string(out))
-	kv := msgp.AppendArrayHeader(nil, uint32(len(lines)))
-	for _, l := range lines {
-		p, err := hex.DecodeString(l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if kv, err = msgp.AppendExtension(kv, &msgp.RawExtension{Type: 1, Data: p}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var hints []byte
-	if kvLayout != "" {
-		hints = msgp.AppendMapHeader(nil, 2)
-		hints = msgp.AppendString(hints, "kv_layout")
-		hints = msgp.AppendString(hints, kvLayout)
-	} else {
-		hints = msgp.AppendMapHeader(nil, 1)
-	}
-	hints = msgp.AppendString(hints, "tokens_per_block")
-	hints = msgp.AppendInt(hints, blockSize)
-	return [][]byte{wire.EncodeInt(inst), kv, msgp.AppendString(nil, model), wire.EncodeInt(world),
-		msgp.AppendString(nil, "vllm"), hints, wire.EmptyList}
+	return kvcopytest.RegisterFrames(inst, kvcopytest.Wrappers(t, kvcopytest.CPUShmPickler, specs), model, world, kvLayout, blockSize)
 }
 
 func blockIDs(ids ...int) []byte {
