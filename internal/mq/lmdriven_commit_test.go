@@ -21,8 +21,11 @@ import (
 // lmcache_mp_transfer_commit_waits_total{op="lookup",outcome="committed"}.
 // A LOOKUP whose store stays uncommitted past the deadline goes on
 // without it (0 hits, counted outcome="deadline"); the chunks appear once
-// that commit lands. A LOOKUP of chunks no pending store covers does not
-// wait. All synchronisation is by channel: no sleeps.
+// that commit lands. A RETRIEVE of chunks a pending store covers (made
+// resident meanwhile by an engine-driven store, so a LOOKUP could lock
+// them) waits for that store too, counted op="retrieve". A LOOKUP of
+// chunks no pending store covers does not wait. All synchronisation is by
+// channel: no sleeps.
 func TestLMDCUDALookupWaitsForCommit(t *testing.T) {
 	f := kvcuda.NewFake()
 	f.Gate = make(chan struct{})
@@ -122,13 +125,54 @@ func TestLMDCUDALookupWaitsForCommit(t *testing.T) {
 		<-waiting
 	}
 
+	// RETRIEVE: the chunks of a pending CUDA store became resident through
+	// an engine-driven worker's store meanwhile, so a LOOKUP (past its
+	// wait) locks them; the CUDA worker's RETRIEVE still finds the store
+	// pending and waits for it before reading.
+	tokens3 := prompt(14, 2*testChunk)
+	store(tokens3, "s3", 9, 10, 11, 12)
+	if n := h.worker(8, "m", 1, 0).store(tokens3, 0, 2*testChunk, "e3", chunkData{}.of(14, 0)); n != 2 {
+		t.Fatalf("engine-driven store beside the pending one asked for %d chunks, want 2", n)
+	}
+	k5 := key("m", 1, -1, tokens3, 0, len(tokens3), "l5")
+	if n := lookup(k5); n != 2 {
+		t.Fatalf("LOOKUP of engine-driven stored chunks hit %d, want 2", n)
+	}
+	if op := waiter(); op != "lookup" {
+		t.Fatalf("waiter %q, want the lookup", op)
+	}
+	retrieved := make(chan wire.TransferReply, 1)
+	go func() {
+		k := wire.Marshal(key("m", 1, 0, tokens3, 0, len(tokens3), "l5"))
+		b, err := c.Call(wire.OpRetrieve, k, wire.EncodeInt(7), blockIDs(13, 14, 15, 0), msgp.AppendBytes(nil, ev[:]), wire.EncodeInt(0))
+		var r wire.TransferReply
+		if err == nil {
+			err = wire.Unmarshal(b, &r)
+		}
+		if err != nil {
+			t.Error(err)
+		}
+		retrieved <- r
+	}()
+	if op := waiter(); op != "retrieve" {
+		t.Fatalf("waiter %q, want the retrieve", op)
+	}
+	f.Gate <- struct{}{} // the third store completes (its copy is dropped: the chunks are resident)
+	if r := <-retrieved; !r.OK || len(r.Handle) != 64 {
+		t.Fatalf("RETRIEVE after its wait = %+v", r)
+	}
+	f.Gate <- struct{}{} // the retrieve's copies complete; its locks go
+	if n := counterValue(waits.WithLabelValues("retrieve", "committed")); n != 1 {
+		t.Fatalf("commit waits {retrieve, committed} = %v, want 1", n)
+	}
+
 	// Nothing pending: a LOOKUP of other chunks does not wait.
 	before := counterValue(waits.WithLabelValues("lookup", "committed"))
 	if n := lookup(key("m", 1, -1, prompt(13, testChunk), 0, testChunk, "l4")); n != 0 {
 		t.Fatalf("LOOKUP of never-stored chunks hit %d", n)
 	}
 	if len(waiting) != 0 || counterValue(waits.WithLabelValues("lookup", "committed")) != before ||
-		counterValue(waits.WithLabelValues("lookup", "deadline")) != 1 {
+		counterValue(waits.WithLabelValues("lookup", "deadline")) != 2 {
 		t.Fatal("a LOOKUP waited with no store of its chunks pending")
 	}
 }
