@@ -12,7 +12,10 @@
 // No ingest step under the lock is proportional to the number of keys: the
 // index grows incrementally (see startGrow), entry pages are allocated 65,536
 // entries at a time, and freed entries form a list threaded through the
-// entries themselves, so no request pauses while the ledger doubles.
+// entries themselves, so no request pauses while the ledger doubles. The
+// memory the next growth step needs (an entry page, the next index table)
+// is allocated and faulted in ahead by Refill, off the lock (see
+// reserve.go), so ingest does not wait for the kernel to map pages either.
 package ledger
 
 import (
