@@ -13,10 +13,11 @@ import (
 // machine, about 18 us on the development VM when the host backs the page
 // for the first time. A new 5 MiB entry page is 1,280 such pages; when the
 // Go allocator hands back memory it must zero, it clears the whole page at
-// once, faulting all of them inside the one request that needed a new
-// page (16-29 ms of coordinator CPU in the slowest requests measured). The
-// next index table has the same problem at up to 512 MiB, spread over the
-// stores that prefaulted it.
+// once, faulting all of them inside the one request that needed a new page
+// (about 23 ms at 18 us a fault), and otherwise the stores fault them one
+// by one as they fill the page. The next index table (up to 512 MiB) was
+// faulted by the stores that prefaulted it. Measured with perf at 10M keys:
+// 193,658 faults inside Apply before, 3 with the reserve (BENCHMARKS.md).
 //
 // So the memory the ingest path will need next is prepared ahead, by
 // Refill on a background goroutine and without the lock: one spare entry
