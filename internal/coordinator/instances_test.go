@@ -182,8 +182,8 @@ func TestHealthSweepDisabledAtZero(t *testing.T) {
 	// No sweep loop is registered; ten eviction cycles at the timeout's
 	// interval give a wrong one ample chances to sweep.
 	waitFor(t, "ten eviction cycles", func() bool { return c.threads()[coordinator.LoopEviction].TotalRuns >= 10 })
-	if th := c.threads(); len(th) != 1 {
-		t.Fatalf("loops with the sweep disabled: %v", th)
+	if th := c.threads(); len(th) != 2 || th[coordinator.LoopLedgerReserve].Name == "" {
+		t.Fatalf("loops with the sweep disabled: %v, want only eviction and the ledger reserve", th)
 	}
 	if l := ids(t, c); len(l) != 1 {
 		t.Fatalf("instance swept with the sweep disabled: %v", l)

@@ -74,7 +74,7 @@ func TestCoordinatorLoopsRegistered(t *testing.T) {
 		coordinator.LoopHealthSweep:   {Level: "high", Interval: 0.02, IsRunning: true},
 		coordinator.LoopEviction:      {Level: "high", Interval: 0.03, IsRunning: true},
 		coordinator.LoopResync:        {Level: "medium", Interval: 0.01, IsRunning: false},
-		coordinator.LoopLedgerReserve: {Level: "low", Interval: 1, IsRunning: true},
+		coordinator.LoopLedgerReserve: {Level: "low", Interval: 5, IsRunning: true},
 	} {
 		got := th[name]
 		if got.Level != want.Level || got.Interval != want.Interval || got.IsRunning != want.IsRunning {

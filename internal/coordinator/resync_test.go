@@ -162,8 +162,8 @@ func TestStartupResyncDisabledOrGivesUp(t *testing.T) {
 		// interval) has run ten cycles. Then Run is stopped, so no loop can
 		// list afterwards either.
 		waitFor(t, "ten eviction cycles", func() bool { return c.threads()[coordinator.LoopEviction].TotalRuns >= 10 })
-		if th := c.threads(); len(th) != 1 {
-			t.Fatalf("loops with the resync disabled: %v", th)
+		if th := c.threads(); len(th) != 2 || th[coordinator.LoopLedgerReserve].Name == "" {
+			t.Fatalf("loops with the resync disabled: %v, want only eviction and the ledger reserve", th)
 		}
 		c.stop()
 		if err := c.wait(); err != nil {
