@@ -27,6 +27,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -294,6 +295,10 @@ type Ledger struct {
 	// when none is ready; need wakes the refill loop (see reserve.go).
 	spare []entry
 	need  chan struct{}
+	// spareReady mirrors spare != nil for Refill's checks without the lock;
+	// preparedNow counts pages handed over during the current Refill.
+	spareReady  atomic.Bool
+	preparedNow atomic.Int64
 	// Counters of the reserve (see ReserveStats).
 	preparedPages, preparedTables, coldPages, coldTables uint64
 

@@ -46,9 +46,10 @@ const (
 
 // touch writes a zero into every memory page of b, so the kernel maps them
 // now (a read would map the shared zero page and fault again on the first
-// write), pausing refillPause after every refillChunk. It returns false,
-// leaving the rest untouched, when ctx ends first.
-func touch(ctx context.Context, b []byte) bool {
+// write), pausing refillPause after every refillChunk and then calling
+// between (when not nil; false stops it, as ctx ending does). It returns
+// false, leaving the rest untouched, when stopped.
+func touch(ctx context.Context, b []byte, between func() bool) bool {
 	var pause *time.Timer
 	for off := 0; off < len(b); off += refillChunk {
 		if off > 0 {
@@ -61,6 +62,9 @@ func touch(ctx context.Context, b []byte) bool {
 			select {
 			case <-pause.C:
 			case <-ctx.Done():
+				return false
+			}
+			if between != nil && !between() {
 				return false
 			}
 		}
@@ -137,30 +141,23 @@ func (l *Ledger) wantTable() int {
 // Refill prepares what the reserve lacks: a spare entry page, and the next
 // index table when one is wanted. Each is allocated and faulted in without
 // the lock (holding it only to look and to hand the memory over), so
-// ingest goes on meanwhile, and paced (see refillChunk). It reports what
-// it handed over; when ctx ends it stops and hands over nothing more.
-// Call it from one goroutine at a time (the coordinator's ledger-reserve
-// loop).
+// ingest goes on meanwhile, and paced (see refillChunk). A table takes up
+// to a few hundred chunks, during which ingest may use up several entry
+// pages, so between its chunks Refill replaces a spare page that was
+// taken. It reports what it handed over; when ctx ends it stops and hands
+// over nothing more. Call it from one goroutine at a time (the
+// coordinator's ledger-reserve loop).
 func (l *Ledger) Refill(ctx context.Context) (pages, tables int) {
-	l.mu.Lock()
-	needPage, want := l.spare == nil, l.wantTable()
-	l.mu.Unlock()
-	if needPage {
-		p := make([]entry, pageSize)
-		if !touch(ctx, entryBytes(p)) {
-			return 0, 0
-		}
-		l.mu.Lock()
-		if l.spare == nil {
-			l.spare = p
-			l.preparedPages++
-			pages++
-		}
-		l.mu.Unlock()
+	if !l.refillPage(ctx) {
+		return 0, 0
 	}
+	pages = int(l.preparedNow.Swap(0))
+	l.mu.Lock()
+	want := l.wantTable()
+	l.mu.Unlock()
 	if want > 0 {
 		t, sl := newTable(want)
-		ok := touch(ctx, tableBytes(t))
+		ok := touch(ctx, tableBytes(t), func() bool { return l.refillPage(ctx) })
 		l.mu.Lock()
 		if ok && l.wantTable() == want {
 			l.next, l.nextSlab, l.nextFaulted = t, sl, len(t)
@@ -172,8 +169,31 @@ func (l *Ledger) Refill(ctx context.Context) (pages, tables int) {
 		// Not wanted any more (the ingest path allocated its own meanwhile,
 		// or deletes shrank the ledger), or ctx ended.
 		sl.free()
+		pages += int(l.preparedNow.Swap(0))
 	}
 	return pages, tables
+}
+
+// refillPage prepares a spare entry page unless one is ready (spareReady
+// is read without the lock, so the check between a table's chunks does not
+// wait for a batch to finish). It returns false when ctx ended.
+func (l *Ledger) refillPage(ctx context.Context) bool {
+	if l.spareReady.Load() {
+		return true
+	}
+	p := make([]entry, pageSize)
+	if !touch(ctx, entryBytes(p), nil) {
+		return false
+	}
+	l.mu.Lock()
+	if l.spare == nil {
+		l.spare = p
+		l.spareReady.Store(true)
+		l.preparedPages++
+		l.preparedNow.Add(1)
+	}
+	l.mu.Unlock()
+	return true
 }
 
 // newPage returns an entry page for alloc: the spare when one is ready
@@ -182,6 +202,7 @@ func (l *Ledger) Refill(ctx context.Context) (pages, tables int) {
 func (l *Ledger) newPage() []entry {
 	if p := l.spare; p != nil {
 		l.spare = nil
+		l.spareReady.Store(false)
 		l.wake()
 		return p
 	}
