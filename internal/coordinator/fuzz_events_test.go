@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http/httptest"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
@@ -41,6 +42,43 @@ var eventSeeds = []string{
 	`[]`,
 	`{}`,
 	``,
+	`{"events":[{"key":{"mo\`,
+	`{"instance_id":"i\`,
+	`{"\c"\`,
+}
+
+// TestPlainKeysRefusesEscapes: a body with a backslash anywhere, or one
+// that ends inside a string, never reaches goccy (which reads past the end
+// of its buffer on malformed escapes); the slow validator decides instead:
+// a 422 with FastAPI's JSON decode error for the malformed ones, and the
+// batch for a well-formed escape.
+func TestPlainKeysRefusesEscapes(t *testing.T) {
+	req := httptest.NewRequest("POST", "/quota/events", nil)
+	req.Header.Set("Content-Type", "application/json")
+	for _, c := range []struct {
+		body  string
+		valid bool
+	}{
+		{`{"events":[{"key":{"mo\`, false},
+		{`{"instance_id":"i\`, false},
+		{`{"\c"\`, false},
+		{`{"instance_id":"i`, false},
+		{`{"instance_id":"i\"x","seq":1,"events":[]}`, true},
+	} {
+		if plainKeys([]byte(c.body)) {
+			t.Errorf("plainKeys(%q) = true, want false", c.body)
+		}
+		if fb := decodeFast(req, []byte(c.body), nil); fb.ok || fb.err != nil {
+			t.Errorf("decodeFast(%q) = ok %v err %v, want a deferral", c.body, fb.ok, fb.err)
+		}
+		instance, _, _, err := decodeSlow(req, []byte(c.body))
+		switch {
+		case c.valid && (err != nil || instance != `i"x`):
+			t.Errorf("decodeSlow(%q) = %q, %v; want instance i\"x", c.body, instance, err)
+		case !c.valid && (!errors.Is(err, ErrValidation) || !strings.Contains(err.Error(), "JSON decode error")):
+			t.Errorf("decodeSlow(%q) = %v, want the JSON decode error 422", c.body, err)
+		}
+	}
 }
 
 // FuzzEventDecoders is the differential check of POST /quota/events: the
