@@ -86,7 +86,8 @@ type Metrics struct {
 	// TransferCommitWaits counts LOOKUPs and RETRIEVEs ({op}: lookup,
 	// retrieve) that found chunks of an answered lmcache-driven CUDA
 	// STORE not yet committed and waited, by {outcome}: committed,
-	// deadline (went on without them), shutdown.
+	// deadline (went on without them), shutdown, not_waited (a LOOKUP
+	// on the socket goroutine, which never waits).
 	TransferCommitWaits *prometheus.CounterVec
 
 	// KV events for KV-aware routers (internal/kvevents): events dropped,
@@ -151,7 +152,7 @@ func New(instanceID string, src Source) *Metrics {
 
 	m.TransferBytes = cv(Namespace+"_transfer_bytes_total", "KV cache bytes moved between workers and L1, by direction (store, retrieve) and path (engine_driven: the worker copies; lmcache_driven_cpu, lmcache_driven_cuda: the server copies).", "direction", "path")
 	m.TransferChunks = cv(Namespace+"_transfer_chunks_total", "KV cache chunk objects moved between workers and L1, by direction and path (as lmcache_mp_transfer_bytes_total).", "direction", "path")
-	m.TransferCommitWaits = cv(Namespace+"_transfer_commit_waits_total", "LOOKUPs and RETRIEVEs that waited for the commit of an answered lmcache-driven CUDA STORE of their chunks, by op (lookup, retrieve) and outcome (committed; deadline: went on without them; shutdown).", "op", "outcome")
+	m.TransferCommitWaits = cv(Namespace+"_transfer_commit_waits_total", "LOOKUPs and RETRIEVEs that waited for the commit of an answered lmcache-driven CUDA STORE of their chunks, by op (lookup, retrieve) and outcome (committed; deadline: went on without them; shutdown; not_waited: a LOOKUP answered on the socket goroutine, which never blocks, because the store began after it was handed there).", "op", "outcome")
 	m.TransferCopySeconds = cv(Namespace+"_transfer_copy_seconds_total", "Time the server spent copying KV cache on the lmcache-driven path (CUDA: from submission to completion), by direction and path.", "direction", "path")
 
 	m.KVEventsDropped = cv(Namespace+"_kv_events_dropped_total", "KV events for KV-aware routers that were not published or not kept: stored chunks without known tokens (unbound_store), salted chunks (salted), events the publisher queue had no room for (publisher_queue_full), the oldest POLL_KV_EVENTS records the full log discarded to make room (log_overflow; a poller that had not read them is told lost).", "reason")

@@ -63,7 +63,7 @@ func (st *state) lookup(req *request) ([]byte, error) {
 	st.mu.Lock()
 	delete(st.noJob, key.RequestID) // a new lookup replaces an unconsumed answer
 	st.mu.Unlock()
-	if started, err := st.startPrefetch(key, readers, req.span); !started {
+	if started, err := st.startPrefetch(key, readers, req.span, req.inline); !started {
 		st.mu.Lock()
 		st.noJob[key.RequestID] = time.Now()
 		st.mu.Unlock()
@@ -73,7 +73,7 @@ func (st *state) lookup(req *request) ([]byte, error) {
 }
 
 // startPrefetch starts LOOKUP's engine job; false means no job was started.
-func (st *state) startPrefetch(key *wire.Key, readers int, parent trace.SpanContext) (bool, error) {
+func (st *state) startPrefetch(key *wire.Key, readers int, parent trace.SpanContext, inline bool) (bool, error) {
 	// The engine knows a layout once a worker registered (model,
 	// world_size), or from --register-model before any worker did (a
 	// restarted server over a populated L2). Without one nothing can hit.
@@ -95,7 +95,7 @@ func (st *state) startPrefetch(key *wire.Key, readers int, parent trace.SpanCont
 	}
 	// An answered lmcache-driven CUDA store of these chunks may still be
 	// committing: wait for it rather than miss them (lmdriven.go).
-	st.lmdAwaitCommits("lookup", flat)
+	st.lmdAwaitCommits("lookup", flat, !inline)
 	chunks := make([][]objkey.Key, last-first)
 	for i := range chunks {
 		chunks[i] = flat[i*world : (i+1)*world : (i+1)*world]

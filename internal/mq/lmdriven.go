@@ -107,9 +107,10 @@ type pendingCommits struct {
 	mu   sync.Mutex
 	keys map[objkey.Key]*pendingStore
 
-	// deadline overrides LMDCommitWait and onWait is called when a
-	// waiter starts waiting (both for tests, lmdriven_export_test.go).
-	deadline time.Duration
+	// deadline (ns) overrides LMDCommitWait and onWait is called when a
+	// waiter starts waiting (both for tests, lmdriven_export_test.go;
+	// deadline may change while the server runs).
+	deadline atomic.Int64
 	onWait   func(op string)
 }
 
@@ -170,7 +171,10 @@ func (p *pendingCommits) of(keys []objkey.Key) []chan struct{} {
 // their replies promised. Without such stores it returns at once. The
 // wait is counted in lmcache_mp_transfer_commit_waits_total{op, outcome}
 // (committed, deadline; shutdown when the server stops meanwhile).
-func (st *state) lmdAwaitCommits(op string, keys []objkey.Key) {
+// mayWait false (a LOOKUP answered on the socket goroutine, which a store
+// of another peer began pending after the hand-off check) counts
+// not_waited and goes on at once: that goroutine must never block.
+func (st *state) lmdAwaitCommits(op string, keys []objkey.Key, mayWait bool) {
 	p := &st.lmd.commits
 	if !p.busy() {
 		return
@@ -179,12 +183,16 @@ func (st *state) lmdAwaitCommits(op string, keys []objkey.Key) {
 	if len(waits) == 0 {
 		return
 	}
+	if !mayWait {
+		st.s.metrics.TransferCommitWaits.WithLabelValues(op, "not_waited").Inc()
+		return
+	}
 	if p.onWait != nil {
 		p.onWait(op)
 	}
 	d := LMDCommitWait
-	if p.deadline > 0 {
-		d = p.deadline
+	if v := p.deadline.Load(); v > 0 {
+		d = time.Duration(v)
 	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -903,7 +911,7 @@ func (st *state) lmdRetrieve(req *request) ([]byte, error) {
 		return nil, fmt.Errorf("empty retrieve range [%d, %d)", k.Start, k.End)
 	}
 	keys := workerKeys(k, t.hashes, t.first, t.last)
-	st.lmdAwaitCommits("retrieve", keys)
+	st.lmdAwaitCommits("retrieve", keys, true)
 	slots, err := st.s.eng.ReadSlots(keys)
 	if err != nil {
 		// Nothing was read; the lookup's locks stay until FREE_LOOKUP_LOCKS

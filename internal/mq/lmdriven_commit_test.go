@@ -34,7 +34,7 @@ func TestLMDCUDALookupWaitsForCommit(t *testing.T) {
 	// so a failing test still ends.
 	t.Cleanup(func() { close(f.Gate) })
 	waiting := make(chan string, 4)
-	mq.SetCommitWait(h.srv, 300*time.Millisecond, func(op string) { waiting <- op })
+	mq.SetCommitWait(h.srv, 10*time.Second, func(op string) { waiting <- op })
 	c := h.dial(mqclient.Options{})
 	sched := h.dial(mqclient.Options{})
 	other := h.dial(mqclient.Options{})
@@ -98,7 +98,10 @@ func TestLMDCUDALookupWaitsForCommit(t *testing.T) {
 		t.Fatalf("commit waits {lookup, committed} = %v, want 1", n)
 	}
 
-	// The deadline: the second store's completion is held past it.
+	// The deadline: the second store's completion is held past it (a
+	// short one here; the other waits get 10 s, so that a loaded machine
+	// cannot make them miss).
+	mq.SetCommitDeadline(h.srv, 300*time.Millisecond)
 	tokens2 := prompt(12, 2*testChunk)
 	store(tokens2, "s2", 3, 4, 7, 8)
 	k2 := key("m", 1, -1, tokens2, 0, len(tokens2), "l2")
@@ -112,6 +115,7 @@ func TestLMDCUDALookupWaitsForCommit(t *testing.T) {
 		t.Fatalf("commit waits {lookup, deadline} = %v, want 1", n)
 	}
 	f.Gate <- struct{}{}
+	mq.SetCommitDeadline(h.srv, 10*time.Second)
 	// The late commit lands: the next LOOKUP hits (waiting for it if the
 	// commit is still finishing).
 	k3 := key("m", 1, -1, tokens2, 0, len(tokens2), "l3")
@@ -135,12 +139,14 @@ func TestLMDCUDALookupWaitsForCommit(t *testing.T) {
 		t.Fatalf("engine-driven store beside the pending one asked for %d chunks, want 2", n)
 	}
 	k5 := key("m", 1, -1, tokens3, 0, len(tokens3), "l5")
+	mq.SetCommitDeadline(h.srv, 300*time.Millisecond) // the LOOKUP's wait ends at it
 	if n := lookup(k5); n != 2 {
 		t.Fatalf("LOOKUP of engine-driven stored chunks hit %d, want 2", n)
 	}
 	if op := waiter(); op != "lookup" {
 		t.Fatalf("waiter %q, want the lookup", op)
 	}
+	mq.SetCommitDeadline(h.srv, 10*time.Second) // the RETRIEVE's wait must not end before the gate opens
 	retrieved := make(chan wire.TransferReply, 1)
 	go func() {
 		k := wire.Marshal(key("m", 1, 0, tokens3, 0, len(tokens3), "l5"))
@@ -168,11 +174,12 @@ func TestLMDCUDALookupWaitsForCommit(t *testing.T) {
 
 	// Nothing pending: a LOOKUP of other chunks does not wait.
 	before := counterValue(waits.WithLabelValues("lookup", "committed"))
+	deadlines := counterValue(waits.WithLabelValues("lookup", "deadline"))
 	if n := lookup(key("m", 1, -1, prompt(13, testChunk), 0, testChunk, "l4")); n != 0 {
 		t.Fatalf("LOOKUP of never-stored chunks hit %d", n)
 	}
 	if len(waiting) != 0 || counterValue(waits.WithLabelValues("lookup", "committed")) != before ||
-		counterValue(waits.WithLabelValues("lookup", "deadline")) != 2 {
+		counterValue(waits.WithLabelValues("lookup", "deadline")) != deadlines {
 		t.Fatal("a LOOKUP waited with no store of its chunks pending")
 	}
 }

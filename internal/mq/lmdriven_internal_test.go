@@ -1,13 +1,18 @@
 package mq
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/lmcache-go/lmcache/internal/kvlayout"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
+	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
 func ids(groups ...[]int64) []byte {
@@ -94,4 +99,23 @@ func FuzzLMDFrames(f *testing.F) {
 		}
 		_, _ = decodeLayoutHints(b)
 	})
+}
+
+// TestAwaitCommitsNeverBlocksInline: a LOOKUP answered on the socket
+// goroutine (mayWait false) whose chunks a CUDA store covers that became
+// pending after the hand-off check does not wait for it: it returns at
+// once and counts outcome="not_waited". (The wait itself, on a handed-off
+// LOOKUP, is TestLMDCUDALookupWaitsForCommit's.)
+func TestAwaitCommitsNeverBlocksInline(t *testing.T) {
+	s := &Server{cfg: Config{ChunkSize: 256}, log: slog.New(slog.DiscardHandler), metrics: mpmetrics.New("", nil), handlerCtx: context.Background()}
+	st := newState(s)
+	keys := []objkey.Key{{ModelName: "m", ChunkHash: "\x00"}}
+	ps := st.lmd.commits.add(keys)
+	defer st.lmd.commits.finish(ps, keys)
+	st.lmd.commits.onWait = func(op string) { t.Errorf("%s waited on the socket goroutine", op) }
+	st.lmdAwaitCommits("lookup", keys, false)
+	var m dto.Metric
+	if err := s.metrics.TransferCommitWaits.WithLabelValues("lookup", "not_waited").Write(&m); err != nil || m.Counter.GetValue() != 1 {
+		t.Fatalf("not_waited counted %v (%v), want 1", m.Counter.GetValue(), err)
+	}
 }

@@ -476,6 +476,7 @@ func (s *Server) handle(msg [][]byte) {
 			// LOOKUP hashes, locks the L1 hits and queues any L2 part as
 			// a background job: it never waits, so answering it here
 			// saves the goroutine hand-off and the inproc round trip.
+			req.inline = true
 			reply(s.st.serve(s.handlerCtx, req))
 			return
 		}
@@ -627,6 +628,8 @@ type request struct {
 	// span is the request's trace span when it is traced (tracing.go):
 	// the parent of the L2 work it starts.
 	span trace.SpanContext
+	// inline: the socket goroutine serves it, so it must not wait.
+	inline bool
 }
 
 // tokenBufs recycles key token-id buffers: a 32k-token key is 256 KiB of
