@@ -95,6 +95,12 @@ class Dtype:
 torch = mod("torch")
 for n in ("float16", "bfloat16"):
     setattr(torch, n, Dtype(n))
+def stub(module, name):
+    m = mod(module)
+    W = type(name, (object,), {})
+    W.__module__ = m.__name__
+    setattr(m, name, W)
+    return W
 `
 
 // CUDAPickler prints one CudaIPCWrapper pickle (hex) per JSON tensor
@@ -103,10 +109,7 @@ for n in ("float16", "bfloat16"):
 // handle of UntypedStorage._share_cuda_(). The GPU machine has Python;
 // the classes are stand-ins carrying upstream's module and class names.
 const CUDAPickler = PicklerPrelude + `
-m = mod("lmcache.v1.multiprocess.custom_types")
-W = type("CudaIPCWrapper", (object,), {})
-W.__module__ = m.__name__
-m.CudaIPCWrapper = W
+W = stub("lmcache.v1.multiprocess.custom_types", "CudaIPCWrapper")
 for t in json.loads(sys.argv[1]):
     w = W.__new__(W)
     h = (0, bytes.fromhex(t["mem"]), t["nbytes"], 0, b"/torch_refcount", 0, bytes.fromhex(t["event"]), True)

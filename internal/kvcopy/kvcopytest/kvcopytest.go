@@ -26,10 +26,7 @@ import (
 // CPUShmPickler prints one CpuShmTensorWrapper pickle (hex) per JSON spec
 // in argv[1] ({name, nbytes, shape, stride}; float16, storage offset 0).
 const CPUShmPickler = gpucheck.PicklerPrelude + `
-m = mod("lmcache.v1.platform.cpu.shm")
-W = type("CpuShmTensorWrapper", (object,), {})
-W.__module__ = m.__name__
-m.CpuShmTensorWrapper = W
+W = stub("lmcache.v1.platform.cpu.shm", "CpuShmTensorWrapper")
 for t in json.loads(sys.argv[1]):
     w = W.__new__(W)
     w.__dict__.update(shm_name=t["name"], nbytes=t["nbytes"], handle=None, dtype=torch.float16,
