@@ -166,6 +166,8 @@ func TestHAStandbyRedirectsAndFailover(t *testing.T) {
 		_, raw := b.do("GET", "/periodic-threads/"+coordinator.LoopResync, nil)
 		return strings.Contains(string(raw), "standby: resync runs once this coordinator leads")
 	})
+	// The leader's one listing may come after its first dispatch.
+	waitFor(t, "the leader's resync listing", func() bool { return mp.listCount() >= 1 })
 	if n := mp.listCount(); n != 1 {
 		t.Fatalf("%d resync listings before failover, want the leader's 1", n)
 	}
