@@ -567,18 +567,16 @@ func (st *state) chunkHashes(k *wire.Key, last int) ([][]byte, error) {
 	st.mu.Unlock()
 	nodes = st.prefixes.extend(nodes, k.CacheSalt, ids, c)
 
-	// Only the ids no session or cached chunk matched need checking (a
-	// third of the reuse path's time when every chunk matches): a matched
-	// id equals a uint32 the cache holds, so it is in range, and the first
-	// bad id is at the same index as a check of all would find.
-	for i, t := range ids[len(nodes)*c:] {
-		if t < 0 || t > math.MaxUint32 {
-			return nil, fmt.Errorf("%w: token_ids[%d]=%d", tokenhash.ErrTokenRange, len(nodes)*c+i, t)
-		}
-	}
 	if reuse := len(nodes); reuse < last {
+		// Only the ids no session or cached chunk matched are checked (a
+		// third of the reuse path's time when every chunk matches): a
+		// matched id equals a uint32 the cache holds, so it is in range,
+		// and the first bad id is at the index a check of all would find.
 		tokens := make([]uint32, 0, (last-reuse)*c)
-		for _, t := range ids[reuse*c:] {
+		for i, t := range ids[reuse*c:] {
+			if t < 0 || t > math.MaxUint32 {
+				return nil, fmt.Errorf("%w: token_ids[%d]=%d", tokenhash.ErrTokenRange, reuse*c+i, t)
+			}
 			tokens = append(tokens, uint32(t))
 		}
 		h := st.s.hasher
