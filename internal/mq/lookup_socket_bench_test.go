@@ -44,21 +44,10 @@ func BenchmarkLookupSocket(b *testing.B) {
 		if err != nil || n != stored {
 			b.Fatalf("lookup hit %d, %v", n, err)
 		}
-		b.StopTimer()
-		if err := c.FreeLookupLocks(k, 1); err != nil {
-			b.Fatal(err)
-		}
-		if err := c.EndSession(k.RequestID); err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
+		endBenchLookup(b, c, k)
 	}
 	b.StopTimer()
-	pct := func(d []time.Duration, p float64) float64 {
-		s := slices.Clone(d)
-		slices.Sort(s)
-		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Nanoseconds())
-	}
+	pct := func(d []time.Duration, p float64) float64 { return float64(percentile(d, p).Nanoseconds()) }
 	b.ReportMetric(pct(lat, 0.5), "p50-ns")
 	b.ReportMetric(pct(lat, 0.99), "p99-ns")
 	b.ReportMetric(pct(hash, 0.5), "hash-p50-ns")
@@ -97,21 +86,10 @@ func BenchmarkLookupPhases(b *testing.B) {
 			}
 			return err
 		})
-		b.StopTimer()
-		if err := c.FreeLookupLocks(k, 1); err != nil {
-			b.Fatal(err)
-		}
-		if err := c.EndSession(k.RequestID); err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
+		endBenchLookup(b, c, k)
 	}
 	b.StopTimer()
-	pct := func(d []time.Duration, p float64) float64 {
-		s := slices.Clone(d)
-		slices.Sort(s)
-		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Nanoseconds()) / 1e3
-	}
+	pct := func(d []time.Duration, p float64) float64 { return float64(percentile(d, p).Nanoseconds()) / 1e3 }
 	for name, d := range phases {
 		b.ReportMetric(pct(d, 0.5), name+"-p50-us")
 		b.ReportMetric(pct(d, 0.99), name+"-p99-us")
@@ -154,4 +132,25 @@ func lookupBenchServer(b *testing.B) (*mqclient.Client, []wire.Int) {
 		b.Fatalf("COMMIT_STORE %v %v", ok, err)
 	}
 	return c, ids
+}
+
+// endBenchLookup frees a timed lookup's locks and ends its session, off
+// the benchmark's clock.
+func endBenchLookup(b *testing.B, c *mqclient.Client, k *wire.Key) {
+	b.Helper()
+	b.StopTimer()
+	defer b.StartTimer()
+	if err := c.FreeLookupLocks(k, 1); err != nil {
+		b.Fatal(err)
+	}
+	if err := c.EndSession(k.RequestID); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// percentile is the p-quantile (0..1) of d, nearest rank.
+func percentile(d []time.Duration, p float64) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))]
 }
