@@ -5,9 +5,10 @@
 // by its live size. The server's live Go heap is small (a few MiB: its KV
 // data lives in the shared-memory pool, outside the Go heap) while every
 // ZMQ request copies its key frames into the heap (a 32k-token key is
-// 160 KiB, sent with LOOKUP, FREE_LOOKUP_LOCKS and each transfer), so with
-// a 7 MiB live heap a collection ran every ~25 LOOKUPs, and the requests
-// it overlapped made the LOOKUP p99 (BENCHMARKS.md). A floor under the
+// 160 KiB, sent with LOOKUP, FREE_LOOKUP_LOCKS and each transfer), so at
+// GOGC=100 collections come often and overlap requests: 21 in one
+// 300-sample `lmcache bench` run against 7 with the default floor
+// (BENCHMARKS.md, round R). A floor under the
 // heap goal makes collections rare while the heap is small, and changes
 // nothing once the live heap is large enough that GOGC alone puts the
 // goal above the floor.
