@@ -108,8 +108,16 @@ type Result struct {
 	// new prompt that shares only the stored prefix costs. The long lookups
 	// above repeat one prompt, whose hashes the server keeps.
 	LongLookupNewTailP50, LongLookupNewTailP99 time.Duration
-	HitRatio                                   float64
-	PingPerSec                                 float64
+	// LongLookupWireP50/P99 are the wire's floor of the long lookups: the
+	// same two round trips (a PING carrying an extra frame as large as the
+	// encoded LOOKUP key, then a NOOP) on the same connection next to every
+	// long lookup, which the server answers without decoding, hashing or
+	// looking anything up. What a long lookup costs above it is the
+	// server's work; the floor itself is the machine's (thread wake-ups,
+	// loopback TCP, libzmq on both ends).
+	LongLookupWireP50, LongLookupWireP99 time.Duration
+	HitRatio                             float64
+	PingPerSec                           float64
 	// StoreP50/P99 and RetrieveP50/P99 are per-request latencies of the
 	// measured stores (PREPARE + copies + COMMIT) and retrieves.
 	StoreP50, StoreP99       time.Duration
@@ -232,14 +240,15 @@ func Run(ctx context.Context, o Options, progress io.Writer) (*Result, error) {
 	res.LookupP50, res.LookupP99 = percentiles(c.lookups)
 
 	if o.LookupSamples > 0 && o.LookupTokens > 0 {
-		lat, newTail, floor, hits, err := longLookups(ctx, o, runID, chunk, &c)
+		t, err := longLookups(ctx, o, runID, chunk, &c)
 		if err != nil {
 			return nil, err
 		}
-		res.LongLookupP50, res.LongLookupP99 = percentiles(lat)
-		res.LongLookupNewTailP50, res.LongLookupNewTailP99 = percentiles(newTail)
-		res.LongLookupHashP50, res.LongLookupHashP99 = percentiles(floor)
-		res.LongLookupHitChunks = hits
+		res.LongLookupP50, res.LongLookupP99 = percentiles(t.lat)
+		res.LongLookupNewTailP50, res.LongLookupNewTailP99 = percentiles(t.newTail)
+		res.LongLookupHashP50, res.LongLookupHashP99 = percentiles(t.hash)
+		res.LongLookupWireP50, res.LongLookupWireP99 = percentiles(t.wire)
+		res.LongLookupHitChunks = t.hits
 	}
 	res.Samples = slices.Clone(c.samples)
 	res.StoreP50, res.StoreP99 = percentiles(latencies(res.Samples, KindStore))
@@ -604,25 +613,32 @@ func (cnt *counters) lookup(c *mqclient.Client, k *wire.Key, record bool) (int, 
 	return n, err
 }
 
+// longLookupTimes are longLookups' samples, one of each per iteration.
+type longLookupTimes struct {
+	lat, newTail, hash, wire []time.Duration
+	hits                     int
+}
+
 // longLookups times LOOKUP for LookupTokens-token prompts: a stored
 // PromptTokens prefix (hit) followed by new tokens (miss). Before each
-// lookup it hashes the same prompt itself and returns those times too, as
-// the floor of what the server must do; after it, it times a lookup of the
-// prompt with a tail no request sent before (newTail).
-func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *counters) (lat, newTail, floor []time.Duration, hits int, err error) {
+// lookup it hashes the same prompt itself and times the same two round
+// trips with no server work (the hash and wire floors of what the server
+// must do); after it, it times a lookup of the prompt with a tail no
+// request sent before (newTail).
+func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *counters) (*longLookupTimes, error) {
 	c, err := mqclient.Dial(o.Endpoint, mqclient.Options{Timeout: o.Timeout})
 	if err != nil {
-		return nil, nil, nil, 0, err
+		return nil, err
 	}
 	defer c.Close()
 	if _, err := c.GetChunkSize(); err != nil {
-		return nil, nil, nil, 0, err
+		return nil, err
 	}
 	// Lookups hit only while a worker of the model is registered (as in a
 	// live vLLM instance), so keep one registered for this phase.
 	inst := int64(os.Getpid())<<16 | 0xffff
 	if _, err := c.Register(registration(o, inst)); err != nil {
-		return nil, nil, nil, 0, err
+		return nil, err
 	}
 	defer func() { _ = c.Unregister(inst) }()
 	// The last measured prompt of worker 0 is the stored prefix.
@@ -633,31 +649,44 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *co
 	end := len(tokens) / chunk * chunk
 	hasher, err := tokenhash.New(tokenhash.Blake3, chunk)
 	if err != nil {
-		return nil, nil, nil, 0, err
+		return nil, err
 	}
 	fresh := slices.Clone(tokens)
 	u32 := make([]uint32, end)
 	for i, t := range tokens[:end] {
 		u32[i] = uint32(t)
 	}
+	// The wire floor's first request carries a frame as large as the
+	// LOOKUP's key (request ids differ by a few bytes, which is noise).
+	keyFrame := make([]byte, len(wire.Marshal(mkKey(o.Model, -1, tokens, 0, end, fmt.Sprintf("bench-long-%d-0", runID)))))
+	pingArg := wire.Marshal(wire.OptInt{})
+	t := &longLookupTimes{}
 	for i := range o.LookupSamples {
 		if ctx.Err() != nil {
-			return nil, nil, nil, 0, ctx.Err()
+			return nil, ctx.Err()
 		}
 		id := fmt.Sprintf("bench-long-%d-%d", runID, i)
 		t0 := time.Now()
 		hasher.ChunkHashesU32(u32)
-		floor = append(floor, time.Since(t0))
+		t.hash = append(t.hash, time.Since(t0))
+		t0 = time.Now()
+		if _, err := c.Call(wire.OpPing, pingArg, keyFrame); err != nil {
+			return nil, fmt.Errorf("wire floor: %w", err)
+		}
+		if _, err := c.Noop(); err != nil {
+			return nil, fmt.Errorf("wire floor: %w", err)
+		}
+		t.wire = append(t.wire, time.Since(t0))
 		k := mkKey(o.Model, -1, tokens, 0, end, id)
 		n, d, err := timedLookup(c, k)
 		if err != nil {
-			return nil, nil, nil, 0, err
+			return nil, err
 		}
-		hits = n
-		lat = append(lat, d)
+		t.hits = n
+		t.lat = append(t.lat, d)
 		cnt.sample(KindLongLookup, 0, d)
 		if err := endLookup(c, k); err != nil {
-			return nil, nil, nil, 0, err
+			return nil, err
 		}
 		// The same prompt with a new tail after the stored prefix.
 		if len(prefix) < len(fresh) {
@@ -665,14 +694,14 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *co
 		}
 		k = mkKey(o.Model, -1, fresh, 0, end, id+"-new")
 		if _, d, err = timedLookup(c, k); err != nil {
-			return nil, nil, nil, 0, err
+			return nil, err
 		}
-		newTail = append(newTail, d)
+		t.newTail = append(t.newTail, d)
 		if err := endLookup(c, k); err != nil {
-			return nil, nil, nil, 0, err
+			return nil, err
 		}
 	}
-	return lat, newTail, floor, hits, nil
+	return t, nil
 }
 
 // endLookup frees a timed lookup's locks and ends its session.

@@ -142,6 +142,17 @@ func checkSummary(t *testing.T, o bench.Options, res *bench.Result) {
 	if f := strings.Join(rows["hash"], " "); f != wantFloor {
 		t.Errorf("hash floor row %q, want %q", f, wantFloor)
 	}
+	// The wire floor row: the same two round trips without server work,
+	// its ratios the long lookup's against it.
+	if res.LongLookupWireP50 <= 0 || res.LongLookupWireP99 < res.LongLookupWireP50 {
+		t.Errorf("wire floor p50 %v p99 %v", res.LongLookupWireP50, res.LongLookupWireP99)
+	}
+	wantWire := fmt.Sprintf("wire floor 640 tokens - - - 20 samples %s %s lookup / wire: p50 %.2f, p99 %.2f",
+		res.LongLookupWireP50.Round(time.Microsecond), res.LongLookupWireP99.Round(time.Microsecond),
+		float64(res.LongLookupP50)/float64(res.LongLookupWireP50), float64(res.LongLookupP99)/float64(res.LongLookupWireP99))
+	if f := strings.Join(rows["wire"], " "); f != wantWire {
+		t.Errorf("wire floor row %q, want %q", f, wantWire)
+	}
 	// The new-tail row: same shape, its ratios against the same floor.
 	if res.LongLookupNewTailP50 <= 0 || res.LongLookupNewTailP99 < res.LongLookupNewTailP50 {
 		t.Errorf("new-tail lookup p50 %v p99 %v", res.LongLookupNewTailP50, res.LongLookupNewTailP99)

@@ -248,6 +248,8 @@ func Report(w io.Writer, o Options, r *Result) {
 		fmt.Fprintf(tw, "lookup %d tokens\t%s\t%s\t%s\t%d samples\t%s\t%s\t%d chunks hit\n", o.LookupTokens, dash, dash, dash, o.LookupSamples, d(r.LongLookupP50), d(r.LongLookupP99), r.LongLookupHitChunks)
 		fmt.Fprintf(tw, "hash floor %d tokens\t%s\t%s\t%s\t%d samples\t%s\t%s\tlookup / floor: p50 %.2f, p99 %.2f\n", o.LookupTokens, dash, dash, dash, o.LookupSamples,
 			d(r.LongLookupHashP50), d(r.LongLookupHashP99), ratio(float64(r.LongLookupP50), float64(r.LongLookupHashP50)), ratio(float64(r.LongLookupP99), float64(r.LongLookupHashP99)))
+		fmt.Fprintf(tw, "wire floor %d tokens\t%s\t%s\t%s\t%d samples\t%s\t%s\tlookup / wire: p50 %.2f, p99 %.2f\n", o.LookupTokens, dash, dash, dash, o.LookupSamples,
+			d(r.LongLookupWireP50), d(r.LongLookupWireP99), ratio(float64(r.LongLookupP50), float64(r.LongLookupWireP50)), ratio(float64(r.LongLookupP99), float64(r.LongLookupWireP99)))
 		fmt.Fprintf(tw, "lookup %d, new tail\t%s\t%s\t%s\t%d samples\t%s\t%s\tlookup / floor: p50 %.2f, p99 %.2f\n", o.LookupTokens, dash, dash, dash, o.LookupSamples,
 			d(r.LongLookupNewTailP50), d(r.LongLookupNewTailP99), ratio(float64(r.LongLookupNewTailP50), float64(r.LongLookupHashP50)), ratio(float64(r.LongLookupNewTailP99), float64(r.LongLookupHashP99)))
 	}
