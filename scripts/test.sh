@@ -9,6 +9,10 @@ scripts/install-deps.sh test
 gobin="$(go env GOPATH)/bin"
 export PATH="$gobin:$PATH"
 export VERSITYGW="$gobin/versitygw"
+# Browser tests keep their screenshots here (never in git; see .gitignore),
+# so a CI run's pages can be looked at after it.
+export LMCACHE_TEST_ARTIFACTS="${LMCACHE_TEST_ARTIFACTS:-$PWD/test-artifacts}"
+mkdir -p "$LMCACHE_TEST_ARTIFACTS"
 
 echo "== gofmt"
 unformatted="$(gofmt -l $(git ls-files '*.go'))"
