@@ -16,6 +16,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -108,13 +109,13 @@ type Result struct {
 	// new prompt that shares only the stored prefix costs. The long lookups
 	// above repeat one prompt, whose hashes the server keeps.
 	LongLookupNewTailP50, LongLookupNewTailP99 time.Duration
-	// LongLookupWireP50/P99 are the wire's floor of the long lookups: the
-	// same two round trips (a PING carrying an extra frame as large as the
-	// encoded LOOKUP key, then a NOOP) on the same connection next to every
-	// long lookup, which the server answers without decoding, hashing or
-	// looking anything up. What a long lookup costs above it is the
-	// server's work; the floor itself is the machine's (thread wake-ups,
-	// loopback TCP, libzmq on both ends).
+	// LongLookupWireP50/P99 are the wire's floor of the long lookups: two
+	// round trips of the same sizes on the same connection next to every
+	// long lookup, which the server answers with almost no work (a
+	// QUERY_PREFETCH_STATUS whose request id is as large as the encoded
+	// LOOKUP key, a map miss answered 0, then a NOOP). What a long lookup
+	// costs above it is the server's work; the floor itself is the
+	// machine's (thread wake-ups, loopback TCP, libzmq on both ends).
 	LongLookupWireP50, LongLookupWireP99 time.Duration
 	HitRatio                             float64
 	PingPerSec                           float64
@@ -657,9 +658,11 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *co
 		u32[i] = uint32(t)
 	}
 	// The wire floor's first request carries a frame as large as the
-	// LOOKUP's key (request ids differ by a few bytes, which is noise).
-	keyFrame := make([]byte, len(wire.Marshal(mkKey(o.Model, -1, tokens, 0, end, fmt.Sprintf("bench-long-%d-0", runID)))))
-	pingArg := wire.Marshal(wire.OptInt{})
+	// LOOKUP's key (request ids differ by a few bytes, which is noise): a
+	// request id no job has, which the server answers 0 after a map miss.
+	keyLen := len(wire.Marshal(mkKey(o.Model, -1, tokens, 0, end, fmt.Sprintf("bench-long-%d-0", runID))))
+	floorID := fmt.Sprintf("bench-wire-floor-%d-", runID)
+	floorID += strings.Repeat("w", max(0, keyLen-5-len(floorID))) // 5: the str32 header
 	t := &longLookupTimes{}
 	for i := range o.LookupSamples {
 		if ctx.Err() != nil {
@@ -670,7 +673,7 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *co
 		hasher.ChunkHashesU32(u32)
 		t.hash = append(t.hash, time.Since(t0))
 		t0 = time.Now()
-		if _, err := c.Call(wire.OpPing, pingArg, keyFrame); err != nil {
+		if _, _, err := c.QueryPrefetchStatus(floorID); err != nil {
 			return nil, fmt.Errorf("wire floor: %w", err)
 		}
 		if _, err := c.Noop(); err != nil {

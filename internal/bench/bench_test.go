@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -37,7 +38,15 @@ func serve(t *testing.T, l1 int64, chunk int) (endpoint, shmDir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := mq.New(mq.Config{Host: "127.0.0.1", ChunkSize: chunk}, eng, nil)
+	// Every request the bench sends is well formed, so the data path has
+	// nothing to warn about (a refused request would be logged).
+	warnings := &lockedBuffer{}
+	t.Cleanup(func() {
+		if w := warnings.String(); w != "" {
+			t.Errorf("the data path warned during the bench:\n%s", w)
+		}
+	})
+	srv, err := mq.New(mq.Config{Host: "127.0.0.1", ChunkSize: chunk}, eng, slog.New(slog.NewTextHandler(warnings, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		_ = eng.Close()
 		t.Fatal(err)
@@ -49,6 +58,25 @@ func serve(t *testing.T, l1 int64, chunk int) (endpoint, shmDir string) {
 	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait(); _ = eng.Close() })
 	return srv.Endpoint(), dir
+}
+
+// lockedBuffer is a bytes.Buffer that handlers on several goroutines may
+// write to.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func TestBenchSmall(t *testing.T) {
