@@ -1,14 +1,20 @@
 package mq_test
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/tinylib/msgp/msgp"
 
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
 	"github.com/lmcache-go/lmcache/internal/mq"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
 // TestInlineLookupMatchesHandOff runs one scenario on two servers, one
@@ -72,5 +78,62 @@ func TestInlineLookupMatchesHandOff(t *testing.T) {
 	}
 	if !slices.Equal(results[0], results[-1]) {
 		t.Errorf("inline LOOKUP answered %v, the handed-off one %v", results[0], results[-1])
+	}
+}
+
+// TestInlineLookupPipelinedStatus sends LOOKUP and QUERY_PREFETCH_STATUS
+// back to back on one DEALER, without waiting for LOOKUP's reply, as the
+// inline LOOKUP's early reply lets a client do in effect: the status query
+// must still see the job that LOOKUP started (3 of the 4 chunks stored),
+// never "no job" (0), and the replies come in request order.
+func TestInlineLookupPipelinedStatus(t *testing.T) {
+	h := start(t, opts{})
+	w := h.worker(1, "m", 1, 0)
+	tokens := prompt(31, 4*testChunk)
+	data := chunkData{}
+	w.store(tokens, 0, 3*testChunk, "s", data.of(31, 0))
+
+	sock, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+	_ = sock.SetLinger(0)
+	_ = sock.SetRcvtimeo(20 * time.Second)
+	if err := sock.Connect(h.endpoint); err != nil {
+		t.Fatal(err)
+	}
+	op := func(o wire.Op) []byte { id, _ := wire.Gen3.ID(o); return wire.EncodeInt(id) }
+	send := func(frames ...[]byte) {
+		t.Helper()
+		if _, err := sock.SendMessage(frames); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recv := func() [][]byte {
+		t.Helper()
+		msg, err := sock.RecvMessageBytes(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return msg
+	}
+	send(wire.EncodeInt(1), op(wire.OpGetChunkSize))
+	if m := recv(); len(m) != 3 || !bytes.Equal(m[2], wire.EncodeInt(testChunk)) {
+		t.Fatalf("GET_CHUNK_SIZE reply %x", m)
+	}
+	sched := h.dial(mqclient.Options{})
+	for i := range 20 {
+		id := fmt.Sprint("pipelined-", i)
+		k := key("m", 1, -1, tokens, 0, 4*testChunk, id)
+		send(wire.EncodeInt(int64(2*i+2)), op(wire.OpLookup), wire.Marshal(k), wire.EncodeInt(1))
+		send(wire.EncodeInt(int64(2*i+3)), op(wire.OpQueryPrefetchStatus), msgp.AppendString(nil, id))
+		if m := recv(); len(m) != 3 || !bytes.Equal(m[0], wire.EncodeInt(int64(2*i+2))) || !bytes.Equal(m[2], wire.Nil) {
+			t.Fatalf("round %d: LOOKUP reply %x, want uid %d and nil", i, m, 2*i+2)
+		}
+		if m := recv(); len(m) != 3 || !bytes.Equal(m[0], wire.EncodeInt(int64(2*i+3))) || !bytes.Equal(m[2], wire.EncodeInt(3)) {
+			t.Fatalf("round %d: QUERY_PREFETCH_STATUS reply %x, want uid %d and 3 chunks", i, m, 2*i+3)
+		}
+		freeLocks(t, sched, k)
 	}
 }

@@ -474,10 +474,18 @@ func (s *Server) handle(msg [][]byte) {
 	case wire.OpLookup, wire.OpWaitPrefetchStatus, wire.OpFreeLookupLocks, wire.OpEndSession, wire.OpClear:
 		if op == wire.OpLookup && s.inlineLookup(payloads) {
 			// LOOKUP hashes, locks the L1 hits and queues any L2 part as
-			// a background job: it never waits, so answering it here
-			// saves the goroutine hand-off and the inproc round trip.
+			// a background job: it never waits, so serving it here saves
+			// the goroutine hand-off and the inproc round trip. Its reply
+			// is None whatever the outcome (QUERY_PREFETCH_STATUS reads
+			// that), so it goes out before the work: the client's half of
+			// the round trip overlaps the hashing, and the status query
+			// it sends next is already queued when drainRequests comes
+			// back to the socket, so it is taken without a wake-up. This
+			// goroutine serves a peer's requests in order, so that query
+			// still finds the job this LOOKUP starts.
 			req.inline = true
-			reply(s.st.serve(s.handlerCtx, req))
+			reply(wire.Nil)
+			s.st.serve(s.handlerCtx, req)
 			return
 		}
 		select {
