@@ -19,9 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,13 +91,9 @@ func (s *Server) initHA() error {
 	if s.cfg.StateFile != "" {
 		return errors.New("--state-file and --ha-etcd-endpoints: in HA mode quotas, the default limit and pins live in etcd; drop --state-file")
 	}
-	id := strings.TrimSuffix(hc.AdvertiseURL, "/")
-	if id == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			return fmt.Errorf("--ha-advertise-url unset and no hostname: %w", err)
-		}
-		id = "http://" + host + ":" + strconv.Itoa(s.cfg.Port)
+	id, err := hc.ID(s.cfg.Port)
+	if err != nil {
+		return err
 	}
 	cli, err := leader.NewClient(hc.Endpoints(), 0)
 	if err != nil {

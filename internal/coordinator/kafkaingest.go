@@ -41,6 +41,14 @@ type kafkaIngest struct {
 // newKafkaIngest builds the Source; start (nil: the group's commit, or the
 // earliest offset) and fromStart come from the checkpoint.
 func (s *Server) newKafkaIngest(start map[int32]int64, fromStart bool) error {
+	if s.ha != nil {
+		// Set once, before anything runs: the Source, the start log
+		// line and /config all read the group this coordinator joins.
+		if g := s.cfg.KafkaGroup(s.ha.id); g != s.cfg.Ingest.KafkaGroupID {
+			s.log.Info("HA mode: consuming the cache-event topic in this coordinator's own group, so its ledger sees every partition", "group_id", g, "id", s.ha.id)
+			s.cfg.Ingest.KafkaGroupID = g
+		}
+	}
 	in := s.cfg.Ingest
 	src, err := kafkaevents.NewSource(kafkaevents.SourceConfig{
 		Brokers: in.KafkaBrokers(), Topic: in.KafkaTopic, GroupID: in.KafkaGroupID, Logger: s.log,

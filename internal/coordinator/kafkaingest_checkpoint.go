@@ -29,6 +29,9 @@ type checkpointer struct {
 	restoredKeys, restoredStreams int
 	restoredFrom                  string // "" when cold
 	loadFailures                  int    // 1 when a bad artifact was moved aside
+	// resyncSkipped is 1 once startLoops left the startup resync out
+	// because this checkpoint was restored.
+	resyncSkipped atomic.Int64
 	// Updated by saves (the loop and the final save at stop).
 	saves, saveFailures atomic.Int64
 	lastDuration        atomic.Int64 // nanoseconds
@@ -105,6 +108,26 @@ func (s *Server) restoreCheckpoint() (map[int32]int64, error) {
 	c.loadFailures = 1
 	s.log.Error("CHECKPOINT UNUSABLE: moved aside, starting cold (usage and LRU order are empty until the stream is replayed or resync runs)", "path", c.path, "moved_to", aside, "err", err)
 	return nil, nil
+}
+
+// resyncSkippedForCheckpoint reports whether the startup resync is left
+// out because a checkpoint was restored, and logs and counts it when so.
+// The restored ledger already holds the keys, sizes and LRU order the
+// resync would list, and the stream (Kafka from the checkpoint's position,
+// HTTP from now on) carries what changed since: a resync would only move
+// every listed key to the MRU end in listing order, throwing the restored
+// order away, and re-read a whole L2 listing for nothing. Newer upstream
+// dropped its startup scan for the same reason (ingest.md: a scan has no
+// stream position; event replay from a durable transport needs none). A
+// cold start (no checkpoint, or a bad one moved aside) still resyncs.
+func (s *Server) resyncSkippedForCheckpoint() bool {
+	c := s.ckpt
+	if c == nil || c.restoredFrom == "" {
+		return false
+	}
+	c.resyncSkipped.Store(1)
+	s.log.Info("startup resync skipped: the ledger was restored from a checkpoint (keys, sizes and LRU order kept; remove the checkpoint to resync instead)", "path", c.restoredFrom, "keys", c.restoredKeys)
+	return true
 }
 
 func readStream(d *checkpoint.Decoder) (string, map[int32]int64) {
@@ -233,6 +256,7 @@ func (s *Server) ingestCollectors() []prometheus.Collector {
 		counter("checkpoint_saves_total", "Checkpoints written to --checkpoint-path.", func() float64 { return float64(c.saves.Load()) }),
 		counter("checkpoint_save_failures_total", "Checkpoint writes that failed (the previous artifact stays).", func() float64 { return float64(c.saveFailures.Load()) }),
 		counter("checkpoint_load_failures_total", "Checkpoints found unusable at startup (truncated, bad checksum, other version), moved aside; the coordinator started cold.", func() float64 { return float64(c.loadFailures) }),
+		counter("startup_resync_skipped_total", "Startup resyncs not run because the ledger was restored from a checkpoint (0 or 1 per process; ENABLE_STARTUP_RESYNC still applies to a cold start).", func() float64 { return float64(c.resyncSkipped.Load()) }),
 		gauge("checkpoint_restored_keys", "Ledger keys restored from the checkpoint at startup.", func() float64 { return float64(c.restoredKeys) }),
 		gauge("checkpoint_last_duration_seconds", "Time the last checkpoint took (capture under the ingest lock plus the write).", func() float64 { return time.Duration(c.lastDuration.Load()).Seconds() }),
 		gauge("checkpoint_last_size_bytes", "Payload size of the last checkpoint written.", func() float64 { return float64(c.lastSize.Load()) }),

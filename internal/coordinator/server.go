@@ -277,7 +277,7 @@ func (s *Server) startLoops(ctx context.Context) []func() {
 		l := s.loops.Register(LoopEviction, periodic.High, d, d, s.evictionCycle)
 		out = append(out, s.afterIngestReady(ctx, func() { l.Run(ctx) }))
 	}
-	if s.cfg.EnableStartupResync {
+	if s.cfg.EnableStartupResync && !s.resyncSkippedForCheckpoint() {
 		out = append(out, s.afterIngestReady(ctx, s.resyncLoop(ctx)))
 	}
 	// Low: if it stops, ingest allocates under the ledger lock again

@@ -1,7 +1,9 @@
 package config
 
 import (
+	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 )
@@ -52,6 +54,22 @@ func (h HA) Endpoints() []string {
 		}
 	}
 	return out
+}
+
+// ID is this coordinator's identity in HA mode (the election value and the
+// URL standbys redirect to): AdvertiseURL without a trailing slash, or
+// http://<hostname>:<port> when it is empty. It is stable across restarts
+// of the same coordinator as long as its advertised URL (or hostname and
+// port, as a StatefulSet pod keeps them) is.
+func (h HA) ID(port int) (string, error) {
+	if id := strings.TrimSuffix(h.AdvertiseURL, "/"); id != "" {
+		return id, nil
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("--ha-advertise-url unset and no hostname: %w", err)
+	}
+	return "http://" + host + ":" + strconv.Itoa(port), nil
 }
 
 // haFields are the HA rows of the settings table.

@@ -1,6 +1,9 @@
 package config
 
-import "strings"
+import (
+	"net/url"
+	"strings"
+)
 
 // Event transports (--event-transport).
 const (
@@ -32,10 +35,34 @@ type Ingest struct {
 	CheckpointInterval float64
 }
 
+// DefaultKafkaGroupID is --kafka-group-id's default, upstream's.
+const DefaultKafkaGroupID = "lmcache-coordinator"
+
+// KafkaGroup is the consumer group a coordinator whose HA id is haID joins
+// (haID "" outside HA mode). Normally that is KafkaGroupID. In HA mode
+// every coordinator must read every record, so each needs its own group:
+// sharing one, they would split the partitions and every ledger would be
+// partial without anything saying so. There a group left at
+// DefaultKafkaGroupID becomes DefaultKafkaGroupID + "-" + the host[:port]
+// of haID (its advertised URL), which names this coordinator and stays the
+// same across its restarts, so its committed offsets keep applying. A
+// group set to anything else is the operator's and is kept.
+func (c Config) KafkaGroup(haID string) string {
+	g := c.Ingest.KafkaGroupID
+	if !c.HA.Enabled() || haID == "" || g != DefaultKafkaGroupID {
+		return g
+	}
+	name := haID
+	if u, err := url.Parse(haID); err == nil && u.Host != "" {
+		name = u.Host
+	}
+	return DefaultKafkaGroupID + "-" + name
+}
+
 // DefaultIngest is HTTP ingest without checkpoints, with upstream's Kafka
 // defaults.
 func DefaultIngest() Ingest {
-	return Ingest{EventTransport: TransportHTTP, KafkaTopic: "lmcache-cache-events", KafkaGroupID: "lmcache-coordinator",
+	return Ingest{EventTransport: TransportHTTP, KafkaTopic: "lmcache-cache-events", KafkaGroupID: DefaultKafkaGroupID,
 		MaxReadyLag: 1000, CheckpointInterval: 60}
 }
 
@@ -79,7 +106,7 @@ func ingestFields() []field {
 			}},
 		{flag: "kafka-topic", noEnv: true, kind: "string", usage: "Kafka topic of the MP servers' cache events", s: func(c *Config) *string { return &c.Ingest.KafkaTopic },
 			check: func(c Config) string { return nonBlank(c.Ingest.KafkaTopic) }},
-		{flag: "kafka-group-id", noEnv: true, kind: "string", usage: "this coordinator's Kafka consumer group", s: func(c *Config) *string { return &c.Ingest.KafkaGroupID },
+		{flag: "kafka-group-id", noEnv: true, kind: "string", usage: "this coordinator's Kafka consumer group (with --ha-etcd-endpoints the default becomes lmcache-coordinator-<host:port of the advertised URL>, one group per coordinator)", s: func(c *Config) *string { return &c.Ingest.KafkaGroupID },
 			check: func(c Config) string { return nonBlank(c.Ingest.KafkaGroupID) }},
 		{flag: "max-ready-lag", noEnv: true, kind: "int", usage: "kafka only: records of stream lag at or below which the eviction and resync loops start", i: func(c *Config) *int { return &c.Ingest.MaxReadyLag },
 			check: func(c Config) string { return minInt(c.Ingest.MaxReadyLag, 0) }},

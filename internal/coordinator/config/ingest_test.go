@@ -3,6 +3,7 @@ package config
 import (
 	"bytes"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 )
@@ -56,7 +57,61 @@ func TestEventTransportFlags(t *testing.T) {
 	if _, err := Load([]string{"--help"}, env(nil), &help); !errors.Is(err, ErrHelp) {
 		t.Fatal(err)
 	}
-	if !strings.Contains(help.String(), "--kafka-group-id string\n      this coordinator's Kafka consumer group (no env var) (default \"lmcache-coordinator\")") {
+	if !strings.Contains(help.String(), "--kafka-group-id string\n      this coordinator's Kafka consumer group (with --ha-etcd-endpoints the default becomes lmcache-coordinator-<host:port of the advertised URL>, one group per coordinator) (no env var) (default \"lmcache-coordinator\")") {
 		t.Errorf("help lacks the kafka-group-id line:\n%s", help.String())
+	}
+}
+
+// TestKafkaGroupPerCoordinatorInHA: with --ha-etcd-endpoints a
+// --kafka-group-id left at its default (or set to it) becomes one group per
+// coordinator, named after its advertised URL's host:port, so each
+// coordinator reads every partition; the same coordinator restarted gets
+// the same group (its commits stay valid); an explicit other group and
+// every non-HA coordinator keep the configured one.
+func TestKafkaGroupPerCoordinatorInHA(t *testing.T) {
+	kafka := []string{"--event-transport", "kafka", "--kafka-bootstrap-servers", "k:9092"}
+	load := func(args ...string) (Config, string) {
+		t.Helper()
+		c, err := Load(append(append([]string(nil), kafka...), args...), env(nil), &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := ""
+		if c.HA.Enabled() {
+			if id, err = c.HA.ID(c.Port); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return c, c.KafkaGroup(id)
+	}
+	ha := []string{"--ha-etcd-endpoints", "http://e1:2379"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "lmcache-coordinator"},
+		{[]string{"--kafka-group-id", "g"}, "g"},
+		{append(ha[:2:2], "--ha-advertise-url", "http://coord-0.lmcache-coordinator:9300"), "lmcache-coordinator-coord-0.lmcache-coordinator:9300"},
+		{append(ha[:2:2], "--ha-advertise-url", "https://coord-1.lmcache-coordinator:9300/"), "lmcache-coordinator-coord-1.lmcache-coordinator:9300"},
+		{append(ha[:2:2], "--ha-advertise-url", "http://[fd00::7]:9300", "--kafka-group-id", "lmcache-coordinator"), "lmcache-coordinator-[fd00::7]:9300"},
+		{append(ha[:2:2], "--ha-advertise-url", "http://coord-0.lmcache-coordinator:9300", "--kafka-group-id", "coord-0-group"), "coord-0-group"},
+	} {
+		if _, got := load(tc.args...); got != tc.want {
+			t.Errorf("%q: group %q, want %q", tc.args, got, tc.want)
+		}
+	}
+	// Without --ha-advertise-url the id is http://<hostname>:<port>.
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, got := load(append(ha[:2:2], "--port", "9311")...)
+	if id, _ := c.HA.ID(c.Port); id != "http://"+host+":9311" || got != "lmcache-coordinator-"+host+":9311" {
+		t.Errorf("hostname default: id %q group %q, want http://%s:9311 and lmcache-coordinator-%s:9311", id, got, host, host)
+	}
+	// A restart of the same coordinator joins the same group.
+	_, again := load(append(ha[:2:2], "--port", "9311")...)
+	if again != got {
+		t.Errorf("restart: group %q, first run %q", again, got)
 	}
 }
