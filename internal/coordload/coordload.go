@@ -75,6 +75,19 @@ func ParseFlags(args []string, out io.Writer) (Config, error) {
 	c := DefaultConfig()
 	fs := flag.NewFlagSet("lmcache-coordload", flag.ContinueOnError)
 	fs.SetOutput(out)
+	registerHTTPFlags(fs, &c)
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return c, c.Validate()
+}
+
+// registerHTTPFlags adds the flags of Config (the http mode's, and the
+// key space every mode shares) to fs.
+func registerHTTPFlags(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.URL, "url", c.URL, "coordinator base URL")
 	fs.IntVar(&c.Keys, "keys", c.Keys, "distinct keys to store (each exactly once)")
 	fs.IntVar(&c.Batch, "batch", c.Batch, "events per request")
@@ -86,13 +99,6 @@ func ParseFlags(args []string, out io.Writer) (Config, error) {
 	fs.IntVar(&c.Offset, "offset", c.Offset, "first key index (to add keys distinct from an earlier run)")
 	fs.DurationVar(&c.Slow, "slow", c.Slow, "list every request at least this slow (0: none)")
 	fs.IntVar(&c.ServerPID, "server-pid", c.ServerPID, "coordinator process id: report its run-queue wait during slow requests (Linux)")
-	if err := fs.Parse(args); err != nil {
-		return Config{}, err
-	}
-	if fs.NArg() > 0 {
-		return Config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	return c, c.Validate()
 }
 
 // Validate checks the ranges.

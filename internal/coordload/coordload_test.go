@@ -282,3 +282,27 @@ func TestMinorFaultsCounted(t *testing.T) {
 		t.Fatal("minorFaults of a missing pid: no error")
 	}
 }
+
+// TestParseCommand: the modes' flags and defaults, and their errors.
+func TestParseCommand(t *testing.T) {
+	c, err := ParseCommand([]string{"--mode", "fleet", "--url", "http://127.0.0.1:1", "--instances", "20", "--keys", "30000",
+		"--kafka-brokers", "127.0.0.1:9092, 127.0.0.1:9093", "--pace", "100ms", "--hold", "2s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode != ModeFleet || len(c.Targets) != 1 || c.Targets[0] != "http://127.0.0.1:1" || c.KeysPerInstance != 1500 ||
+		len(c.Brokers) != 2 || c.Brokers[1] != "127.0.0.1:9093" || c.Topic != DefaultTopic || c.Pace != 100*time.Millisecond ||
+		c.Hold != 2*time.Second || c.Window != 4 || c.Heartbeat != time.Second {
+		t.Fatalf("fleet command %+v", c)
+	}
+	if c, err := ParseCommand(nil, io.Discard); err != nil || c.Mode != ModeHTTP || c.HTTP != DefaultConfig() {
+		t.Fatalf("defaults: %+v %v", c, err)
+	}
+	for _, args := range [][]string{{"--mode", "grpc"}, {"--mode", "kafka"}, {"--mode", "kafka", "--kafka-brokers", "b:1", "--kafka-topic", ""},
+		{"--mode", "fleet", "--targets", "127.0.0.1:1"}, {"--mode", "fleet", "--window", "0"}, {"--mode", "fleet", "--heartbeat", "0s"},
+		{"--mode", "fleet", "--hold", "-1s"}, {"--mode", "fleet", "--keys-per-instance", "-1"}} {
+		if _, err := ParseCommand(args, io.Discard); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}

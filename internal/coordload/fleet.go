@@ -37,10 +37,11 @@ type Fleet struct {
 	cfg     FleetConfig
 	client  *http.Client
 	inst    []*fleetInstance
-	mu      sync.Mutex // guards live, dropped, pubErr
+	mu      sync.Mutex // guards live, dropped, retries, pubErr
 	live    map[string]liveKey
-	dropped map[string]bool // targets no longer fed (killed)
-	pubErr  error           // the first Sink.Publish failure
+	dropped map[string]bool  // targets no longer fed (killed)
+	retries map[string]int64 // per target: POST /events sent again
+	pubErr  error            // the first Sink.Publish failure
 	ctx     context.Context
 	g       *errgroup.Group
 	cancel  context.CancelFunc
@@ -113,7 +114,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
 	}
-	f := &Fleet{cfg: cfg, client: NewClient(cfg.Instances * len(cfg.Targets)), live: map[string]liveKey{}, dropped: map[string]bool{}}
+	f := &Fleet{cfg: cfg, client: NewClient(cfg.Instances * len(cfg.Targets)), live: map[string]liveKey{}, dropped: map[string]bool{}, retries: map[string]int64{}}
 	for j := range cfg.Instances {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -250,6 +251,41 @@ func (f *Fleet) Live() (map[string]int64, int) {
 	return out, len(f.live)
 }
 
+// LiveKeys is every key the fleet still stores, with its size: the exact
+// ledger a coordinator that applied every event once must hold.
+func (f *Fleet) LiveKeys() map[objkey.Encoded]int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[objkey.Encoded]int64, len(f.live))
+	for _, k := range f.live {
+		out[k.key] = k.size
+	}
+	return out
+}
+
+// Seqs is each instance's last seq so far (store and delete batches
+// alike, counted from 1): what a coordinator's event-gate cursor for the
+// instance reads once it has applied every batch.
+func (f *Fleet) Seqs() map[string]int64 {
+	out := make(map[string]int64, len(f.inst))
+	for _, in := range f.inst {
+		in.mu.Lock()
+		out[in.id] = in.seq
+		in.mu.Unlock()
+	}
+	return out
+}
+
+// Retries is how many POST /events to target failed and were sent again
+// (over HTTP): a batch the coordinator applied but whose reply was lost is
+// then a duplicate its gate drops, so a gate's duplicate count is at most
+// this.
+func (f *Fleet) Retries(target string) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.retries[target]
+}
+
 // append adds one batch to in's stream and wakes its senders, or
 // publishes it (under in.mu, so the instance's records keep seq order).
 func (f *Fleet) append(in *fleetInstance, typ string, entries []kafkaevents.Entry) error {
@@ -354,6 +390,9 @@ func (f *Fleet) stream(ctx context.Context, in *fleetInstance, target string) {
 			if err == nil {
 				break
 			}
+			f.mu.Lock()
+			f.retries[target]++
+			f.mu.Unlock()
 			t := time.NewTimer(50 * time.Millisecond) // retry backoff
 			select {
 			case <-ctx.Done():
