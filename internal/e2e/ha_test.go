@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,9 +18,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/coordinator/checkpoint"
+	"github.com/lmcache-go/lmcache/internal/coordinator/eventgate"
 	"github.com/lmcache-go/lmcache/internal/coordload"
 	"github.com/lmcache-go/lmcache/internal/etcdtest"
 	"github.com/lmcache-go/lmcache/internal/kafkaevents"
+	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
 // haCoord is one `lmcache coordinator` process. Any of them may be the
@@ -211,12 +215,15 @@ func haFailover(t *testing.T, kafka bool) {
 		}
 		t.Cleanup(func() { _ = sink.Close() })
 	}
+	// Every coordinator checkpoints each second (over HTTP too: the
+	// checkpoint is how this test reads a ledger key by key).
+	ckptOf := func(c *haCoord) string { return filepath.Join(dir, c.name+".ckpt") }
 	ingest := func(name string) []string {
+		ck := []string{"--checkpoint-path", filepath.Join(dir, name+".ckpt"), "--checkpoint-interval", "1"}
 		if !kafka {
-			return nil
+			return ck
 		}
-		return []string{"--event-transport", "kafka", "--kafka-bootstrap-servers", brokers, "--kafka-topic", topic, "--kafka-group-id", name,
-			"--checkpoint-path", filepath.Join(dir, name+".ckpt"), "--checkpoint-interval", "1"}
+		return append([]string{"--event-transport", "kafka", "--kafka-bootstrap-servers", brokers, "--kafka-topic", topic, "--kafka-group-id", name}, ck...)
 	}
 	ports := map[string]int{}
 	launch := func(name string, etcd []string, extra ...string) *haCoord {
@@ -355,10 +362,29 @@ func haFailover(t *testing.T, kafka bool) {
 	}
 	t.Logf("drained: %d keys (%d evicted) on the new leader, the other standby and the reference, equal to the fleet's", truth.Keys, evicted)
 
-	// One etcd member dies: same leader, same token, intent still commits
-	// and is mirrored.
+	// Key by key: each ledger's checkpoint holds exactly the fleet's keys
+	// with their sizes, and its event-gate cursors say every batch of every
+	// instance was applied once: none lost (no seq gap, last seq the
+	// instance's last), none twice (no duplicate over Kafka, whose producer
+	// is idempotent and whose consumers never restarted; over HTTP at most
+	// the fleet's retries to that coordinator, each dropped unapplied).
+	exactLedgers(t, fleet, kafka, []*haCoord{next, other, ref}, ckptOf)
+
+	// One etcd member dies: same leader, same token, no second term,
+	// intent still commits and is mirrored. Over Kafka the victim is the
+	// etcd cluster's raft leader (the survivors elect another; etcd keeps
+	// leases alive across its leader change), over HTTP a follower.
 	admin := etcdtest.NewClient(t, cl.Endpoints)
-	cl.Follower(t, admin).Kill(t)
+	elections := scrape(next.url, "lmcache_coordinator_leader_elections_total")
+	victim := cl.Follower(t, admin)
+	if kafka {
+		victim = cl.Leader(t, admin)
+	}
+	victim.Kill(t)
+	if kafka {
+		waitFor(t, "a new etcd raft leader", func() bool { return cl.LeaderChanged(t, admin, victim) })
+	}
+	t.Logf("killed etcd member %s (raft leader: %v)", victim.Name, kafka)
 	// A write the leader had sent to the killed member before its client
 	// noticed the death has an unknown outcome: the coordinator answers
 	// 503 and the operator retries (the PUT is idempotent). The retry must
@@ -383,6 +409,12 @@ func haFailover(t *testing.T, kafka bool) {
 	}
 	if lost := scrape(next.url, "lmcache_coordinator_leader_lost_total"); lost != 0 {
 		t.Fatalf("leader lost_total %v", lost)
+	}
+	if e := scrape(next.url, "lmcache_coordinator_leader_elections_total"); e != elections || !(e >= 1) {
+		t.Fatalf("leader elections_total %v after the etcd member's death, %v before: a second term", e, elections)
+	}
+	if e := scrape(other.url, "lmcache_coordinator_leader_elections_total"); e != 0 {
+		t.Fatalf("the standby won %v elections", e)
 	}
 	if got := scrape(other.url, "lmcache_coordinator_eviction_keys_dispatched_total"); got != 0 {
 		t.Fatalf("the standby dispatched %v keys", got)
@@ -438,11 +470,144 @@ func haFailover(t *testing.T, kafka bool) {
 		return all && l != nil
 	})
 	warm := time.Since(began)
+	// The restarted ledgers, key by key, once each has checkpointed again.
+	exactLedgers(t, fleet, kafka, append([]*haCoord{refAgain}, again...), ckptOf)
 	t.Logf("per coordinator, restart to ledger equal (%s was killed: its old group member must time out first): %v", lead.name, warmAt)
 	for _, c := range append([]*haCoord{refAgain}, again...) {
 		if n := scrape(c.url, "lmcache_coordinator_checkpoint_restored_keys"); !(n > 0) {
 			t.Errorf("%s restored %v keys from its checkpoint", c.name, n)
 		}
 	}
-	t.Logf("restart of all four coordinators: %v until every ledger equals the fleet's (%d keys; checkpoint + replay)", warm.Round(time.Millisecond), truth.Keys)
+	t.Logf("restart of all four coordinators: %v until every ledger equals the fleet's (%d keys then; checkpoint + replay)", warm.Round(time.Millisecond), len(fleet.LiveKeys()))
+}
+
+// checkpointLedger decodes a checkpoint's ledger section (the layout
+// ledger.AppendCheckpoint writes: models, then per salt its keys in LRU
+// order with their sizes) into key -> size, LRU order left out: consumers
+// of different partitions interleave instances differently, so only keys
+// and sizes are the same in every ledger. It also returns the gate section
+// restored into a gate.
+func checkpointLedger(path string) (map[objkey.Encoded]int64, *eventgate.Gate, error) {
+	d, err := checkpoint.Load(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	keys := map[objkey.Encoded]int64{}
+	g := eventgate.New(0)
+	err = d.Sections(map[string]func(*checkpoint.Decoder){
+		"ledger": func(d *checkpoint.Decoder) {
+			models := make([]string, d.Count(1))
+			for i := range models {
+				models[i] = d.String()
+			}
+			for range d.Count(1) {
+				salt := d.String()
+				for range d.Count(4) {
+					m, rank, hl := d.Uvarint(), d.Varint(), d.Uvarint()
+					if hl > 32 || m >= uint64(len(models)) {
+						d.Failf("entry with a %d-byte hash or model %d of %d (long keys are not in this fleet)", hl, m, len(models))
+						return
+					}
+					k := objkey.Encoded{ChunkHashHex: hex.EncodeToString(d.Raw(int(hl))), ModelName: models[m], KVRank: rank, CacheSalt: salt}
+					k.ObjectGroupID = int64(d.Uvarint())
+					if _, dup := keys[k]; dup {
+						d.Failf("key %v twice", k)
+						return
+					}
+					keys[k] = d.Varint()
+					if d.Err() != nil {
+						return
+					}
+				}
+			}
+		},
+		"gate": func(d *checkpoint.Decoder) { g.Restore(d) },
+	})
+	return keys, g, err
+}
+
+// exactLedgers waits until every coordinator's checkpoint holds exactly
+// the fleet's keys and sizes, and its gate cursor for every instance
+// reads the instance's last seq with each batch applied once: no gap, no
+// stale batch, no fence, duplicates 0 over Kafka (at most the fleet's
+// retries to it over HTTP). The fleet's seqs are read before and after its
+// key set, so one poll's reading is of one moment.
+func exactLedgers(t *testing.T, fleet *coordload.Fleet, kafka bool, cs []*haCoord, ckptOf func(*haCoord) string) {
+	t.Helper()
+	var why string
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		why = ""
+		seqs, want := fleet.Seqs(), fleet.LiveKeys()
+		if !maps.Equal(seqs, fleet.Seqs()) {
+			why = "the fleet moved"
+		}
+		for _, c := range cs {
+			if why != "" {
+				break
+			}
+			keys, g, err := checkpointLedger(ckptOf(c))
+			switch {
+			case err != nil:
+				why = fmt.Sprintf("%s: %v", c.name, err)
+			case !maps.Equal(keys, want):
+				why = fmt.Sprintf("%s: %s", c.name, keyDiff(keys, want))
+			}
+			for id, seq := range seqs {
+				if why != "" {
+					break
+				}
+				st, _ := g.Stats(id)
+				dups := int64(0)
+				if !kafka {
+					dups = fleet.Retries(c.url)
+				}
+				if st == nil || st.LastSeq != seq || st.Applied != seq || st.Gaps != 0 || st.Stale != 0 || st.Fences != 0 || st.Duplicates > dups || (kafka && st.Duplicates != 0) {
+					why = fmt.Sprintf("%s: gate cursor of %s %+v, want last seq = applied = %d, no gap, stale or fence, duplicates <= %d", c.name, id, st, seq, dups)
+				}
+			}
+		}
+		if why == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("checkpointed ledgers never equalled the fleet's key by key: %s", why)
+		}
+		time.Sleep(100 * time.Millisecond) // polling interval (checkpoints are written each second)
+	}
+	var names []string
+	for _, c := range cs {
+		names = append(names, c.name)
+	}
+	t.Logf("%v: checkpointed ledgers equal the fleet's %d keys and sizes exactly; every instance's batches applied once", names, len(fleet.LiveKeys()))
+}
+
+// keyDiff describes how got differs from want (counts and one example).
+func keyDiff(got, want map[objkey.Encoded]int64) string {
+	var missing, extra, resized int
+	var ex string
+	for k, v := range want {
+		g, ok := got[k]
+		switch {
+		case !ok:
+			missing++
+			if ex == "" {
+				ex = fmt.Sprintf("missing %v", k)
+			}
+		case g != v:
+			resized++
+			if ex == "" {
+				ex = fmt.Sprintf("%v size %d, want %d", k, g, v)
+			}
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			extra++
+			if ex == "" {
+				ex = fmt.Sprintf("extra %v", k)
+			}
+		}
+	}
+	return fmt.Sprintf("%d keys, want %d: %d missing, %d extra, %d of another size (%s)", len(got), len(want), missing, extra, resized, ex)
 }

@@ -129,6 +129,68 @@ func (c *Cluster) Follower(t testing.TB, cli *clientv3.Client) *Member {
 	return nil
 }
 
+// Leader returns the member that is the raft leader now, as the members
+// agree on it: every live member's status must name the same leader
+// member id (a cluster mid-election has none; the test then fails rather
+// than kill a member it only guesses leads).
+func (c *Cluster) Leader(t testing.TB, cli *clientv3.Client) *Member {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var leaderID uint64
+	byID := map[uint64]*Member{}
+	for _, m := range c.Members {
+		select {
+		case <-m.exited:
+			continue // killed earlier
+		default:
+		}
+		st, err := cli.Status(ctx, m.ClientURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Leader == 0 || (leaderID != 0 && st.Leader != leaderID) {
+			t.Fatalf("etcd members disagree on the leader (%x vs %x): an election is running", leaderID, st.Leader)
+		}
+		leaderID = st.Leader
+		byID[st.Header.MemberId] = m
+	}
+	if m := byID[leaderID]; m != nil {
+		return m
+	}
+	t.Fatalf("etcd leader %x is not a live member", leaderID)
+	return nil
+}
+
+// LeaderChanged reports whether a live member now names a leader other
+// than old (the members elected a new one after old died).
+func (c *Cluster) LeaderChanged(t testing.TB, cli *clientv3.Client, old *Member) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ids := map[uint64]*Member{}
+	var named []uint64
+	for _, m := range c.Members {
+		select {
+		case <-m.exited:
+			continue
+		default:
+		}
+		st, err := cli.Status(ctx, m.ClientURL)
+		if err != nil {
+			return false
+		}
+		ids[st.Header.MemberId] = m
+		named = append(named, st.Leader)
+	}
+	for _, id := range named {
+		if m := ids[id]; m == nil || m == old {
+			return false
+		}
+	}
+	return len(named) > 0
+}
+
 // NewClient is an etcd client on endpoints, closed with the test.
 func NewClient(t testing.TB, endpoints []string) *clientv3.Client {
 	t.Helper()

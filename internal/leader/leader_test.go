@@ -274,15 +274,36 @@ func TestLeaderResignsOnCancel(t *testing.T) {
 	t.Logf("handover after resign: %v (TTL %v)", gainB.At.Sub(resigned).Round(time.Millisecond), ttl)
 }
 
-// Killing one of three etcd members leaves leadership where it was: the
-// leader keeps renewing through the remaining quorum, its fencing token
-// unchanged, and the standby stays standby.
+// Killing one of three etcd members (a raft follower) leaves leadership
+// where it was: the leader keeps renewing through the remaining quorum,
+// its fencing token unchanged, and the standby stays standby.
 func TestLeadershipSurvivesEtcdMemberLoss(t *testing.T) {
 	p := startPair(t)
-	c, admin, a, b, gainA := p.c, p.admin, p.a, p.b, p.gainA
+	survivesMemberLoss(t, p, p.c.Follower(t, p.admin), false)
+}
 
-	victim := c.Follower(t, admin)
+// TestLeadershipSurvivesEtcdLeaderLoss kills the etcd cluster's raft
+// leader instead: the two survivors elect a new raft leader (checked: a
+// different member), etcd keeps the lease alive across its leader change,
+// and the coordinator's leadership is again unchanged: same term, same
+// fencing token, no second term for either elector, renewals resume.
+func TestLeadershipSurvivesEtcdLeaderLoss(t *testing.T) {
+	p := startPair(t)
+	survivesMemberLoss(t, p, p.c.Leader(t, p.admin), true)
+}
+
+func survivesMemberLoss(t *testing.T, p pair, victim *etcdtest.Member, raftLeader bool) {
+	c, admin, a, b, gainA := p.c, p.admin, p.a, p.b, p.gainA
 	victim.Kill(t)
+	if raftLeader {
+		deadline := time.Now().Add(waitFor)
+		for !c.LeaderChanged(t, admin, victim) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no new etcd leader after %s (the leader) died", victim.Name)
+			}
+			time.Sleep(50 * time.Millisecond) // polling interval
+		}
+	}
 	before := a.e.Renewals()
 	deadline := time.Now().Add(waitFor)
 	for a.e.Renewals() < before+3 {
