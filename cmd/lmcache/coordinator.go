@@ -8,8 +8,10 @@ import (
 	"net"
 	"os"
 
+	"github.com/lmcache-go/lmcache/internal/buildinfo"
 	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/tracing"
 )
 
 func init() {
@@ -36,6 +38,17 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	log := newLogger(format, cfg.LogLevel, stderr)
 	log.Debug("coordinator configuration sources", "sources", sources)
+	// Every HTTP request is a span once a provider is active: the server
+	// is built by httplimit.NewServer, whose handler is tracing's wrapper.
+	tr, err := tracing.Start(ctx, tracing.Config{
+		Enabled: cfg.Tracing.Enabled, Endpoint: cfg.Tracing.Endpoint, Level: cfg.Tracing.Level,
+		ServiceName: "lmcache-mp-coordinator", ServiceVersion: buildinfo.Labels()["version"],
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)
+		return 2
+	}
+	defer stopTracing(tr) // after Run: the spans of the last requests are flushed too
 	srv, err := coordinator.New(cfg, coordinator.WithLogger(log))
 	if err != nil {
 		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)

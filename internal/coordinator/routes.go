@@ -21,6 +21,7 @@ func (s *Server) routeTable() []route {
 	ui := webui.New(webui.Coordinator)
 	pf := newPrefetchTracker() // the console's view of relayed prefetches (console.go)
 	loops := httproute.Periodic(s.loops, ErrUnknownThread)
+	metricsH := s.metricsHandler() // the registry plus the eviction thresholds (saltwatermark.go)
 	rts := []route{
 		{Method: "POST", Path: "/instances", Tag: "instances", Summary: "Register (or re-register) an MP server", Request: RegisterRequest{},
 			Statuses: map[int]string{200: "Registered", 422: v}, Response: RegisterResponse{}, Handle: s.handleRegister},
@@ -57,13 +58,18 @@ func (s *Server) routeTable() []route {
 		{Method: "DELETE", Path: "/cache/pins", Tag: "cache", Summary: "Unpin a token sequence's keys", Request: PinRequest{},
 			Statuses: map[int]string{200: "Unpinned", 400: "Token cap, bad salt/model or token out of range", 422: v}, Response: pinResponse{}, Handle: s.handleUnpin},
 		{Method: "GET", Path: "/metrics", Tag: "observability", Summary: "Prometheus metrics",
-			Statuses: map[int]string{200: "Prometheus text format"}, Produces: httproute.Text, Handle: s.handleMetrics},
+			Statuses: map[int]string{200: "Prometheus text format"}, Produces: httproute.Text, Handle: func(w http.ResponseWriter, r *http.Request) error {
+				metricsH.ServeHTTP(w, r)
+				return nil
+			}},
 		{Method: "GET", Path: "/openapi.json", Tag: "observability", Summary: "This OpenAPI document",
 			Statuses: map[int]string{200: "OpenAPI 3 document"}, Response: map[string]any{}, Handle: s.handleOpenAPI},
 		{Method: "GET", Path: "/periodic-threads", Tag: "observability", Summary: "Background loops with summary counts", Query: httproute.PeriodicQuery(),
 			Statuses: map[int]string{200: "Loops listed", 400: "Unknown level"}, Response: periodic.Listing{}, Handle: loops.List},
 		{Method: "GET", Path: "/periodic-threads/{thread_name}", Tag: "observability", Summary: "One background loop's status", StatusShapes: map[int]httproute.Shape{404: httproute.ShapeError},
 			Statuses: map[int]string{200: "Loop status", 404: "Unknown loop"}, Response: periodic.Status{}, Handle: loops.Get},
+		{Method: "GET", Path: "/config", Tag: "observability", Summary: "Running configuration and where each value came from (secrets hidden)",
+			Statuses: map[int]string{200: "Settings and their _sources"}, Response: ConfigResponse{}, Handle: s.handleConfig},
 		{Method: "GET", Path: "/periodic-threads-health", Tag: "observability", Summary: "Whether every critical/high loop ticks",
 			Statuses: map[int]string{200: "Health (check healthy)"}, Response: periodic.Health{}, Handle: loops.Health},
 		{Method: "GET", Path: "/docs", Summary: "Swagger UI", Hidden: true, Produces: httproute.HTML, Statuses: map[int]string{200: "page"}, Handle: docsui.Handler(func() string { return docsui.Swagger("LMCache MP Coordinator", "/openapi.json") })},
@@ -78,8 +84,10 @@ func (s *Server) routeTable() []route {
 	for i := range rts {
 		// The prefetch poll is a GET, but it is relayed with the MP
 		// servers' token, so leaving it open would let anyone around the
-		// servers' own authentication.
-		if rts[i].Method != http.MethodGet || strings.HasPrefix(rts[i].Path, "/cache/prefetches/") {
+		// servers' own authentication. GET /config is a token read as on
+		// `lmcache server`: it names endpoints, files and which layer set
+		// the tokens.
+		if rts[i].Method != http.MethodGet || strings.HasPrefix(rts[i].Path, "/cache/prefetches/") || rts[i].Path == "/config" {
 			rts[i].Auth = httproute.Bearer
 			rts[i].Statuses[401] = "Bearer token missing or wrong (only with --auth-token)"
 		}
@@ -124,9 +132,4 @@ func (s *Server) buildTable() (*httproute.Table, error) {
 
 func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
 	return s.table.ServeOpenAPI(w, r)
-}
-
-func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
-	s.metrics.handler.ServeHTTP(w, r)
-	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/cliflag"
+	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
 
@@ -76,6 +77,13 @@ type Config struct {
 	HA HA
 	// Ingest is the event transport and the checkpoint (ingest.go).
 	Ingest Ingest
+	// Tracing is OTLP span export of the HTTP routes (tracing.go).
+	Tracing Tracing
+
+	// Sources says where each setting came from, keyed as View keys it
+	// ("chunk_size": "flag:--chunk-size"); LoadSources fills it, and it is
+	// nil for a Config built in code.
+	Sources map[string]string
 }
 
 // Default returns the documented defaults.
@@ -101,6 +109,7 @@ func Default() Config {
 		LogLevel:              "info",
 		HA:                    DefaultHA(),
 		Ingest:                DefaultIngest(),
+		Tracing:               DefaultTracing(),
 	}
 }
 
@@ -126,7 +135,10 @@ type field struct {
 	// snake_case), as newer upstream's coordinator flags are.
 	noEnv bool
 	usage string
-	kind  string // "float", "int", "string", "secret" (a string never printed), "bool"
+	// kind is "float", "int", "string", "secret" (a string never printed),
+	// "bool" (upstream's lenient environment boolean) or "switch" (a bare
+	// --flag is true; text must be a boolean).
+	kind  string
 	f     func(*Config) *float64
 	i     func(*Config) *int
 	s     func(*Config) *string
@@ -204,7 +216,7 @@ func fieldsTable() []field {
 				}
 				return "must be one of debug, info, warn, error"
 			}},
-	}, append(haFields(), ingestFields()...)...)
+	}, append(append(haFields(), ingestFields()...), tracingFields()...)...)
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
@@ -294,6 +306,8 @@ func LoadSources(args []string, getenv func(string) (string, bool), out io.Write
 			e.Value = cliflag.String(fd.s(&cfg))
 		case "bool":
 			e.Value = (*envBool)(fd.b(&cfg))
+		case "switch":
+			e.Value = cliflag.Bool(fd.b(&cfg))
 		}
 		if fd.check != nil {
 			check := fd.check
@@ -318,6 +332,7 @@ func LoadSources(args []string, getenv func(string) (string, bool), out io.Write
 	for _, e := range entries {
 		sources[e.Key] = e.Provenance()
 	}
+	cfg.Sources = sources
 	return cfg, sources, nil
 }
 
@@ -328,8 +343,11 @@ func printHelp(out io.Writer, set *cliflag.Set, table []field, def Config) {
 	kinds := map[string]string{"config-file": "string"}
 	for _, fd := range table {
 		kind := fd.kind
-		if kind == "secret" {
+		switch kind {
+		case "secret":
 			kind = "string"
+		case "switch":
+			kind = "bool"
 		}
 		if fd.flag != "" {
 			kinds[fd.flag] = kind
@@ -371,11 +389,63 @@ func valueString(cfg Config, fd field) string {
 			return `""`
 		}
 		return "(set)"
-	case "bool":
+	case "bool", "switch":
 		if *fd.b(&cfg) {
 			return "True"
 		}
 		return "False"
 	}
 	return ""
+}
+
+// Group is the one group of the coordinator's GET /config, named like the
+// server's groups ("mp", "storage_manager", ...).
+const Group = "coordinator"
+
+// SourcesKey is GET /config's top-level key for where each value came
+// from, as the server's.
+const SourcesKey = "_sources"
+
+// SourceUnknown is the provenance of every setting of a Config built in
+// code rather than by LoadSources.
+const SourceUnknown = "unknown"
+
+// View is the body of the coordinator's GET /config, shaped as the
+// server's: {"coordinator": {key: value}, "_sources": {"coordinator": {key:
+// provenance}}}, with a setting's config-file key (the flag's name in
+// snake_case, or the variable's suffix for an environment-only one). It is
+// safe to serve: a secret setting is redact.Marker when set and "" when
+// not, and the values then go through redact.Value (a secret-looking name,
+// a URL's password). The provenances name a flag, a variable or a file,
+// never a value, so a secret's is kept (redact.Value would hide it by its
+// key): an operator can see which layer set the token.
+func View(c Config) map[string]map[string]any {
+	values, sources := map[string]any{}, map[string]any{}
+	for _, fd := range fieldsTable() {
+		key := strings.ToLower(fd.env)
+		if fd.noEnv {
+			key = strings.ReplaceAll(fd.flag, "-", "_")
+		}
+		switch fd.kind {
+		case "float":
+			values[key] = *fd.f(&c)
+		case "int":
+			values[key] = *fd.i(&c)
+		case "string":
+			values[key] = *fd.s(&c)
+		case "secret":
+			values[key] = ""
+			if *fd.s(&c) != "" {
+				values[key] = redact.Marker
+			}
+		case "bool", "switch":
+			values[key] = *fd.b(&c)
+		}
+		src, ok := c.Sources[key]
+		if !ok {
+			src = SourceUnknown
+		}
+		sources[key] = redact.String(src)
+	}
+	return map[string]map[string]any{Group: redact.Value(values).(map[string]any), SourcesKey: {Group: sources}}
 }

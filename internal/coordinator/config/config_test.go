@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -18,8 +19,17 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for key, src := range c.Sources {
+		if src != "default" {
+			t.Errorf("source of %s = %q with no flag, env or file", key, src)
+		}
+	}
+	if len(c.Sources) != len(fieldsTable()) {
+		t.Errorf("%d sources for %d settings", len(c.Sources), len(fieldsTable()))
+	}
+	c.Sources = nil
 	d := Default()
-	if c != d {
+	if !reflect.DeepEqual(c, d) {
 		t.Fatalf("got %+v", c)
 	}
 	if c.Addr() != "0.0.0.0:9300" || c.InstanceTimeout != 30 || c.HealthCheckInterval != 10 || c.EvictionCheckInterval != 5 ||
@@ -48,8 +58,8 @@ func TestPrecedence(t *testing.T) {
 	want := Config{Host: "10.0.0.1", Port: 1234, InstanceTimeout: 7.5, HealthCheckInterval: 0, EvictionCheckInterval: 0,
 		EvictionRatio: 0.5, TriggerWatermark: 0.9, ChunkSize: 16, HashAlgorithm: "sha256_cbor", BlendProbeStride: 3,
 		TimeoutKeepAlive: 20, EnableStartupResync: false, ResyncPollInterval: 0.5, ResyncMaxWait: 0, ResyncPageSize: 200,
-		StateFile: "/tmp/s.json", MetricsTopSalts: 5, InflightTTL: 2.5, LogLevel: "warn", HA: DefaultHA(), Ingest: DefaultIngest()}
-	if c != want {
+		StateFile: "/tmp/s.json", MetricsTopSalts: 5, InflightTTL: 2.5, LogLevel: "warn", HA: DefaultHA(), Ingest: DefaultIngest(), Tracing: DefaultTracing()}
+	if c.Sources = nil; !reflect.DeepEqual(c, want) {
 		t.Fatalf("env:\n got %+v\nwant %+v", c, want)
 	}
 	c, err = Load([]string{"--host", "127.0.0.1", "--port", "9999", "--instance-timeout", "3", "--health-check-interval", "2",
@@ -62,8 +72,8 @@ func TestPrecedence(t *testing.T) {
 	want = Config{Host: "127.0.0.1", Port: 9999, InstanceTimeout: 3, HealthCheckInterval: 2, EvictionCheckInterval: 1,
 		EvictionRatio: 1, TriggerWatermark: 0.5, ChunkSize: 4, HashAlgorithm: "blake3", BlendProbeStride: 2,
 		TimeoutKeepAlive: 30, EnableStartupResync: false, ResyncPollInterval: 0.5, ResyncMaxWait: 0, ResyncPageSize: 200,
-		StateFile: "", MetricsTopSalts: 0, InflightTTL: 0, LogLevel: "debug", HA: DefaultHA(), Ingest: DefaultIngest()}
-	if c != want {
+		StateFile: "", MetricsTopSalts: 0, InflightTTL: 0, LogLevel: "debug", HA: DefaultHA(), Ingest: DefaultIngest(), Tracing: DefaultTracing()}
+	if c.Sources = nil; !reflect.DeepEqual(c, want) {
 		t.Fatalf("flags:\n got %+v\nwant %+v", c, want)
 	}
 }
@@ -142,7 +152,7 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	flags, envs := names()
-	if len(flags) != 29 || len(envs) != 26 {
+	if len(flags) != 32 || len(envs) != 29 {
 		t.Fatalf("%d flags, %d env vars", len(flags), len(envs))
 	}
 	text := out.String()
