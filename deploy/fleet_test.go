@@ -7,6 +7,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,6 +68,22 @@ func benchArgs(f fleet, extra ...string) []string {
 // name only metrics the binaries export.
 func TestFleetFromManifests(t *testing.T) {
 	f := startFleet(t)
+	// A default limit far above what the bench stores gives every salt an
+	// eviction threshold (lmcache_coordinator_salt_eviction_threshold_bytes,
+	// LMCacheSaltAboveEvictionWatermark's) without evicting anything.
+	req, err := http.NewRequest("PUT", f.coordHTTP+"/quota/config", strings.NewReader(`{"default_limit_gb": 1024}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("PUT /quota/config = %d", resp.StatusCode)
+	}
 
 	t.Run("BuildIdentity", func(t *testing.T) {
 		_, rev := lmcacheBin(t)
@@ -142,9 +159,10 @@ func TestFleetFromManifests(t *testing.T) {
 	// The data path has run (bench above), so the lookup, L1 and L2
 	// families have samples; Go client vectors appear only once used. The
 	// coordinator's per-salt usage appears once the server's L2 store
-	// events (flushed every second) have arrived.
+	// events (flushed every second) have arrived, with its eviction
+	// threshold (the default limit set above).
 	coordNames := metricNames(t, f.coordHTTP+"/metrics")
-	for deadline := time.Now().Add(time.Minute); !coordNames["lmcache_coordinator_salt_usage_bytes"]; {
+	for deadline := time.Now().Add(time.Minute); !coordNames["lmcache_coordinator_salt_usage_bytes"] || !coordNames["lmcache_coordinator_salt_eviction_threshold_bytes"]; {
 		if time.Now().After(deadline) {
 			t.Fatalf("the coordinator exports no per-salt usage a minute after the bench: %v", coordNames)
 		}
