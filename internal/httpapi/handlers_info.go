@@ -44,8 +44,9 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) error {
 	if v, ok := sm["is_healthy"].(bool); ok {
 		healthy = v
 	}
+	layouts := e.Layouts()
 	ctxMeta := map[string]any{}
-	for i, l := range e.Layouts() {
+	for i, l := range layouts {
 		meta := map[string]any{}
 		for k, v := range l.Meta {
 			meta[k] = v
@@ -74,6 +75,15 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) error {
 			out[k] = v
 		}
 	}
+	// Ours: every layout in force, static (--register-model) or from a
+	// worker's registration. The data path's StatusExtra replaces
+	// cache_context_meta with its workers' contexts, so without this a
+	// server serving a --register-model layout lists no model.
+	models := make([]map[string]any, 0, len(layouts))
+	for _, l := range layouts {
+		models = append(models, map[string]any{"model_name": l.ModelName, "world_size": l.WorldSize, "object_bytes": l.ObjectBytes})
+	}
+	out["model_layouts"] = models
 	writeRedactedJSON(w, http.StatusOK, out)
 	return nil
 }

@@ -190,3 +190,28 @@ func TestOpenAPIListsEveryRoute(t *testing.T) {
 	}
 	e.expect(405, "POST", "/status", nil)
 }
+
+// TestStatusModelLayoutsSurviveStatusExtra: the data path's StatusExtra
+// replaces cache_context_meta with its workers' contexts (none here), and
+// GET /status still lists the --register-model layout under model_layouts.
+func TestStatusModelLayoutsSurviveStatusExtra(t *testing.T) {
+	e := start(t, envOpts{mutate: func(o *httpapi.Options) {
+		o.StatusExtra = func() map[string]any { return map[string]any{"cache_context_meta": map[string]any{}} }
+	}})
+	st := e.expect(200, "GET", "/status", nil).json(t)
+	if meta := st["cache_context_meta"].(map[string]any); len(meta) != 0 {
+		t.Fatalf("cache_context_meta = %v, want StatusExtra's empty map", meta)
+	}
+	models, _ := st["model_layouts"].([]any)
+	if len(models) != 1 {
+		t.Fatalf("model_layouts = %v", st["model_layouts"])
+	}
+	want, err := httpapi.ParseRegisterModel(registerJSON, testChunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := models[0].(map[string]any)
+	if m["model_name"] != testModel || m["world_size"] != 1.0 || m["object_bytes"] != float64(want.ObjectBytes) || want.ObjectBytes <= 0 || len(m) != 3 {
+		t.Fatalf("model_layouts[0] = %v", m)
+	}
+}
