@@ -28,6 +28,11 @@ type ConsoleInstance struct {
 	// HeartbeatAgeSeconds is how long ago that was (the sweep drops the
 	// instance past instance_timeout).
 	HeartbeatAgeSeconds pyFloat `json:"heartbeat_age_seconds"`
+	// L1Reported says whether the instance's current incarnation posted a
+	// tier "l1" fact through POST /events: without one, GET /instances'
+	// l1_used_bytes and l1_keys read 0 for lack of reports, not because
+	// its L1 is empty (lmcache-go servers report L2 only).
+	L1Reported bool `json:"l1_reported"`
 }
 
 // ConsoleSalt is one salt's quota against usage.
@@ -228,7 +233,8 @@ func (s *Server) consoleFleet(p *prefetchTracker) func(http.ResponseWriter, *htt
 		for _, in := range s.reg.List() {
 			if t, ok := beats[in.InstanceID]; ok {
 				out.Instances = append(out.Instances, ConsoleInstance{InstanceID: in.InstanceID,
-					LastHeartbeatTime: pyFloat(unixSeconds(t)), HeartbeatAgeSeconds: pyFloat(now.Sub(t).Seconds())})
+					LastHeartbeatTime: pyFloat(unixSeconds(t)), HeartbeatAgeSeconds: pyFloat(now.Sub(t).Seconds()),
+					L1Reported: s.l1.reported(in.InstanceID)})
 			}
 		}
 		usage, _ := s.ledger.Usage()
@@ -271,6 +277,15 @@ func consoleSalt(salt string, used int64, limits quota.Limits, watermark float64
 	row.LimitBytes, row.EvictionStartsBytes = &lim, &starts
 	row.OverWatermark = float64(used) >= watermark*float64(lim) && used > 0
 	return row
+}
+
+// reported says whether instance has L1 facts on record in its current
+// incarnation (a store made the entry; a fence, on a new incarnation,
+// removes it; deletes keep it, at 0 bytes).
+func (v *l1View) reported(instance string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.by[instance] != nil
 }
 
 func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }

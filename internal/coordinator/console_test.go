@@ -16,6 +16,7 @@ type consoleView struct {
 		InstanceID          string  `json:"instance_id"`
 		LastHeartbeatTime   float64 `json:"last_heartbeat_time"`
 		HeartbeatAgeSeconds float64 `json:"heartbeat_age_seconds"`
+		L1Reported          bool    `json:"l1_reported"`
 	} `json:"instances"`
 	Salts []struct {
 		CacheSalt           string `json:"cache_salt"`
@@ -170,5 +171,46 @@ func TestConsoleFleetView(t *testing.T) {
 	c.must("POST", "/cache/pins", map[string]any{"model_name": "m", "world_size": 1, "token_ids": []int{1, 2, 3, 4}, "cache_salt": "a"}, 200)
 	if n := c.console().ActivePins; n != 1 {
 		t.Fatalf("active_pins = %d, want 1", n)
+	}
+}
+
+// TestConsoleFleetL1Reported: l1_reported tells an instance that never
+// posted a tier "l1" fact (GET /instances reads 0 bytes for it) from one
+// whose L1 facts are on record; deleting every key keeps it reported at 0
+// bytes, and a new incarnation's fence without L1 facts makes it
+// unreported again.
+func TestConsoleFleetL1Reported(t *testing.T) {
+	c := startCoord(t, nil)
+	for _, id := range []string{"mp-l1", "mp-l2"} {
+		c.must("POST", "/instances", map[string]any{"instance_id": id, "ip": "127.0.0.1", "http_port": 8080}, 200)
+	}
+	reported := func() map[string]bool {
+		t.Helper()
+		out := map[string]bool{}
+		for _, in := range c.console().Instances {
+			out[in.InstanceID] = in.L1Reported
+		}
+		return out
+	}
+	if got := reported(); len(got) != 2 || got["mp-l1"] || got["mp-l2"] {
+		t.Fatalf("before any fact: %v", got)
+	}
+	wantReply(t, c.postEvents(
+		cacheBatch("mp-l1", 7, 1, "store", "l1", "dram", "t", "a1", 4096, "a2", 2048),
+		cacheBatch("mp-l2", 7, 1, "store", "l2", "fs", "t", "b1", 700),
+	), 2, 0, 0)
+	c.wantL1("mp-l1", 6144, 2)
+	c.wantL1("mp-l2", 0, 0)
+	if got := reported(); !got["mp-l1"] || got["mp-l2"] {
+		t.Fatalf("after one L1 and one L2 batch: %v", got)
+	}
+	wantReply(t, c.postEvents(cacheBatch("mp-l1", 7, 2, "delete", "l1", "dram", "t", "a1", 0, "a2", 0)), 1, 0, 0)
+	c.wantL1("mp-l1", 0, 0)
+	if got := reported(); !got["mp-l1"] {
+		t.Fatalf("after deleting every L1 key: %v", got)
+	}
+	wantReply(t, c.postEvents(cacheBatch("mp-l1", 8, 1, "store", "l2", "fs", "t", "c1", 100)), 1, 0, 0)
+	if got := reported(); got["mp-l1"] {
+		t.Fatalf("after a new incarnation with no L1 fact: %v", got)
 	}
 }
