@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/lmcache-go/lmcache/internal/s3test"
 )
 
 // chromiumPath is Debian's chromium (scripts/install-deps.sh test).
@@ -119,10 +122,14 @@ func eventually(t *testing.T, what string, diff func() string) {
 }
 
 // TestWebConsoleFleet loads /ui of a real coordinator with two real servers
-// and some traffic in headless Chromium: the coordinator's fleet and quota
-// tables and its usage chart show what GET /instances, GET /quota and
-// /metrics say; a server's console asks for the bearer token, shows the 401
-// until it has it, then shows /status and /metrics figures.
+// (s1 on an fs adapter, s2 on an S3 one) and some traffic in headless
+// Chromium: the coordinator's fleet and quota tables and its usage chart
+// show what GET /instances, GET /quota and /metrics say, with "not
+// reported" for the L1 of our servers (they post no tier "l1" facts) and
+// the figures of a third instance that posted some; a server's console
+// asks for the bearer token, shows the 401 until it has it, then shows
+// /status and /metrics figures, its models, breaker states and
+// periodic-thread health.
 func TestWebConsoleFleet(t *testing.T) {
 	ctx := browser(t)
 	const coordTok, srvTok = "coord-console-tok", "srv-console-tok"
@@ -130,12 +137,22 @@ func TestWebConsoleFleet(t *testing.T) {
 	coordURL := "http://127.0.0.1:" + itoa(freePort(t))
 	start(t, "coordinator", nil, "coordinator", "--host", "127.0.0.1", "--port", coordURL[len("http://127.0.0.1:"):],
 		"--auth-token", coordTok, "--eviction-check-interval", "0.5", "--health-check-interval", "1", "--chunk-size", itoa(chunkSize),
-		"--trigger-watermark", "0.8", "--mp-auth-token", srvTok)
+		"--trigger-watermark", "0.8", "--mp-auth-token", srvTok,
+		// The L1-facts instance below sends no heartbeats: keep it listed.
+		"--instance-timeout", "600")
 	waitFor(t, "coordinator healthz", healthy(coordURL+"/healthz"))
 	servers := map[string]string{}
 	for _, id := range []string{"s1", "s2"} {
 		port := freePort(t)
 		adapter := fmt.Sprintf(`{"type":"fs","base_path":%q}`, t.TempDir())
+		if id == "s2" { // an adapter with a circuit breaker
+			s3 := s3test.Fake(t)
+			b, _ := json.Marshal(map[string]any{
+				"type": "s3", "s3_endpoint": s3.Endpoint, "s3_region": s3test.Region, "disable_tls": true,
+				"s3_addressing_style": "path", "s3_bucket": s3.Bucket,
+				"aws_access_key_id": s3.AccessKey, "aws_secret_access_key": s3.SecretKey})
+			adapter = string(b)
+		}
 		start(t, id, nil, "server", "--instance-id", id, "--http-port", itoa(port), "--port", itoa(freePort(t)),
 			"--http-auth-token", srvTok, "--l1-size-gb", "0.0625", "--chunk-size", itoa(chunkSize), "--l2-adapter", adapter,
 			"--register-model", layout, "--coordinator-url", coordURL, "--coordinator-auth-token", coordTok,
@@ -156,6 +173,7 @@ func TestWebConsoleFleet(t *testing.T) {
 		call(t, "GET", coordURL+"/instances", nil, nil, &fleet)
 		return len(fleet.Instances) == 2
 	})
+	postL1Facts(t, coordURL, coordTok)
 
 	// Traffic: two prompts stored on s1, one looked up; a quota for the salt.
 	auth := map[string]string{"Authorization": "Bearer " + srvTok}
@@ -179,19 +197,7 @@ func TestWebConsoleFleet(t *testing.T) {
 
 	t.Run("coordinator", func(t *testing.T) {
 		browse(t, ctx, chromedp.Navigate(coordURL+"/ui?interval=300"), chromedp.WaitVisible("#fleet-table"))
-		eventually(t, "fleet table equals GET /instances", func() string {
-			call(t, "GET", coordURL+"/instances", nil, nil, &fleet)
-			want := map[string]string{}
-			for _, in := range fleet.Instances {
-				want[in.InstanceID] = strconv.FormatInt(in.L1UsedBytes, 10)
-			}
-			var got map[string]string
-			eval(t, ctx, `Object.fromEntries([...document.querySelectorAll('#fleet-table tbody tr')].map(r => [r.dataset.id, r.querySelector('[data-k=l1_used_bytes]').dataset.value]))`, &got)
-			if fmt.Sprint(got) != fmt.Sprint(want) || len(want) != 2 {
-				return fmt.Sprintf("page %v, route %v", got, want)
-			}
-			return ""
-		})
+		consoleFleetL1(t, ctx, coordURL)
 		eventually(t, "quota row equals GET /quota", func() string {
 			var q struct {
 				ByCacheSalt []struct {
@@ -282,6 +288,13 @@ func TestWebConsoleFleet(t *testing.T) {
 		if points < 2 {
 			t.Errorf("throughput chart has %d points", points)
 		}
+		consoleServerFigures(t, ctx, s1, auth, "")
 		screenshot(t, ctx, "console-server")
+		// s2's S3 adapter has a circuit breaker; its page (another origin:
+		// the token is asked for again) shows its state.
+		browse(t, ctx, chromedp.Navigate(servers["s2"]+"/ui?interval=300"), chromedp.WaitVisible("#engine"),
+			chromedp.SendKeys("#token", srvTok), chromedp.Click("#auth button"))
+		consoleServerFigures(t, ctx, servers["s2"], auth, "closed")
+		screenshot(t, ctx, "console-server-s3")
 	})
 }

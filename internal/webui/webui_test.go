@@ -100,6 +100,7 @@ func TestNoExternalReferences(t *testing.T) {
 // and package-lock.json pin, with its MIT licence.
 func TestVendoredUPlotPinned(t *testing.T) {
 	var pkg struct {
+		Description  string            `json:"description"`
 		Dependencies map[string]string `json:"dependencies"`
 	}
 	var lock struct {
@@ -117,6 +118,15 @@ func TestVendoredUPlotPinned(t *testing.T) {
 		if err := json.Unmarshal(b, v); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
+	}
+	// The description names the Go file whose go:embed line picks the
+	// vendored files; that file exists and embeds them.
+	src, err := os.ReadFile("webui.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(pkg.Description, "internal/webui/webui.go") || !strings.Contains(string(src), "//go:embed assets/console.js assets/console.css assets/vendor/uplot/uPlot.iife.min.js assets/vendor/uplot/uPlot.min.css assets/vendor/uplot/LICENSE") {
+		t.Fatalf("package.json description %q does not name webui.go's go:embed line", pkg.Description)
 	}
 	l := lock.Packages["node_modules/uplot"]
 	if pkg.Dependencies["uplot"] != l.Version || l.Version == "" || l.License != "MIT" || !strings.HasPrefix(l.Integrity, "sha512-") {

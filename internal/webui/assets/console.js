@@ -152,17 +152,26 @@
     c.setData(d);
   }
 
-  function loops(res) {
+  // loops shows /periodic-threads with /periodic-threads-health's verdict:
+  // a critical or high loop that runs but does not tick is "stuck".
+  function loops(res, hres) {
     const body = section("loops", "Periodic threads");
     if (res.status !== "fulfilled") return fail(body, "/periodic-threads", res.reason);
-    table(body, "loops-table", ["thread", "level", "running", "active", "last run (s ago)", "runs", "failed"],
+    const h = hres.status === "fulfilled" ? hres.value : null, stuck = {};
+    if (h) h.unhealthy_threads.forEach(function (u) { stuck[u.name] = true; });
+    table(body, "loops-table", ["thread", "level", "health", "running", "active", "last run (s ago)", "runs", "failed"],
       res.value.threads.map(function (t) {
         // A one-shot loop (the startup resync) stops when done, so
         // "not running" is a state, not a fault; failures are.
-        return { id: t.name, cells: [t.name, t.level, t.is_running ? "yes" : "no", t.is_active ? "yes" : "no",
+        return { id: t.name, cells: [t.name, t.level,
+          h ? (stuck[t.name] ? { k: "health", v: "stuck", cls: "bad" } : { k: "health", v: "ok", cls: "ok" }) : { k: "health", v: "?" },
+          t.is_running ? "yes" : "no", t.is_active ? "yes" : "no",
           { k: "last_run_ago", v: t.last_run_ago, text: t.last_run_ago === null ? "never" : num(t.last_run_ago) },
           { k: "total_runs", v: t.total_runs }, { k: "failed_runs", v: t.failed_runs, cls: t.failed_runs ? "num bad" : "num" }] };
       }));
+    const f = body.appendChild(el("div"));
+    if (!h) return fail(f, "/periodic-threads-health", hres.reason);
+    facts(f, "loops-health", [["threads_healthy", h.healthy, h.healthy ? "yes" : "no"], ["unhealthy_count", h.unhealthy_count]]);
   }
 
   function metricsOr(body, res) {
@@ -172,12 +181,12 @@
   }
 
   async function coordinator(now) {
-    const r = await Promise.allSettled([get("/instances"), get("/quota"), get("/quota/config"), get("/periodic-threads"), get("/metrics", true), get("/ui/api/fleet")]);
+    const r = await Promise.allSettled([get("/instances"), get("/quota"), get("/quota/config"), get("/periodic-threads"), get("/metrics", true), get("/ui/api/fleet"), get("/periodic-threads-health")]);
     // fleet: the console's own route (heartbeat ages, watermarks, prefetches).
     const fleet = r[5].status === "fulfilled" ? r[5].value : null;
-    const age = {}, salts = {};
+    const age = {}, salts = {}, l1 = {};
     if (fleet) {
-      fleet.instances.forEach(function (i) { age[i.instance_id] = i.heartbeat_age_seconds; });
+      fleet.instances.forEach(function (i) { age[i.instance_id] = i.heartbeat_age_seconds; l1[i.instance_id] = i.l1_reported; });
       fleet.salts.forEach(function (s) { salts[s.cache_salt] = s; });
     }
     const timeout = fleet ? fleet.instance_timeout : null;
@@ -188,10 +197,14 @@
         const es = i.event_stream;
         const a = age[i.instance_id];
         const late = a !== undefined && timeout && a > timeout / 2;
+        // L1 figures come only from tier "l1" facts on POST /events, which
+        // lmcache-go servers do not send: without one, 0 means unknown.
+        const rep = l1[i.instance_id];
         return { id: i.instance_id, cells: [{ k: "instance_id", v: i.instance_id }, i.ip + ":" + i.http_port, { k: "mq_port", v: i.mq_port },
           new Date(i.registration_time * 1000).toISOString().replace("T", " ").slice(0, 19),
           { k: "last_heartbeat_time", v: i.last_heartbeat_time, text: a === undefined ? "?" : num(a, 1) + " s ago", cls: late ? "num bad" : "num" },
-          { k: "l1_used_bytes", v: i.l1_used_bytes, text: bytes(i.l1_used_bytes) }, { k: "l1_keys", v: i.l1_keys },
+          rep ? { k: "l1_used_bytes", v: i.l1_used_bytes, text: bytes(i.l1_used_bytes) } : { k: "l1_used_bytes", v: "", text: "not reported", cls: "dim" },
+          rep ? { k: "l1_keys", v: i.l1_keys } : { k: "l1_keys", v: "", text: "not reported", cls: "dim" },
           { k: "last_seq", v: es ? es.last_seq : "", text: es ? String(es.last_seq) : "none yet" },
           es ? (es.gap_detected ? { v: "gap", cls: "bad" } : { v: "ok", cls: "ok" }) : ""] };
       }));
@@ -227,7 +240,7 @@
         }));
       }
     }
-    loops(r[3]);
+    loops(r[3], r[6]);
     body = section("coord-metrics", "Pins, keys and eviction");
     const m = metricsOr(body, r[4]);
     if (!m) return;
@@ -248,12 +261,19 @@
   }
 
   async function server(now) {
-    const r = await Promise.allSettled([get("/status"), get("/config/adapters"), get("/quota"), get("/periodic-threads"), get("/metrics", true)]);
+    const r = await Promise.allSettled([get("/status"), get("/config/adapters"), get("/quota"), get("/periodic-threads"), get("/metrics", true), get("/periodic-threads-health")]);
     let body = section("engine", "Engine");
     const st = r[0].status === "fulfilled" ? r[0].value : null;
     if (!st) fail(body, "/status", r[0].reason);
     else {
       const sm = st.storage_manager || {}, l1 = sm.l1_manager || {}, ev = sm.l1_eviction_controller || {}, pf = sm.prefetch_controller || {};
+      // Models: the layouts in force (--register-model or a worker's) and
+      // the workers' cache contexts, as "name (world N)".
+      const models = {};
+      (st.model_layouts || []).concat(Object.values(st.cache_context_meta || {})).forEach(function (m) {
+        models[m.model_name + " (world " + m.world_size + ")"] = true;
+      });
+      const names = Object.keys(models).sort();
       facts(body, "engine-facts", [
         ["is_healthy", st.is_healthy, st.is_healthy ? "ok" : "unhealthy"],
         ["l1_used_bytes", l1.memory_used_bytes, bytes(l1.memory_used_bytes)],
@@ -264,7 +284,7 @@
         ["l2_adapters", sm.num_l2_adapters],
         ["active_prefetch_jobs", st.active_prefetch_jobs, st.active_prefetch_jobs + " of " + pf.max_in_flight],
         ["registered_gpu_ids", (st.registered_gpu_ids || []).length, (st.registered_gpu_ids || []).join(", ") || "none"],
-        ["models", Object.keys(st.cache_context_meta || {}).length, Object.keys(st.cache_context_meta || {}).join(", ") || "none"],
+        ["models", names.length, names.join(", ") || "none"],
         ["active_sessions", st.active_sessions],
       ]);
       body = section("controllers", "Controllers");
@@ -277,11 +297,14 @@
     if (r[1].status !== "fulfilled") fail(body, "/config/adapters", r[1].reason);
     else {
       const live = st && st.storage_manager ? st.storage_manager.l2_adapters || [] : [];
-      table(body, "adapters-table", ["#", "type", "tier", "primary", "health", "detail"], r[1].value.adapters.map(function (a) {
+      table(body, "adapters-table", ["#", "type", "tier", "primary", "health", "breaker", "detail"], r[1].value.adapters.map(function (a) {
         const s = live[a.index] || {};
-        const detail = Object.keys(s).filter(function (k) { return k !== "is_healthy" && typeof s[k] !== "object"; })
+        // Only adapters with a circuit breaker (S3) report breaker_state.
+        const b = s.breaker_state;
+        const detail = Object.keys(s).filter(function (k) { return k !== "is_healthy" && k !== "breaker_state" && typeof s[k] !== "object"; })
           .map(function (k) { return k + "=" + s[k]; }).join(" ");
-        return { id: String(a.index), cells: [a.index, a.type_name, a.tier, a.primary ? "yes" : "", "is_healthy" in s ? health(s.is_healthy) : "", detail] };
+        return { id: String(a.index), cells: [a.index, a.type_name, a.tier, a.primary ? "yes" : "", "is_healthy" in s ? health(s.is_healthy) : "",
+          b === undefined ? { k: "breaker_state", v: "", text: "no breaker", cls: "dim" } : { k: "breaker_state", v: b, cls: b === "closed" ? "ok" : "bad" }, detail] };
       }));
     }
     body = section("quota", "Quotas and usage");
@@ -290,7 +313,7 @@
       const u = r[2].value.users[k];
       return { id: k, cells: [k, { k: "limit_gb", v: u.limit_gb, text: num(u.limit_gb, 6) }, { k: "current_usage_gb", v: u.current_usage_gb, text: num(u.current_usage_gb, 6) }] };
     }));
-    loops(r[3]);
+    loops(r[3], r[5]);
     body = section("server-metrics", "Hits and throughput");
     const m = metricsOr(body, r[4]);
     if (!m) return;
