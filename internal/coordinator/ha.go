@@ -3,9 +3,11 @@ package coordinator
 // Active/standby coordinators on etcd (--ha-etcd-endpoints). Every
 // coordinator ingests events, so each ledger stays hot; one leads, elected
 // on an etcd lease (internal/leader). Only the leader runs the eviction loop,
-// the startup resync and the prefetch relay, and accepts intent writes
-// (quotas, the default limit, pins), which it commits to etcd before
-// answering (internal/coordinator/intentstore); every coordinator mirrors
+// the startup resync (over HTTP only: on Kafka the new leader's ledger is
+// the stream's, so it skips it; resyncOnStream) and the prefetch relay, and
+// accepts intent writes (quotas, the default limit, pins), which it commits
+// to etcd before answering (internal/coordinator/intentstore); every
+// coordinator mirrors
 // that intent through a watch (ha_intent.go). A standby answers
 // leader-only routes with 307 to the leader's advertised URL, or 503 with
 // a JSON body when no leader is known, stays live on /healthz and reports

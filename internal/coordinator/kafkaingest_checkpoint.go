@@ -29,9 +29,6 @@ type checkpointer struct {
 	restoredKeys, restoredStreams int
 	restoredFrom                  string // "" when cold
 	loadFailures                  int    // 1 when a bad artifact was moved aside
-	// resyncSkipped is 1 once startLoops left the startup resync out
-	// because this checkpoint was restored.
-	resyncSkipped atomic.Int64
 	// Updated by saves (the loop and the final save at stop).
 	saves, saveFailures atomic.Int64
 	lastDuration        atomic.Int64 // nanoseconds
@@ -125,7 +122,7 @@ func (s *Server) resyncSkippedForCheckpoint() bool {
 	if c == nil || c.restoredFrom == "" {
 		return false
 	}
-	c.resyncSkipped.Store(1)
+	s.resyncSkipped.Store(1)
 	s.log.Info("startup resync skipped: the ledger was restored from a checkpoint (keys, sizes and LRU order kept; remove the checkpoint to resync instead)", "path", c.restoredFrom, "keys", c.restoredKeys)
 	return true
 }
@@ -242,12 +239,19 @@ func (s *Server) ingestCollectors() []prometheus.Collector {
 	if s.kafka != nil {
 		out = append(out, s.kafkaCollectors()...)
 	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metricPrefix + name, Help: help}, f)
+	}
+	// Exported where a skip can happen: with a checkpoint, or in HA mode
+	// on Kafka.
+	if s.ckpt != nil || s.resyncOnStream() {
+		out = append(out, counter("startup_resync_skipped_total",
+			"Startup resyncs not run (0 or 1 per process): the ledger was restored from a checkpoint, or, in HA mode on Kafka, this coordinator came to lead with the ledger its own consumer group fed. ENABLE_STARTUP_RESYNC still applies to a cold start otherwise.",
+			func() float64 { return float64(s.resyncSkipped.Load()) }))
+	}
 	c := s.ckpt
 	if c == nil {
 		return out
-	}
-	counter := func(name, help string, f func() float64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metricPrefix + name, Help: help}, f)
 	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + name, Help: help}, f)
@@ -256,7 +260,6 @@ func (s *Server) ingestCollectors() []prometheus.Collector {
 		counter("checkpoint_saves_total", "Checkpoints written to --checkpoint-path.", func() float64 { return float64(c.saves.Load()) }),
 		counter("checkpoint_save_failures_total", "Checkpoint writes that failed (the previous artifact stays).", func() float64 { return float64(c.saveFailures.Load()) }),
 		counter("checkpoint_load_failures_total", "Checkpoints found unusable at startup (truncated, bad checksum, other version), moved aside; the coordinator started cold.", func() float64 { return float64(c.loadFailures) }),
-		counter("startup_resync_skipped_total", "Startup resyncs not run because the ledger was restored from a checkpoint (0 or 1 per process; ENABLE_STARTUP_RESYNC still applies to a cold start).", func() float64 { return float64(c.resyncSkipped.Load()) }),
 		gauge("checkpoint_restored_keys", "Ledger keys restored from the checkpoint at startup.", func() float64 { return float64(c.restoredKeys) }),
 		gauge("checkpoint_last_duration_seconds", "Time the last checkpoint took (capture under the ingest lock plus the write).", func() float64 { return time.Duration(c.lastDuration.Load()).Seconds() }),
 		gauge("checkpoint_last_size_bytes", "Payload size of the last checkpoint written.", func() float64 { return float64(c.lastSize.Load()) }),

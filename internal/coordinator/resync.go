@@ -31,7 +31,17 @@ func (s *Server) resyncLoop(ctx context.Context) func() {
 		if !s.mayLead() {
 			// The wait for a first server starts when this coordinator leads.
 			deadline = time.Now().Add(config.Seconds(s.cfg.ResyncMaxWait))
+			if s.resyncOnStream() {
+				return periodic.Summary{Message: "standby: on kafka this coordinator will not resync when it leads (its ledger is the stream's)"}, nil
+			}
 			return periodic.Summary{Message: "standby: resync runs once this coordinator leads"}, nil
+		}
+		if s.resyncOnStream() {
+			s.resyncSkipped.Store(1)
+			s.log.Info("startup resync skipped: leading in HA mode on kafka; this coordinator's own consumer group fed its ledger from the stream (keys, sizes and LRU order kept)",
+				"group_id", s.cfg.Ingest.KafkaGroupID, "keys", s.ledger.Stats().Keys)
+			done()
+			return periodic.Summary{Message: "skipped: leading on the kafka stream's ledger"}, nil
 		}
 		if inst, ok := s.reg.Random(); ok {
 			n := s.ResyncFrom(rctx, inst)
@@ -119,6 +129,17 @@ func parseResyncEntry(raw json.RawMessage) (ledger.Key, int64, bool) {
 	}
 	return lk, size, true
 }
+
+// resyncOnStream reports whether a coordinator that comes to lead skips the
+// startup resync because its ledger is the event stream's: in HA mode on
+// Kafka every coordinator, standbys included, consumes the whole topic in
+// its own consumer group, so the new leader's ledger already holds what a
+// listing would (and, from the stream, the fleet's LRU order, which a
+// resync would re-sort into listing order). Over HTTP an MP server reports
+// to whichever coordinator it reaches, so a standby's ledger is partial and
+// the new leader still resyncs. Newer upstream replays a durable stream
+// instead of scanning (ingest.md "Sources").
+func (s *Server) resyncOnStream() bool { return s.ha != nil && s.kafka != nil }
 
 // ResyncFrom pages through inst's GET /cache/objects and records every
 // well-formed entry; listing order becomes LRU order. It returns the number

@@ -16,6 +16,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
@@ -94,6 +95,10 @@ type Server struct {
 	// checkpointer (--checkpoint-path); nil when off (kafkaingest*.go).
 	kafka *kafkaIngest
 	ckpt  *checkpointer
+	// resyncSkipped is 1 once the startup resync was left out: a
+	// checkpoint was restored (resyncSkippedForCheckpoint) or, in HA mode
+	// on Kafka, this coordinator came to lead (resyncSkippedOnStream).
+	resyncSkipped atomic.Int64
 }
 
 // Option adjusts a Server.
