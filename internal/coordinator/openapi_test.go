@@ -67,7 +67,7 @@ func TestOpenAPIValidatesWithSchemas(t *testing.T) {
 			t.Errorf("%s: security %v, auth %v", key, secured, rt.Auth)
 		}
 	}
-	if public != 22 {
+	if public != 23 {
 		t.Errorf("%d public routes", public)
 	}
 	reg := doc.Paths.Value("/instances").Post.RequestBody.Value.Content.Get("application/json").Schema.Value

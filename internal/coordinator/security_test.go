@@ -39,14 +39,14 @@ func TestRouteAuthTable(t *testing.T) {
 	secured := startCoord(t, func(c *config.Config) { c.AuthToken = coordToken })
 	plain := startCoord(t, nil)
 	routes := secured.srv.Routes()
-	if len(routes) != 27 {
+	if len(routes) != 28 {
 		t.Fatalf("route table has %d routes", len(routes))
 	}
 	protected := 0
 	for _, rt := range routes {
 		path := routePath(rt.Path)
-		if rt.Auth != (rt.Method != "GET" || strings.HasPrefix(rt.Path, "/cache/prefetches/")) {
-			t.Errorf("%s %s: Auth=%v; every non-GET route and the prefetch relay must be protected, and only those", rt.Method, rt.Path, rt.Auth)
+		if rt.Auth != (rt.Method != "GET" || strings.HasPrefix(rt.Path, "/cache/prefetches/") || rt.Path == "/config") {
+			t.Errorf("%s %s: Auth=%v; every non-GET route, the prefetch relay and GET /config must be protected, and only those", rt.Method, rt.Path, rt.Auth)
 		}
 		// The same empty JSON object body for every case, so the only
 		// difference between the requests is the header.
@@ -78,8 +78,8 @@ func TestRouteAuthTable(t *testing.T) {
 			protected++
 		}
 	}
-	if protected != 12 {
-		t.Fatalf("%d protected routes, want 12", protected)
+	if protected != 13 {
+		t.Fatalf("%d protected routes, want 13", protected)
 	}
 	if strings.Contains(secured.logs.String(), coordToken) {
 		t.Fatal("a log line contains the auth token")
