@@ -5,7 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
@@ -202,5 +204,83 @@ func TestHAHTTPNewLeaderStillResyncs(t *testing.T) {
 	}
 	if _, raw := b.do("GET", "/metrics", nil); strings.Contains(string(raw), "startup_resync_skipped_total") {
 		t.Errorf("skip counter exported over HTTP without a checkpoint")
+	}
+}
+
+// TestHAKafkaRestartWithoutCheckpointReadsFromStart: an HA coordinator on
+// Kafka without --checkpoint-path never resyncs, so after a restart its
+// empty ledger can only learn what came before its group's committed
+// offset from the stream. A applies two records and stops cleanly, which
+// commits offset 2 for its group; B, in the same group with no checkpoint,
+// reads both records again (from the earliest retained offset) and holds
+// salt a's 6 MiB in the stream's LRU order, not an empty ledger.
+func TestHAKafkaRestartWithoutCheckpointReadsFromStart(t *testing.T) {
+	const topic, group = "lmcache-cache-events-ha-restart", "ha-restart-group"
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)
+	cl := etcdtest.Start(t, 3)
+	mp := newMP(t)
+	mp.pages = haResyncListing()
+	onKafka := func(cfg *config.Config) {
+		haResyncConfig(cfg)
+		cfg.Ingest.EventTransport, cfg.Ingest.KafkaBootstrapServers, cfg.Ingest.KafkaTopic = config.TransportKafka, strings.Join(kc.ListenAddrs(), ","), topic
+		cfg.Ingest.KafkaGroupID = group // explicit: kept as given, so A and B share it
+	}
+	sink, err := kafkaevents.NewSink(kafkaevents.SinkConfig{Brokers: kc.ListenAddrs(), Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	sizes := map[string]int64{"01": mib, "02": 2 * mib, "03": mib, "04": mib, "05": mib}
+	batch := func(seq int64, typ string, entries []kafkaevents.Entry) kafkaevents.Batch {
+		return kafkaevents.Batch{InstanceID: "mp-1", Incarnation: 1, Seq: seq, EventType: typ, Tier: kafkaevents.TierL2,
+			Backend: "fs", Entries: entries, TS: 1}
+	}
+	if err := sink.Publish(context.Background(), []kafkaevents.Batch{
+		batch(1, kafkaevents.EventStore, kafkaEntries(sizes, "01", "02", "03", "04", "05")),
+		batch(2, kafkaevents.EventAccess, kafkaEntries(map[string]int64{}, "02", "04")),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	a := startHA(t, cl.Endpoints, onKafka)
+	waitFor(t, "A applies both records", func() bool { return a.metric("lmcache_coordinator_kafka_records_applied_total") == 2 })
+	a.stop()
+	if err := a.wait(); err != nil {
+		t.Fatal(err)
+	}
+	// The precondition: the group's commit is past both records, so a
+	// start from the committed offset would read nothing.
+	kcl, err := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kcl.Close()
+	offs, err := kadm.NewClient(kcl).FetchOffsets(context.Background(), group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, ok := offs.Lookup(topic, 0); !ok || o.At != 2 {
+		t.Fatalf("group %s committed offset %+v (found %v), want 2", group, o, ok)
+	}
+
+	b := startHA(t, cl.Endpoints, onKafka)
+	mp.register(b, "mp-1")
+	waitFor(t, "B leads", func() bool { code, _ := b.readyz(); return code == 200 })
+	waitFor(t, "B re-reads both records", func() bool { return b.metric("lmcache_coordinator_kafka_records_applied_total") == 2 })
+	if got := b.usageBytes("a"); got != 6*mib {
+		t.Errorf("B's salt a usage %d, want %d (the stream's, read from the start)", got, 6*mib)
+	}
+	if got := lruVictims(t, b, mp, "a"); got != haResyncLRU {
+		t.Errorf("B's LRU order %s, want the stream's %s", got, haResyncLRU)
+	}
+	if n := mp.listCount(); n != 0 {
+		t.Errorf("the MP server's listing was read %d times, want 0", n)
 	}
 }

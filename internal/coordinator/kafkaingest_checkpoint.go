@@ -54,8 +54,11 @@ func (s *Server) setupIngest() error {
 		// With a checkpoint configured the stream position comes only
 		// from it: a partition it does not name is read from the earliest
 		// retained record, because the ledger holds nothing from it (the
-		// group's commit may be ahead of the state restored).
-		return s.newKafkaIngest(start, s.ckpt != nil)
+		// group's commit may be ahead of the state restored). An HA
+		// coordinator without one does the same for every partition: it
+		// never resyncs (resyncOnStream), so the stream is the only way
+		// its empty ledger learns what came before the group's commit.
+		return s.newKafkaIngest(start, s.ckpt != nil || s.ha != nil)
 	}
 	return nil
 }
