@@ -16,7 +16,6 @@ import (
 	"math"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,9 +110,9 @@ type Result struct {
 	LongLookupNewTailP50, LongLookupNewTailP99 time.Duration
 	// LongLookupWireP50/P99 are the wire's floor of the long lookups: two
 	// round trips of the same sizes on the same connection next to every
-	// long lookup, which the server answers with almost no work (a
-	// QUERY_PREFETCH_STATUS whose request id is as large as the encoded
-	// LOOKUP key, a map miss answered 0, then a NOOP). What a long lookup
+	// long lookup, which the server answers without work (a
+	// REPORT_BLOCK_ALLOCATION carrying a frame as large as the encoded
+	// LOOKUP key, acknowledged unread, then a NOOP). What a long lookup
 	// costs above it is the server's work; the floor itself is the
 	// machine's (thread wake-ups, loopback TCP, libzmq on both ends).
 	LongLookupWireP50, LongLookupWireP99 time.Duration
@@ -658,11 +657,11 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *co
 		u32[i] = uint32(t)
 	}
 	// The wire floor's first request carries a frame as large as the
-	// LOOKUP's key (request ids differ by a few bytes, which is noise): a
-	// request id no job has, which the server answers 0 after a map miss.
-	keyLen := len(wire.Marshal(mkKey(o.Model, -1, tokens, 0, end, fmt.Sprintf("bench-long-%d-0", runID))))
-	floorID := fmt.Sprintf("bench-wire-floor-%d-", runID)
-	floorID += strings.Repeat("w", max(0, keyLen-5-len(floorID))) // 5: the str32 header
+	// LOOKUP's key (request ids differ by a few bytes, which is noise):
+	// REPORT_BLOCK_ALLOCATION with one payload frame, which the server
+	// acknowledges without reading it (only a three-frame report carries
+	// records, and those are observability only).
+	floorFrame := make([]byte, len(wire.Marshal(mkKey(o.Model, -1, tokens, 0, end, fmt.Sprintf("bench-long-%d-0", runID)))))
 	t := &longLookupTimes{}
 	for i := range o.LookupSamples {
 		if ctx.Err() != nil {
@@ -673,7 +672,7 @@ func longLookups(ctx context.Context, o Options, runID int64, chunk int, cnt *co
 		hasher.ChunkHashesU32(u32)
 		t.hash = append(t.hash, time.Since(t0))
 		t0 = time.Now()
-		if _, _, err := c.QueryPrefetchStatus(floorID); err != nil {
+		if _, err := c.Call(wire.OpReportBlockAllocation, floorFrame); err != nil {
 			return nil, fmt.Errorf("wire floor: %w", err)
 		}
 		if _, err := c.Noop(); err != nil {
