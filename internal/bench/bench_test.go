@@ -25,6 +25,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/bench"
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/logtest"
 	"github.com/lmcache-go/lmcache/internal/mq"
 )
 
@@ -40,7 +41,7 @@ func serve(t *testing.T, l1 int64, chunk int) (endpoint, shmDir string) {
 	}
 	// Every request the bench sends is well formed, so the data path has
 	// nothing to warn about (a refused request would be logged).
-	warnings := &lockedBuffer{}
+	warnings := &logtest.Buffer{}
 	t.Cleanup(func() {
 		if w := warnings.String(); w != "" {
 			t.Errorf("the data path warned during the bench:\n%s", w)
@@ -58,25 +59,6 @@ func serve(t *testing.T, l1 int64, chunk int) (endpoint, shmDir string) {
 	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait(); _ = eng.Close() })
 	return srv.Endpoint(), dir
-}
-
-// lockedBuffer is a bytes.Buffer that handlers on several goroutines may
-// write to.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func TestBenchSmall(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
+	"github.com/lmcache-go/lmcache/internal/logtest"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
@@ -480,30 +481,12 @@ func TestAuthTokenSentToCoordinator(t *testing.T) {
 	}
 }
 
-// lockedBuf is a log sink safe for the client's goroutines.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestURLPasswordNeverLogged: a coordinator URL with userinfo is logged
 // with the password masked, on success and on failure.
 func TestURLPasswordNeverLogged(t *testing.T) {
 	ln := listen(t)
 	base := coordtest.Start(t, ln, nil)
-	var logs lockedBuf
+	var logs logtest.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	withPass := strings.Replace(base, "http://", "http://ops:pw-s3cret@", 1)
 	c, err := coordclient.New(coordclient.Config{URL: withPass, HTTPPort: 8080, InstanceID: "mp-u", HeartbeatInterval: 20 * time.Millisecond, Logger: logger})

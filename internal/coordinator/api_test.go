@@ -225,8 +225,8 @@ func TestStateFileCorruptMovedAside(t *testing.T) {
 	if b, err := os.ReadFile(aside[0]); err != nil || string(b) != "{not json" {
 		t.Fatalf("moved-aside content %q (%v)", b, err)
 	}
-	if !c.logs.has("level=ERROR") || !c.logs.has("state file is corrupt") || !c.logs.has(aside[0]) {
-		t.Fatalf("no ERROR line naming %s:\n%s", aside[0], c.logs.buf.String())
+	if !c.logs.Has("level=ERROR") || !c.logs.Has("state file is corrupt") || !c.logs.Has(aside[0]) {
+		t.Fatalf("no ERROR line naming %s:\n%s", aside[0], c.logs.String())
 	}
 	if _, raw := c.do("GET", "/healthz", nil); string(raw) != `{"state_file_corrupt":true,"status":"healthy"}` {
 		t.Fatalf("healthz = %s", raw)

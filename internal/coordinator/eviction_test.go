@@ -294,7 +294,7 @@ func TestEvictionNotOKIsAFailure(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
-	if !c.logs.has("server answered ok=false") {
+	if !c.logs.Has("server answered ok=false") {
 		t.Fatalf("no log line for ok=false:\n%s", c.logs.String())
 	}
 }

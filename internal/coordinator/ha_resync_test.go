@@ -49,6 +49,32 @@ func kafkaEntries(sizes map[string]int64, hashes ...string) []kafkaevents.Entry 
 	return out
 }
 
+// publishHAResyncRecords publishes mp-1's two records of salt a to topic:
+// the stores of 01 to 05 (6 MiB) and the accesses of 02 and 04, which make
+// haResyncLRU its LRU order.
+func publishHAResyncRecords(t *testing.T, kc *kfake.Cluster, topic string) {
+	t.Helper()
+	sink, err := kafkaevents.NewSink(kafkaevents.SinkConfig{Brokers: kc.ListenAddrs(), Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	sizes := map[string]int64{"01": mib, "02": 2 * mib, "03": mib, "04": mib, "05": mib}
+	batch := func(seq int64, typ string, entries []kafkaevents.Entry) kafkaevents.Batch {
+		return kafkaevents.Batch{InstanceID: "mp-1", Incarnation: 1, Seq: seq, EventType: typ, Tier: kafkaevents.TierL2,
+			Backend: "fs", Entries: entries, TS: 1}
+	}
+	if err := sink.Publish(context.Background(), []kafkaevents.Batch{
+		batch(1, kafkaevents.EventStore, kafkaEntries(sizes, "01", "02", "03", "04", "05")),
+		batch(2, kafkaevents.EventAccess, kafkaEntries(map[string]int64{}, "02", "04")),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestHAKafkaNewLeaderSkipsResync: two HA coordinators on a real etcd
 // cluster consume one Kafka topic (kfake), each in its own group, with the
 // startup resync on. The leader skips its resync (it leads on the stream's
@@ -82,25 +108,7 @@ func TestHAKafkaNewLeaderSkipsResync(t *testing.T) {
 	mp.register(a, "mp-1")
 	mp.register(b, "mp-1")
 
-	sink, err := kafkaevents.NewSink(kafkaevents.SinkConfig{Brokers: kc.ListenAddrs(), Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
-	sizes := map[string]int64{"01": mib, "02": 2 * mib, "03": mib, "04": mib, "05": mib}
-	batch := func(seq int64, typ string, entries []kafkaevents.Entry) kafkaevents.Batch {
-		return kafkaevents.Batch{InstanceID: "mp-1", Incarnation: 1, Seq: seq, EventType: typ, Tier: kafkaevents.TierL2,
-			Backend: "fs", Entries: entries, TS: 1}
-	}
-	if err := sink.Publish(context.Background(), []kafkaevents.Batch{
-		batch(1, kafkaevents.EventStore, kafkaEntries(sizes, "01", "02", "03", "04", "05")),
-		batch(2, kafkaevents.EventAccess, kafkaEntries(map[string]int64{}, "02", "04")),
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := sink.Flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	publishHAResyncRecords(t, kc, topic)
 	for _, c := range []*coord{a, b} {
 		waitFor(t, c.base+" applies both records", func() bool {
 			return c.metric("lmcache_coordinator_kafka_records_applied_total") == 2
@@ -127,7 +135,7 @@ func TestHAKafkaNewLeaderSkipsResync(t *testing.T) {
 	if th := resyncThread(b); !strings.Contains(th, "skipped: leading on the kafka stream's ledger") {
 		t.Errorf("B's resync thread: %s", th)
 	}
-	if !b.logs.has(`msg="startup resync skipped: leading in HA mode on kafka`) || !b.logs.has("keys=5") {
+	if !b.logs.Has(`msg="startup resync skipped: leading in HA mode on kafka`) || !b.logs.Has("keys=5") {
 		t.Errorf("no INFO line about B's skipped resync:\n%s", b.logs.String())
 	}
 	if got := b.metric("lmcache_coordinator_resync_keys_total"); got != 0 {
@@ -198,7 +206,7 @@ func TestHAHTTPNewLeaderStillResyncs(t *testing.T) {
 		t.Errorf("B's LRU order after its resync %s, want the listing order", got)
 	}
 	for _, c := range []*coord{a, b} {
-		if c.logs.has("startup resync skipped") {
+		if c.logs.Has("startup resync skipped") {
 			t.Errorf("%s logged a skipped resync over HTTP", c.base)
 		}
 	}
@@ -229,25 +237,7 @@ func TestHAKafkaRestartWithoutCheckpointReadsFromStart(t *testing.T) {
 		cfg.Ingest.EventTransport, cfg.Ingest.KafkaBootstrapServers, cfg.Ingest.KafkaTopic = config.TransportKafka, strings.Join(kc.ListenAddrs(), ","), topic
 		cfg.Ingest.KafkaGroupID = group // explicit: kept as given, so A and B share it
 	}
-	sink, err := kafkaevents.NewSink(kafkaevents.SinkConfig{Brokers: kc.ListenAddrs(), Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
-	sizes := map[string]int64{"01": mib, "02": 2 * mib, "03": mib, "04": mib, "05": mib}
-	batch := func(seq int64, typ string, entries []kafkaevents.Entry) kafkaevents.Batch {
-		return kafkaevents.Batch{InstanceID: "mp-1", Incarnation: 1, Seq: seq, EventType: typ, Tier: kafkaevents.TierL2,
-			Backend: "fs", Entries: entries, TS: 1}
-	}
-	if err := sink.Publish(context.Background(), []kafkaevents.Batch{
-		batch(1, kafkaevents.EventStore, kafkaEntries(sizes, "01", "02", "03", "04", "05")),
-		batch(2, kafkaevents.EventAccess, kafkaEntries(map[string]int64{}, "02", "04")),
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := sink.Flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	publishHAResyncRecords(t, kc, topic)
 
 	a := startHA(t, cl.Endpoints, onKafka)
 	waitFor(t, "A applies both records", func() bool { return a.metric("lmcache_coordinator_kafka_records_applied_total") == 2 })

@@ -15,6 +15,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 	"github.com/lmcache-go/lmcache/internal/etcdtest"
+	"github.com/lmcache-go/lmcache/internal/logtest"
 )
 
 // startHA runs a coordinator in HA mode on a listener opened first, so its
@@ -33,7 +34,7 @@ func startHA(t *testing.T, endpoints []string, mutate func(*config.Config)) *coo
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	logs := &logBuffer{}
+	logs := &logtest.Buffer{}
 	srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +172,7 @@ func TestHAStandbyRedirectsAndFailover(t *testing.T) {
 	if n := mp.listCount(); n != 1 {
 		t.Fatalf("%d resync listings before failover, want the leader's 1", n)
 	}
-	if !a.logs.has("fence_revision=" + strconv.Itoa(int(revA))) {
+	if !a.logs.Has("fence_revision=" + strconv.Itoa(int(revA))) {
 		t.Errorf("A's dispatch log lacks fence_revision=%d", int(revA))
 	}
 	if got := a.metric("lmcache_coordinator_eviction_dispatch_fence_revision"); got != revA {
@@ -205,7 +206,7 @@ func TestHAStandbyRedirectsAndFailover(t *testing.T) {
 	if got := b.metric("lmcache_coordinator_eviction_dispatch_fence_revision"); got != revB {
 		t.Errorf("B fence gauge %v, want %v", got, revB)
 	}
-	if !b.logs.has("fence_revision=" + strconv.Itoa(int(revB))) {
+	if !b.logs.Has("fence_revision=" + strconv.Itoa(int(revB))) {
 		t.Errorf("B's dispatch log lacks fence_revision=%d", int(revB))
 	}
 	if got := b.metric("lmcache_coordinator_leader_elections_total"); got != 1 {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/logtest"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -32,37 +33,13 @@ type coord struct {
 	srv    *coordinator.Server
 	base   string
 	client *http.Client
-	logs   *logBuffer
+	logs   *logtest.Buffer
 	// token is the Authorization header do sends ("Bearer <AuthToken>"
 	// when the config has one).
 	token string
 	// stop cancels Run; wait returns Run's result (once stopped).
 	stop func()
 	wait func() error
-}
-
-// logBuffer collects a coordinator's log lines so a test can wait for one.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) has(s string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Contains(b.buf.String(), s)
 }
 
 // testConfig is the upstream API-test configuration: loops off, chunk 4.
@@ -83,7 +60,7 @@ func startCoord(t testing.TB, mutate func(*config.Config)) *coord {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	logs := &logBuffer{}
+	logs := &logtest.Buffer{}
 	srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +91,7 @@ func serveOn(t testing.TB, srv *coordinator.Server, ln net.Listener) *coord {
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, ln) }()
 	c := &coord{t: t, srv: srv, base: "http://" + ln.Addr().String(), client: &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second},
-		logs: &logBuffer{}, stop: cancel}
+		logs: &logtest.Buffer{}, stop: cancel}
 	c.wait = sync.OnceValue(func() error { return <-done })
 	t.Cleanup(func() {
 		cancel()

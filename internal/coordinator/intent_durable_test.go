@@ -45,7 +45,7 @@ func TestIntentWriteFailureAnswers500AndChangesNothing(t *testing.T) {
 	if d := c.must("GET", "/quota/config", nil, 200); d["default_limit_gb"] != nil {
 		t.Errorf("default limit after the failed write: %v, want null", d)
 	}
-	if !c.logs.has("writing state file failed; change undone") {
+	if !c.logs.Has("writing state file failed; change undone") {
 		t.Errorf("no log line about the undone change:\n%s", c.logs.String())
 	}
 }

@@ -100,7 +100,7 @@ func TestCheckpointBadArtifactMovedAside(t *testing.T) {
 			}
 			metric(t, c, "lmcache_coordinator_checkpoint_load_failures_total 1")
 			metric(t, c, "lmcache_coordinator_tracked_keys 0")
-			if !c.logs.has("level=ERROR msg=\"CHECKPOINT UNUSABLE") {
+			if !c.logs.Has("level=ERROR msg=\"CHECKPOINT UNUSABLE") {
 				t.Errorf("no ERROR line about the bad checkpoint:\n%s", c.logs.String())
 			}
 			aside, _ := filepath.Glob(path + ".corrupt-*")

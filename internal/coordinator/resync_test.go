@@ -44,7 +44,7 @@ func TestStartupResyncPaginates(t *testing.T) {
 		{entries: []any{entry("04", "q", 60)}, next: nil},
 	}
 	c := startCoord(t, resyncConfig(2))
-	waitFor(t, "the resync to poll an empty registry", func() bool { return c.logs.has("startup resync waiting for the first MP server") })
+	waitFor(t, "the resync to poll an empty registry", func() bool { return c.logs.Has("startup resync waiting for the first MP server") })
 	mp.register(c, "mp-1")
 	waitFor(t, "resync to finish", func() bool {
 		_, raw := c.do("GET", "/metrics", nil)
@@ -109,7 +109,7 @@ func TestStartupResyncStopsOnRepeatedToken(t *testing.T) {
 	}
 	c := startCoord(t, resyncConfig(1000))
 	mp.register(c, "mp-1")
-	waitFor(t, "the resync to finish", func() bool { return c.logs.has("startup resync finished") })
+	waitFor(t, "the resync to finish", func() bool { return c.logs.Has("startup resync finished") })
 	if q := strings.Join(mp.queries(), " "); q != "page_size=1000 page_size=1000&page_token=T1" {
 		t.Fatalf("queries %s", q)
 	}
@@ -142,7 +142,7 @@ func TestStartupResyncDisabledOrGivesUp(t *testing.T) {
 			cfg.EnableStartupResync = true
 			cfg.ResyncMaxWait = 0
 		})
-		waitFor(t, "the resync to give up", func() bool { return c.logs.has("startup resync giving up") })
+		waitFor(t, "the resync to give up", func() bool { return c.logs.Has("startup resync giving up") })
 		mp.register(c, "mp-1")
 		if q := mp.queries(); len(q) != 0 {
 			t.Fatalf("listed after giving up: %v", q)
@@ -169,7 +169,7 @@ func TestStartupResyncDisabledOrGivesUp(t *testing.T) {
 		if err := c.wait(); err != nil {
 			t.Fatal(err)
 		}
-		if q := mp.queries(); len(q) != 0 || c.logs.has("startup resync") {
+		if q := mp.queries(); len(q) != 0 || c.logs.Has("startup resync") {
 			t.Fatalf("listed with the resync disabled: %v", q)
 		}
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
+	"github.com/lmcache-go/lmcache/internal/logtest"
 )
 
 const (
@@ -180,7 +181,7 @@ func TestNoAuthWarnsOffLoopback(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig()
 			cfg.AuthToken = tc.token
-			logs := &logBuffer{}
+			logs := &logtest.Buffer{}
 			srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 			if err != nil {
 				t.Fatal(err)
@@ -196,7 +197,7 @@ func TestNoAuthWarnsOffLoopback(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- srv.Run(ctx, ln) }()
-			waitFor(t, "listening line", func() bool { return logs.has("MP coordinator listening") })
+			waitFor(t, "listening line", func() bool { return logs.Has("MP coordinator listening") })
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatal(err)
@@ -283,7 +284,7 @@ func TestEchoedTokenIsScrubbed(t *testing.T) {
 	if code != 502 || strings.Contains(string(raw), mpToken) || !strings.Contains(string(raw), "bad header Bearer ***") {
 		t.Fatalf("502 body: %d %s", code, raw)
 	}
-	if !c.logs.has("prefetch submit failed") || strings.Contains(c.logs.String(), mpToken) {
+	if !c.logs.Has("prefetch submit failed") || strings.Contains(c.logs.String(), mpToken) {
 		t.Fatalf("log:\n%s", c.logs.String())
 	}
 }

@@ -82,7 +82,7 @@ func TestWarmRestartKeepsLRUOrderWithResyncOn(t *testing.T) {
 	}
 	metric(t, b, "lmcache_coordinator_startup_resync_skipped_total 1")
 	metric(t, b, "lmcache_coordinator_checkpoint_restored_keys 6")
-	if !b.logs.has(`msg="startup resync skipped: the ledger was restored from a checkpoint`) {
+	if !b.logs.Has(`msg="startup resync skipped: the ledger was restored from a checkpoint`) {
 		t.Errorf("no log line about the skipped resync:\n%s", b.logs.String())
 	}
 	if got := b.usageBytes("a"); got != 6*mib {
@@ -187,7 +187,7 @@ func TestHAKafkaGroupPerCoordinator(t *testing.T) {
 		if got := c.srv.KafkaGroupID(); got != want {
 			t.Errorf("%s: group %q, want %q", c.base, got, want)
 		}
-		if !c.logs.has("group_id=" + want) {
+		if !c.logs.Has("group_id=" + want) {
 			t.Errorf("%s: no log line naming group %s:\n%s", c.base, want, c.logs.String())
 		}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/logtest"
 	"github.com/lmcache-go/lmcache/internal/mq"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/wire"
@@ -35,31 +36,13 @@ const (
 	testObj    = 2 * testLayers * testChunk * testHidden * 2
 )
 
-// logBuf collects log lines for assertions.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 type harness struct {
 	t        testing.TB
 	srv      *mq.Server
 	eng      *engine.Engine
 	endpoint string
 	shmDir   string
-	logs     *logBuf
+	logs     *logtest.Buffer
 	// clientOpts are the options worker dials with (default: gen3).
 	clientOpts mqclient.Options
 	// stop ends the server's Run and waits for it (idempotent).
@@ -77,7 +60,7 @@ type opts struct {
 
 func start(t testing.TB, o opts) *harness {
 	t.Helper()
-	logs := &logBuf{}
+	logs := &logtest.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ecfg := engine.Config{L1SizeBytes: 4 << 20, ShmName: fmt.Sprintf("mqtest_%d_%d", os.Getpid(), shmSeq.Add(1)), ShmDir: t.TempDir()}
 	if o.realShm {
