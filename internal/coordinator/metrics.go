@@ -102,6 +102,7 @@ func newMetrics(s *Server) *metrics {
 			func() float64 { return float64(s.ledger.Stats().PinnedKeys) }),
 		&saltCollector{s: s, top: s.cfg.MetricsTopSalts,
 			desc: prometheus.NewDesc(metricPrefix+"salt_usage_bytes", "Tracked L2 bytes of the salts with the most usage (top N by --metrics-top-salts).", []string{"cache_salt"}, nil)},
+		newThresholdCollector(s),
 	)
 	reg.MustRegister(s.haCollectors()...)
 	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})

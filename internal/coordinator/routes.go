@@ -21,7 +21,6 @@ func (s *Server) routeTable() []route {
 	ui := webui.New(webui.Coordinator)
 	pf := newPrefetchTracker() // the console's view of relayed prefetches (console.go)
 	loops := httproute.Periodic(s.loops, ErrUnknownThread)
-	metricsH := s.metricsHandler() // the registry plus the eviction thresholds (saltwatermark.go)
 	rts := []route{
 		{Method: "POST", Path: "/instances", Tag: "instances", Summary: "Register (or re-register) an MP server", Request: RegisterRequest{},
 			Statuses: map[int]string{200: "Registered", 422: v}, Response: RegisterResponse{}, Handle: s.handleRegister},
@@ -58,10 +57,7 @@ func (s *Server) routeTable() []route {
 		{Method: "DELETE", Path: "/cache/pins", Tag: "cache", Summary: "Unpin a token sequence's keys", Request: PinRequest{},
 			Statuses: map[int]string{200: "Unpinned", 400: "Token cap, bad salt/model or token out of range", 422: v}, Response: pinResponse{}, Handle: s.handleUnpin},
 		{Method: "GET", Path: "/metrics", Tag: "observability", Summary: "Prometheus metrics",
-			Statuses: map[int]string{200: "Prometheus text format"}, Produces: httproute.Text, Handle: func(w http.ResponseWriter, r *http.Request) error {
-				metricsH.ServeHTTP(w, r)
-				return nil
-			}},
+			Statuses: map[int]string{200: "Prometheus text format"}, Produces: httproute.Text, Handle: s.handleMetrics},
 		{Method: "GET", Path: "/openapi.json", Tag: "observability", Summary: "This OpenAPI document",
 			Statuses: map[int]string{200: "OpenAPI 3 document"}, Response: map[string]any{}, Handle: s.handleOpenAPI},
 		{Method: "GET", Path: "/periodic-threads", Tag: "observability", Summary: "Background loops with summary counts", Query: httproute.PeriodicQuery(),
@@ -132,4 +128,9 @@ func (s *Server) buildTable() (*httproute.Table, error) {
 
 func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
 	return s.table.ServeOpenAPI(w, r)
+}
+
+func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
+	s.metrics.handler.ServeHTTP(w, r)
+	return nil
 }

@@ -1,11 +1,9 @@
 package coordinator
 
 import (
-	"net/http"
 	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // thresholdCollector exports, for the salts lmcache_coordinator_salt_usage_bytes
@@ -55,14 +53,4 @@ func (c *thresholdCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, c.s.cfg.TriggerWatermark*float64(lim), salt)
 		}
 	}
-}
-
-// metricsHandler serves GET /metrics: the coordinator's registry and the
-// eviction thresholds. (The thresholds are gathered beside the registry
-// here because the registry is filled in New; registering the collector
-// there would let this be s.metrics.handler again.)
-func (s *Server) metricsHandler() http.Handler {
-	extra := prometheus.NewRegistry()
-	extra.MustRegister(newThresholdCollector(s))
-	return promhttp.HandlerFor(prometheus.Gatherers{s.metrics.reg, extra}, promhttp.HandlerOpts{})
 }
