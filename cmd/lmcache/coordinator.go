@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 
 	"github.com/lmcache-go/lmcache/internal/buildinfo"
 	"github.com/lmcache-go/lmcache/internal/coordinator"
@@ -38,11 +39,20 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	log := newLogger(format, cfg.LogLevel, stderr)
 	log.Debug("coordinator configuration sources", "sources", sources)
+	var counted atomic.Pointer[coordinator.Server]
 	// Every HTTP request is a span once a provider is active: the server
 	// is built by httplimit.NewServer, whose handler is tracing's wrapper.
 	tr, err := tracing.Start(ctx, tracing.Config{
 		Enabled: cfg.Tracing.Enabled, Endpoint: cfg.Tracing.Endpoint, Level: cfg.Tracing.Level,
 		ServiceName: "lmcache-mp-coordinator", ServiceVersion: buildinfo.Labels()["version"],
+		// Lost spans are counted on the coordinator's /metrics; the
+		// coordinator exists only after tracing started, and no span can
+		// be lost before it serves a request.
+		Dropped: func(reason string, n int) {
+			if s := counted.Load(); s != nil {
+				s.CountDroppedSpans(reason, n)
+			}
+		},
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)
@@ -54,6 +64,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)
 		return 1
 	}
+	counted.Store(srv)
 	ln, err := net.Listen("tcp", cfg.Addr())
 	if err != nil {
 		fmt.Fprintf(stderr, "lmcache coordinator: listen %s: %v\n", cfg.Addr(), err)

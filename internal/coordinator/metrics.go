@@ -41,6 +41,7 @@ type metrics struct {
 	gateFences     prometheus.Counter
 	l1FactsFenced  prometheus.Counter
 	l1FactsDropped prometheus.Counter
+	spansDropped   *prometheus.CounterVec
 	handler        http.Handler
 	// reg is the private registry, for collectors other files add.
 	reg *prometheus.Registry
@@ -69,6 +70,9 @@ func newMetrics(s *Server) *metrics {
 	m.gateFences = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_gate_fences_total", Help: "POST /events incarnation changes: the emitter restarted and the L1 facts of its previous incarnation were dropped (L2 facts kept)."})
 	m.l1FactsFenced = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "l1_facts_fenced_total", Help: "L1 key facts dropped because their emitter's incarnation changed."})
 	m.l1FactsDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "l1_facts_dropped_total", Help: "L1 store facts from POST /events not recorded because the L1 view was full (1,000,000 keys)."})
+	m.spansDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "trace_spans_dropped_total", Help: "OpenTelemetry spans lost (--enable-tracing), by reason: export_failed (the OTLP collector refused them or could not be reached)."}, []string{"reason"})
+	m.spansDropped.WithLabelValues("export_failed")
+	reg.MustRegister(m.spansDropped)
 	for _, door := range []string{doorEvents, doorQuotaEvents} {
 		m.gateGaps.WithLabelValues(door)
 		for _, r := range []string{"admitted", "duplicate", "stale", "replay_applied"} {
@@ -144,4 +148,10 @@ func (c *saltCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range rows {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(r.bytes), r.salt)
 	}
+}
+
+// CountDroppedSpans counts n spans the OTLP exporter lost for reason in
+// lmcache_coordinator_trace_spans_dropped_total (tracing.Config.Dropped).
+func (s *Server) CountDroppedSpans(reason string, n int) {
+	s.metrics.spansDropped.WithLabelValues(reason).Add(float64(n))
 }

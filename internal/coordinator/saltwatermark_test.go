@@ -41,3 +41,14 @@ func TestSaltEvictionThresholdMetric(t *testing.T) {
 		t.Errorf("after a default limit of 2 GB, want c at 1073741824 too:\n%s", text)
 	}
 }
+
+// TestDroppedSpansCounted: spans the OTLP exporter lost (tracing.Config.Dropped,
+// wired to CountDroppedSpans by `lmcache coordinator`) show on /metrics; the
+// export_failed series exists at 0 before any loss.
+func TestDroppedSpansCounted(t *testing.T) {
+	c := startCoord(t, nil)
+	metric(t, c, `lmcache_coordinator_trace_spans_dropped_total{reason="export_failed"} 0`)
+	c.srv.CountDroppedSpans("export_failed", 3)
+	c.srv.CountDroppedSpans("export_failed", 4)
+	metric(t, c, `lmcache_coordinator_trace_spans_dropped_total{reason="export_failed"} 7`)
+}
