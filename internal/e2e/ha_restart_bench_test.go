@@ -110,7 +110,10 @@ func (s *restartStream) publish(tb testing.TB, first, n int, typ string) {
 	}
 }
 
-func (s *restartStream) store(tb testing.TB, n int) { s.publish(tb, s.next, n, kafkaevents.EventStore); s.next += n }
+func (s *restartStream) store(tb testing.TB, n int) {
+	s.publish(tb, s.next, n, kafkaevents.EventStore)
+	s.next += n
+}
 
 func (s *restartStream) del(tb testing.TB, n int) {
 	s.publish(tb, s.deleted, n, kafkaevents.EventDelete)
