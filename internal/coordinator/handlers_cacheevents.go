@@ -34,6 +34,9 @@ type cacheBatch struct {
 	instance           string
 	incarnation, seq   int64
 	typ, tier, backend string
+	// ts is the batch's wall-clock time (0 when absent: such batches take
+	// no part in the tombstone checks, see tombstones.go).
+	ts float64
 	// events holds the entries as ledger events (Op from typ); l1 and
 	// config batches keep them too (config batches have none).
 	events []ledger.Event
@@ -164,6 +167,7 @@ func decodeCacheBatch(i int, item any) (cacheBatch, error) {
 	case ts < 0:
 		return cacheBatch{}, invalid(postInit(loc, m, "ts must be >= 0 (got %v)", ts))
 	}
+	b.ts = ts
 	b.events = make([]ledger.Event, 0, len(list))
 	for j, e := range list {
 		ev, err := decodeCacheEntry(i, j, e, op)
@@ -256,8 +260,31 @@ func (s *Server) applyCacheBatch(b *cacheBatch) {
 		return
 	}
 	if b.tier == "l2" {
-		c := s.ledger.Apply(b.events)
 		m := s.metrics
+		events, tsOK := b.events, m.tombs.usable(b.ts)
+		if tsOK && b.typ == "store" {
+			var n int
+			events, n = m.tombs.stored(events, b.ts)
+			m.superseded.Add(float64(n))
+		}
+		// A delete batch that removed fewer keys than it names deleted
+		// some the ledger does not hold (yet): tombstone its keys. Which
+		// ones missed is not known, so all are; a tombstone of a key that
+		// was held only refuses stores older than this delete, which this
+		// delete undid anyway. The key count is read around Apply under
+		// the gate's lock: other ingest waits, and the resync only adds
+		// keys, which can only make more tombstones, never fewer.
+		// POST /quota/events applies beside the gate, so its deletes in
+		// the same instant could hide a miss (that batch is then as
+		// before this check).
+		before := -1
+		if tsOK && b.typ == "delete" && len(events) > 0 {
+			before = s.ledger.Stats().Keys
+		}
+		c := s.ledger.Apply(events)
+		if before >= 0 && before-s.ledger.Stats().Keys < len(events) {
+			m.tombs.deleted(events, b.ts)
+		}
 		m.eventBatches.Inc()
 		m.storeEvents.Add(float64(c.Store))
 		m.lookupEvents.Add(float64(c.Lookup))

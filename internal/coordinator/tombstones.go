@@ -1,0 +1,200 @@
+package coordinator
+
+import (
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
+)
+
+// Tombstones: deletes that arrived before the store they undo.
+//
+// The cache-event stream has no order across emitters: Kafka records are
+// keyed (partitioned) by instance_id, and over HTTP each server posts on
+// its own. With a shared L2 bucket the eviction loop sends DELETE
+// /cache/objects to a random server, so a key stored by instance A is
+// often deleted by instance B. A coordinator that replays the stream (no
+// checkpoint, a new group, a standby catching up) can read B's delete
+// before A's store: the delete of a key the ledger does not hold changes
+// nothing, the store then adds the key, and the ledger keeps an object that
+// no longer exists (usage overcounted, and no delete event will ever come
+// again to clear it).
+//
+// So a delete batch that carries ts (POST /events and Kafka records; the
+// spec-era POST /quota/events has none and is unaffected) and removed fewer
+// keys than it names leaves a tombstone per key: the newest delete ts seen
+// for it. A later store batch of that key with ts <= the tombstone's is
+// not applied (superseded: the delete happened after it); one with a newer
+// ts is a real re-store, applied, and clears the tombstone.
+//
+// Why comparing ts across emitters is safe enough: ts is each emitter's
+// wall clock. A store reordered behind its delete really happened before
+// it, so with clocks closer than the store-to-delete interval (seconds to
+// hours: a key is evicted only after the coordinator has seen it, and only
+// once it is among its salt's least recently used) its ts is older and it
+// is dropped, as it should be. Where the skew is larger than that interval
+// the store looks newer and is applied: today's behaviour, never worse. The
+// one way to lose a real store is a deleter clock ahead of the re-storer's
+// by more than the delete-to-re-store interval while that re-store is
+// read after the delete; the key is then missing from the ledger (usage
+// undercounted) until it is stored again or a resync lists it.
+//
+// The set is bounded: at most tombstoneMax keys (the oldest dropped first)
+// and none older than tombstoneTTL of event time (the newest ts seen), so
+// a replay that never brings the store (it fell out of the topic's
+// retention) cannot grow it forever. A store arriving after its tombstone
+// was dropped is applied, as before this set existed. Batches whose ts is
+// further than tombstoneTTL ahead of this coordinator's clock take no part
+// (a broken emitter clock must not pin a tombstone or expire them all).
+//
+// The set is not in the checkpoint: a delete read before a checkpoint whose
+// (older) store is read after it, on a partition that lagged at the
+// checkpoint, is applied after a restart from that checkpoint.
+const (
+	tombstoneMax = 1_000_000
+	tombstoneTTL = 3600.0 // seconds of event time
+)
+
+// tombstone is one deleted key, in a list ordered by last update (head
+// oldest).
+type tombstone struct {
+	key        ledger.Key
+	ts         float64
+	prev, next *tombstone
+}
+
+// tombstones is the bounded set. Its methods take mu; in practice they
+// run under the event gate's lock already, so mu is never contended.
+type tombstones struct {
+	mu         sync.Mutex
+	m          map[ledger.Key]*tombstone
+	head, tail *tombstone
+	// newest is the event-time high-water mark: the largest ts observed.
+	newest float64
+	max    int
+	ttl    float64
+	now    func() time.Time
+	// dropped counts tombstones dropped by reason (for metrics).
+	droppedCapacity, droppedExpired uint64
+}
+
+func newTombstones() *tombstones {
+	return &tombstones{m: map[ledger.Key]*tombstone{}, max: tombstoneMax, ttl: tombstoneTTL, now: time.Now}
+}
+
+// usable reports whether a batch's ts may be compared: positive (0 is
+// "unknown"; NaN fails too), finite, and not implausibly far ahead.
+func (t *tombstones) usable(ts float64) bool {
+	return ts > 0 && !math.IsInf(ts, 0) && ts <= float64(t.now().Unix())+t.ttl
+}
+
+func (t *tombstones) unlink(e *tombstone) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		t.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		t.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+}
+
+func (t *tombstones) push(e *tombstone) {
+	e.prev, e.next = t.tail, nil
+	if t.tail != nil {
+		t.tail.next = e
+	} else {
+		t.head = e
+	}
+	t.tail = e
+}
+
+func (t *tombstones) drop(e *tombstone) {
+	t.unlink(e)
+	delete(t.m, e.key)
+}
+
+// observe advances event time to ts and expires what fell out of the
+// window (from the head: an entry updated later sits behind, so one with
+// an older ts may wait there until the cap or the head's expiry reaches
+// it). Must hold mu.
+func (t *tombstones) observe(ts float64) {
+	if ts > t.newest {
+		t.newest = ts
+	}
+	for t.head != nil && t.head.ts < t.newest-t.ttl {
+		t.drop(t.head)
+		t.droppedExpired++
+	}
+}
+
+// deleted records a tombstone at ts for every delete in events (a key
+// already tombstoned keeps the newer ts).
+func (t *tombstones) deleted(events []ledger.Event, ts float64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.observe(ts)
+	for i := range events {
+		k := events[i].Key
+		if e, ok := t.m[k]; ok {
+			if ts > e.ts {
+				e.ts = ts
+				t.unlink(e)
+				t.push(e)
+			}
+			continue
+		}
+		if ts < t.newest-t.ttl {
+			continue // already expired
+		}
+		for len(t.m) >= t.max && t.head != nil {
+			t.drop(t.head)
+			t.droppedCapacity++
+		}
+		// The decoded strings may share a request body: keep copies, so a
+		// tombstone never pins a whole body for an hour.
+		k.Model, k.Salt = strings.Clone(k.Model), strings.Clone(k.Salt)
+		e := &tombstone{key: k, ts: ts}
+		t.m[k] = e
+		t.push(e)
+	}
+}
+
+// stored filters a store batch at ts: events whose key has a tombstone at
+// or after ts are removed (compacted in place; the result aliases events)
+// and counted; a newer store clears its tombstone. With no tombstones it
+// costs one length check.
+func (t *tombstones) stored(events []ledger.Event, ts float64) (kept []ledger.Event, superseded int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.observe(ts)
+	if len(t.m) == 0 {
+		return events, 0
+	}
+	kept = events[:0]
+	for i := range events {
+		if e, ok := t.m[events[i].Key]; ok {
+			if e.ts >= ts {
+				superseded++
+				continue
+			}
+			t.drop(e)
+		}
+		kept = append(kept, events[i])
+	}
+	// The tail of events past kept keeps stale copies; the batch is not
+	// read again after it is applied.
+	return kept, superseded
+}
+
+// counts returns the live tombstones and the drops by reason.
+func (t *tombstones) counts() (live int, capacity, expired uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m), t.droppedCapacity, t.droppedExpired
+}
