@@ -261,10 +261,10 @@ func (s *Server) applyCacheBatch(b *cacheBatch) {
 	}
 	if b.tier == "l2" {
 		m := s.metrics
-		events, tsOK := b.events, m.tombs.usable(b.ts)
+		events, tsOK := b.events, s.tombs.usable(b.ts)
 		if tsOK && b.typ == "store" {
 			var n int
-			events, n = m.tombs.stored(events, b.ts)
+			events, n = s.tombs.stored(events, b.ts)
 			m.superseded.Add(float64(n))
 		}
 		// A delete batch that removed fewer keys than it names deleted
@@ -283,7 +283,7 @@ func (s *Server) applyCacheBatch(b *cacheBatch) {
 		}
 		c := s.ledger.Apply(events)
 		if before >= 0 && before-s.ledger.Stats().Keys < len(events) {
-			m.tombs.deleted(events, b.ts)
+			s.tombs.deleted(events, b.ts)
 		}
 		m.eventBatches.Inc()
 		m.storeEvents.Add(float64(c.Store))

@@ -77,17 +77,18 @@ func (s *Server) restoreCheckpoint() (map[int32]int64, error) {
 	}
 	var pos map[int32]int64
 	if err == nil {
-		nl, ng := ledger.New(), eventgate.New(maxSeqTracked)
+		nl, ng, nt := ledger.New(), eventgate.New(maxSeqTracked), newTombstones()
 		var topic string
 		var keys, streams int
 		err = d.Sections(map[string]func(*checkpoint.Decoder){
-			"gate":   func(d *checkpoint.Decoder) { streams = ng.Restore(d) },
-			"ledger": func(d *checkpoint.Decoder) { keys = nl.LoadCheckpoint(d) },
-			"stream": func(d *checkpoint.Decoder) { topic, pos = readStream(d) },
+			"gate":       func(d *checkpoint.Decoder) { streams = ng.Restore(d) },
+			"ledger":     func(d *checkpoint.Decoder) { keys = nl.LoadCheckpoint(d) },
+			"stream":     func(d *checkpoint.Decoder) { topic, pos = readStream(d) },
+			"tombstones": func(d *checkpoint.Decoder) { nt.loadCheckpoint(d) }, // absent before 2026-12-02: none
 		})
 		if err == nil {
 			nl.RestorePins(s.ledger.Pins())
-			s.ledger, s.gate = nl, ng
+			s.ledger, s.gate, s.tombs = nl, ng, nt
 			c.restoredKeys, c.restoredStreams, c.restoredFrom = keys, streams, c.path
 			if in := s.cfg.Ingest; pos != nil && (!in.Kafka() || topic != in.KafkaTopic) {
 				s.log.Warn("checkpoint's stream position is for another topic; reading the configured one from its start", "checkpoint_topic", topic, "topic", in.KafkaTopic)
@@ -154,6 +155,7 @@ func (s *Server) captureCheckpoint() *checkpoint.Encoder {
 	var e checkpoint.Encoder
 	s.gate.Capture(&e, func(e *checkpoint.Encoder) {
 		e.Section("ledger", s.ledger.AppendCheckpoint)
+		e.Section("tombstones", s.tombs.appendCheckpoint)
 		if s.kafka != nil {
 			pos := s.kafka.src.Positions()
 			parts := make([]int32, 0, len(pos))

@@ -43,10 +43,8 @@ type metrics struct {
 	l1FactsDropped prometheus.Counter
 	spansDropped   *prometheus.CounterVec
 	// superseded counts store events not applied because a newer delete
-	// of the key was read first; tombs is that check's set (it lives
-	// here, beside the counters it feeds; see tombstones.go).
+	// of the key was read first (Server.tombs, tombstones.go).
 	superseded prometheus.Counter
-	tombs      *tombstones
 	handler    http.Handler
 	// reg is the private registry, for collectors other files add.
 	reg *prometheus.Registry
@@ -77,17 +75,18 @@ func newMetrics(s *Server) *metrics {
 	m.l1FactsDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "l1_facts_dropped_total", Help: "L1 store facts from POST /events not recorded because the L1 view was full (1,000,000 keys)."})
 	m.spansDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "trace_spans_dropped_total", Help: "OpenTelemetry spans lost (--enable-tracing), by reason: export_failed (the OTLP collector refused them or could not be reached)."}, []string{"reason"})
 	m.spansDropped.WithLabelValues("export_failed")
-	m.tombs = newTombstones()
 	m.superseded = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "events_superseded_total", Help: "L2 store events (POST /events, Kafka) not applied: a delete of the key with the same or a newer ts was read before them (the stream has no order across instances), so the object is gone."})
-	tombs := m.tombs
+	// s.tombs may be replaced by a checkpoint restore before the first
+	// scrape, so the gauges read it through s.
+	tombs := func() *tombstones { return s.tombs }
 	const tombstoneDroppedHelp = "Event tombstones dropped, by reason: capacity (the set was full; oldest first) or expired (older than an hour of event time). A store of a dropped key is applied as if no delete had been read."
 	reg.MustRegister(m.superseded,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "event_tombstones", Help: "Keys whose delete was read while the ledger did not hold them, kept to refuse their older stores (at most 1,000,000, for an hour of event time)."},
-			func() float64 { n, _, _ := tombs.counts(); return float64(n) }),
+			func() float64 { n, _, _ := tombs().counts(); return float64(n) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metricPrefix + "event_tombstones_dropped_total", Help: tombstoneDroppedHelp, ConstLabels: prometheus.Labels{"reason": "capacity"}},
-			func() float64 { _, c, _ := tombs.counts(); return float64(c) }),
+			func() float64 { _, c, _ := tombs().counts(); return float64(c) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metricPrefix + "event_tombstones_dropped_total", Help: tombstoneDroppedHelp, ConstLabels: prometheus.Labels{"reason": "expired"}},
-			func() float64 { _, _, e := tombs.counts(); return float64(e) }),
+			func() float64 { _, _, e := tombs().counts(); return float64(e) }),
 	)
 	reg.MustRegister(m.spansDropped)
 	for _, door := range []string{doorEvents, doorQuotaEvents} {

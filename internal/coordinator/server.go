@@ -66,6 +66,9 @@ type Server struct {
 	hasher  *tokenhash.Hasher
 	mp      *mpclient.Client
 	metrics *metrics
+	// tombs refuses L2 stores read after a newer delete of the same key
+	// (tombstones.go); used under the event gate's lock.
+	tombs   *tombstones
 	state   *statefile.Writer
 	handler http.Handler
 	table   *httproute.Table
@@ -142,6 +145,7 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 
 		drainTimeout: DefaultDrainTimeout,
 		gate:         eventgate.New(maxSeqTracked),
+		tombs:        newTombstones(),
 		l1:           newL1View(),
 	}
 	for _, o := range opts {

@@ -6,7 +6,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/coordinator/checkpoint"
 	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
+	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
 // Tombstones: deletes that arrived before the store they undo.
@@ -197,4 +199,59 @@ func (t *tombstones) counts() (live int, capacity, expired uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.m), t.droppedCapacity, t.droppedExpired
+}
+
+// appendCheckpoint writes the set oldest first, with the event-time mark.
+// It is part of the checkpoint because a checkpoint can be taken while one
+// partition lags another: a delete read from the one that ran ahead left a
+// tombstone, and the older store behind the lagging partition's position is
+// replayed after a restart, where only the tombstone refuses it.
+func (t *tombstones) appendCheckpoint(e *checkpoint.Encoder) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e.Uvarint(math.Float64bits(t.newest))
+	e.Uvarint(uint64(len(t.m)))
+	for x := t.head; x != nil; x = x.next {
+		o := x.key.ObjectKey()
+		e.String(o.ChunkHash)
+		e.String(o.ModelName)
+		e.String(o.CacheSalt)
+		e.Varint(o.KVRank)
+		e.Varint(o.ObjectGroupID)
+		e.Uvarint(math.Float64bits(x.ts))
+	}
+}
+
+// loadCheckpoint restores what appendCheckpoint wrote into an empty set and
+// returns the number of tombstones; a malformed entry fails d.
+func (t *tombstones) loadCheckpoint(d *checkpoint.Decoder) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	newest := math.Float64frombits(d.Uvarint())
+	n := d.Count(10) // five strings' and numbers' length bytes at least, and the ts
+	for i := 0; i < n && d.Err() == nil; i++ {
+		var o objkey.Key
+		o.ChunkHash = d.String()
+		o.ModelName = d.String()
+		o.CacheSalt = d.String()
+		o.KVRank = d.Varint()
+		o.ObjectGroupID = d.Varint()
+		ts := math.Float64frombits(d.Uvarint())
+		if d.Err() != nil {
+			break
+		}
+		if math.IsNaN(ts) || math.IsInf(ts, 0) || ts <= 0 || o.ObjectGroupID < 0 {
+			d.Failf("tombstone %d: ts %v, group %d", i, ts, o.ObjectGroupID)
+			break
+		}
+		k := ledger.FromObjectKey(o)
+		e := &tombstone{key: k, ts: ts}
+		t.m[k] = e
+		t.push(e)
+	}
+	if math.IsNaN(newest) || math.IsInf(newest, 0) {
+		d.Failf("tombstones' event time %v", newest)
+	}
+	t.newest = newest
+	return len(t.m)
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"path/filepath"
 	"net/http"
 	"strings"
 	"testing"
@@ -369,4 +370,31 @@ func TestTombstoneKafkaTwoPartitions(t *testing.T) {
 	postBatches(t, refBase, emitted...)
 	wantLedger(t, ref, 2, 2030)
 	wantSample(t, refBase, "lmcache_coordinator_events_superseded_total", "0")
+}
+
+// TestCheckpointKeepsTombstones: a tombstone outlives a restart from the
+// checkpoint (section "tombstones"): B's delete of K (ts +10) is read and
+// checkpointed before A's older store of K (ts 0), which a replay after the
+// restart reads; the restored coordinator refuses it (ledger empty,
+// superseded 1), as the one that wrote the checkpoint would have.
+func TestCheckpointKeepsTombstones(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "coord.ckpt")
+	withCkpt := func(cfg *config.Config) { cfg.Ingest.CheckpointPath, cfg.Ingest.CheckpointInterval = path, 0 }
+	first, base := tombCoord(t, withCkpt)
+	postBatches(t, base, tombBatch("mp-b", 1, "delete", tsBase+10, hashK, 0))
+	wantSample(t, base, "lmcache_coordinator_event_tombstones", "1")
+	if err := first.SaveCheckpoint(); err != nil {
+		t.Fatal(err)
+	}
+
+	second, base2 := tombCoord(t, withCkpt)
+	wantSample(t, base2, "lmcache_coordinator_checkpoint_load_failures_total", "0")
+	wantSample(t, base2, "lmcache_coordinator_event_tombstones", "1")
+	postBatches(t, base2, tombBatch("mp-a", 1, "store", tsBase, hashK, 1000))
+	wantLedger(t, second, 0, 0)
+	wantSample(t, base2, "lmcache_coordinator_events_superseded_total", "1")
+	// A newer store is a real re-store: applied, tombstone cleared.
+	postBatches(t, base2, tombBatch("mp-a", 2, "store", tsBase+20, hashK, 1000))
+	wantLedger(t, second, 1, 1000)
+	wantSample(t, base2, "lmcache_coordinator_event_tombstones", "0")
 }

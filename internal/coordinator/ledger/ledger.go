@@ -246,6 +246,15 @@ func FromObjectKey(o objkey.Key) Key {
 	return k
 }
 
+// ObjectKey is FromObjectKey's inverse: the key's fields with its raw hash.
+func (k Key) ObjectKey() objkey.Key {
+	h := k.long
+	if h == "" {
+		h = string(k.hash[:k.hlen])
+	}
+	return objkey.Key{ChunkHash: h, ModelName: k.Model, CacheSalt: k.Salt, KVRank: k.Rank, ObjectGroupID: k.Group}
+}
+
 // Event is one prepared usage event.
 type Event struct {
 	Op    Op
