@@ -8,6 +8,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/checkpoint"
 	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
+	"github.com/lmcache-go/lmcache/internal/eviction"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -59,20 +60,19 @@ const (
 	tombstoneTTL = 3600.0 // seconds of event time
 )
 
-// tombstone is one deleted key, in a list ordered by last update (head
-// oldest).
+// tombstone is one deleted key and the newest ts it was deleted at.
 type tombstone struct {
-	key        ledger.Key
-	ts         float64
-	prev, next *tombstone
+	key ledger.Key
+	ts  float64
 }
 
 // tombstones is the bounded set. Its methods take mu; in practice they
 // run under the event gate's lock already, so mu is never contended.
 type tombstones struct {
-	mu         sync.Mutex
-	m          map[ledger.Key]*tombstone
-	head, tail *tombstone
+	mu sync.Mutex
+	m  map[ledger.Key]*eviction.Elem[tombstone]
+	// order is by last update, the front the oldest.
+	order eviction.List[tombstone]
 	// newest is the event-time high-water mark: the largest ts observed.
 	newest float64
 	max    int
@@ -83,7 +83,7 @@ type tombstones struct {
 }
 
 func newTombstones() *tombstones {
-	return &tombstones{m: map[ledger.Key]*tombstone{}, max: tombstoneMax, ttl: tombstoneTTL, now: time.Now}
+	return &tombstones{m: map[ledger.Key]*eviction.Elem[tombstone]{}, max: tombstoneMax, ttl: tombstoneTTL, now: time.Now}
 }
 
 // usable reports whether a batch's ts may be compared: positive (0 is
@@ -92,33 +92,16 @@ func (t *tombstones) usable(ts float64) bool {
 	return ts > 0 && !math.IsInf(ts, 0) && ts <= float64(t.now().Unix())+t.ttl
 }
 
-func (t *tombstones) unlink(e *tombstone) {
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else {
-		t.head = e.next
-	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else {
-		t.tail = e.prev
-	}
-	e.prev, e.next = nil, nil
+func (t *tombstones) drop(e *eviction.Elem[tombstone]) {
+	t.order.Remove(e)
+	delete(t.m, e.Value.key)
 }
 
-func (t *tombstones) push(e *tombstone) {
-	e.prev, e.next = t.tail, nil
-	if t.tail != nil {
-		t.tail.next = e
-	} else {
-		t.head = e
-	}
-	t.tail = e
-}
-
-func (t *tombstones) drop(e *tombstone) {
-	t.unlink(e)
-	delete(t.m, e.key)
+// add records a new tombstone as the most recent.
+func (t *tombstones) add(k ledger.Key, ts float64) {
+	e := &eviction.Elem[tombstone]{Value: tombstone{key: k, ts: ts}}
+	t.m[k] = e
+	t.order.PushBack(e)
 }
 
 // observe advances event time to ts and expires what fell out of the
@@ -129,8 +112,8 @@ func (t *tombstones) observe(ts float64) {
 	if ts > t.newest {
 		t.newest = ts
 	}
-	for t.head != nil && t.head.ts < t.newest-t.ttl {
-		t.drop(t.head)
+	for f := t.order.Front(); f != nil && f.Value.ts < t.newest-t.ttl; f = t.order.Front() {
+		t.drop(f)
 		t.droppedExpired++
 	}
 }
@@ -144,26 +127,23 @@ func (t *tombstones) deleted(events []ledger.Event, ts float64) {
 	for i := range events {
 		k := events[i].Key
 		if e, ok := t.m[k]; ok {
-			if ts > e.ts {
-				e.ts = ts
-				t.unlink(e)
-				t.push(e)
+			if ts > e.Value.ts {
+				e.Value.ts = ts
+				t.order.PushBack(e) // moves it to the most recent end
 			}
 			continue
 		}
 		if ts < t.newest-t.ttl {
 			continue // already expired
 		}
-		for len(t.m) >= t.max && t.head != nil {
-			t.drop(t.head)
+		for len(t.m) >= t.max && t.order.Front() != nil {
+			t.drop(t.order.Front())
 			t.droppedCapacity++
 		}
 		// The decoded strings may share a request body: keep copies, so a
 		// tombstone never pins a whole body for an hour.
 		k.Model, k.Salt = strings.Clone(k.Model), strings.Clone(k.Salt)
-		e := &tombstone{key: k, ts: ts}
-		t.m[k] = e
-		t.push(e)
+		t.add(k, ts)
 	}
 }
 
@@ -181,7 +161,7 @@ func (t *tombstones) stored(events []ledger.Event, ts float64) (kept []ledger.Ev
 	kept = events[:0]
 	for i := range events {
 		if e, ok := t.m[events[i].Key]; ok {
-			if e.ts >= ts {
+			if e.Value.ts >= ts {
 				superseded++
 				continue
 			}
@@ -211,14 +191,14 @@ func (t *tombstones) appendCheckpoint(e *checkpoint.Encoder) {
 	defer t.mu.Unlock()
 	e.Uvarint(math.Float64bits(t.newest))
 	e.Uvarint(uint64(len(t.m)))
-	for x := t.head; x != nil; x = x.next {
-		o := x.key.ObjectKey()
+	for x := t.order.Front(); x != nil; x = x.Next() {
+		o := x.Value.key.ObjectKey()
 		e.String(o.ChunkHash)
 		e.String(o.ModelName)
 		e.String(o.CacheSalt)
 		e.Varint(o.KVRank)
 		e.Varint(o.ObjectGroupID)
-		e.Uvarint(math.Float64bits(x.ts))
+		e.Uvarint(math.Float64bits(x.Value.ts))
 	}
 }
 
@@ -244,10 +224,7 @@ func (t *tombstones) loadCheckpoint(d *checkpoint.Decoder) int {
 			d.Failf("tombstone %d: ts %v, group %d", i, ts, o.ObjectGroupID)
 			break
 		}
-		k := ledger.FromObjectKey(o)
-		e := &tombstone{key: k, ts: ts}
-		t.m[k] = e
-		t.push(e)
+		t.add(ledger.FromObjectKey(o), ts)
 	}
 	if math.IsNaN(newest) || math.IsInf(newest, 0) {
 		d.Failf("tombstones' event time %v", newest)

@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"path/filepath"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -250,7 +250,11 @@ func TestTombstonesBounded(t *testing.T) {
 	// lower its ts.
 	tb.deleted([]ledger.Event{key(2)}, tsBase)
 	tb.deleted([]ledger.Event{key(2)}, tsBase-100)
-	if e := tb.m[key(2).Key]; e == nil || e.ts != tsBase || tb.tail != e {
+	last := tb.order.Front()
+	for last != nil && last.Next() != nil {
+		last = last.Next()
+	}
+	if e := tb.m[key(2).Key]; e == nil || e.Value.ts != tsBase || last != e {
 		t.Fatalf("key 2's tombstone %+v, want ts %v at the tail", e, tsBase)
 	}
 	// Event time +55 (window from -45) expires 3 (ts -47) and 4 (ts -46),
