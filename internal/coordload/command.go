@@ -226,10 +226,13 @@ func RunFleet(ctx context.Context, c Command) (FleetResult, error) {
 		}
 		return nil
 	}
+	// Done when every key was produced and every batch reached every
+	// target, and every instance is registered with every target (the
+	// registrations run beside the stream, which can finish first).
 	err = wait(0, func() bool {
 		_, all := f.Produced()
 		for _, t := range c.Targets {
-			all = all && f.Caught(t)
+			all = all && f.Caught(t) && f.Registered(t) == h.Instances
 		}
 		return all
 	})

@@ -41,10 +41,13 @@ type Fleet struct {
 	live    map[string]liveKey
 	dropped map[string]bool  // targets no longer fed (killed)
 	retries map[string]int64 // per target: POST /events sent again
-	pubErr  error            // the first Sink.Publish failure
-	ctx     context.Context
-	g       *errgroup.Group
-	cancel  context.CancelFunc
+	// registered is, per target, how many instances its last heartbeat
+	// pass left registered.
+	registered map[string]int
+	pubErr     error // the first Sink.Publish failure
+	ctx        context.Context
+	g          *errgroup.Group
+	cancel     context.CancelFunc
 }
 
 // FleetConfig is one simulated fleet.
@@ -114,7 +117,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
 	}
-	f := &Fleet{cfg: cfg, client: NewClient(cfg.Instances * len(cfg.Targets)), live: map[string]liveKey{}, dropped: map[string]bool{}, retries: map[string]int64{}}
+	f := &Fleet{cfg: cfg, client: NewClient(cfg.Instances * len(cfg.Targets)), live: map[string]liveKey{}, dropped: map[string]bool{}, retries: map[string]int64{}, registered: map[string]int{}}
 	for j := range cfg.Instances {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -274,6 +277,14 @@ func (f *Fleet) Seqs() map[string]int64 {
 		in.mu.Unlock()
 	}
 	return out
+}
+
+// Registered is how many instances are registered with target, as of the
+// last heartbeat pass over them.
+func (f *Fleet) Registered(target string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.registered[target]
 }
 
 // Retries is how many POST /events to target failed and were sent again
@@ -452,6 +463,15 @@ func (f *Fleet) heartbeats(ctx context.Context, target string) {
 			code, err := f.do(ctx, http.MethodPost, base+"/instances", reg)
 			registered[i] = err == nil && code == http.StatusOK
 		}
+		n := 0
+		for _, r := range registered {
+			if r {
+				n++
+			}
+		}
+		f.mu.Lock()
+		f.registered[target] = n
+		f.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return

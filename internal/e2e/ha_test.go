@@ -370,21 +370,18 @@ func haFailover(t *testing.T, kafka bool) {
 	// the fleet's retries to that coordinator, each dropped unapplied).
 	exactLedgers(t, fleet, kafka, []*haCoord{next, other, ref}, ckptOf)
 
-	// One etcd member dies: same leader, same token, no second term,
-	// intent still commits and is mirrored. Over Kafka the victim is the
-	// etcd cluster's raft leader (the survivors elect another; etcd keeps
-	// leases alive across its leader change), over HTTP a follower.
+	// One etcd member dies (a follower): same leader, same token, no
+	// second term, intent still commits and is mirrored. The loss of the
+	// raft leader is leader.TestLeadershipSurvivesEtcdLeaderLoss: here, at
+	// this test's short lease (TTL 3 s, renew deadline 2 s), etcd's own
+	// election on a loaded machine can outlast the renew deadline, and the
+	// coordinator then rightly steps down and is re-elected, which is the
+	// fencing working, not "nothing changes".
 	admin := etcdtest.NewClient(t, cl.Endpoints)
 	elections := scrape(next.url, "lmcache_coordinator_leader_elections_total")
 	victim := cl.Follower(t, admin)
-	if kafka {
-		victim = cl.Leader(t, admin)
-	}
 	victim.Kill(t)
-	if kafka {
-		waitFor(t, "a new etcd raft leader", func() bool { return cl.LeaderChanged(t, admin, victim) })
-	}
-	t.Logf("killed etcd member %s (raft leader: %v)", victim.Name, kafka)
+	t.Logf("killed etcd member %s (a follower)", victim.Name)
 	// A write the leader had sent to the killed member before its client
 	// noticed the death has an unknown outcome: the coordinator answers
 	// 503 and the operator retries (the PUT is idempotent). The retry must

@@ -281,12 +281,14 @@ func consoleServerFigures(t *testing.T, ctx context.Context, url string, auth ma
 			Models, ModelCount, BreakerText, BreakerValue, Healthy, Unhealthy string
 			Loops                                                             map[string]string
 		}
+		// Null-safe: until the page's first refresh has drawn a table its
+		// cells are missing, which reads as "" and is retried.
 		eval(t, ctx, `(() => { const dd = k => document.querySelector('dd[data-k='+k+']');
 			const b = document.querySelector('#adapters-table tr[data-id="0"] [data-k=breaker_state]');
-			return {Models: dd('models').textContent, ModelCount: dd('models').dataset.value,
-				BreakerText: b.textContent, BreakerValue: b.dataset.value,
-				Healthy: dd('threads_healthy').dataset.value, Unhealthy: dd('unhealthy_count').dataset.value,
-				Loops: Object.fromEntries([...document.querySelectorAll('#loops-table tbody tr')].map(r => [r.dataset.id, r.querySelector('[data-k=health]').dataset.value]))}; })()`, &got)
+			return {Models: dd('models')?.textContent ?? '', ModelCount: dd('models')?.dataset.value ?? '',
+				BreakerText: b?.textContent ?? '', BreakerValue: b?.dataset.value ?? '',
+				Healthy: dd('threads_healthy')?.dataset.value ?? '', Unhealthy: dd('unhealthy_count')?.dataset.value ?? '',
+				Loops: Object.fromEntries([...document.querySelectorAll('#loops-table tbody tr')].map(r => [r.dataset.id, r.querySelector('[data-k=health]')?.dataset.value ?? '']))}; })()`, &got)
 		breakerText := wantBreaker
 		if wantBreaker == "" {
 			breakerText = "no breaker"
