@@ -267,22 +267,12 @@ func (s *Server) applyCacheBatch(b *cacheBatch) {
 			events, n = s.tombs.stored(events, b.ts)
 			m.superseded.Add(float64(n))
 		}
-		// A delete batch that removed fewer keys than it names deleted
-		// some the ledger does not hold (yet): tombstone its keys. Which
-		// ones missed is not known, so all are; a tombstone of a key that
-		// was held only refuses stores older than this delete, which this
-		// delete undid anyway. The key count is read around Apply under
-		// the gate's lock: other ingest waits, and the resync only adds
-		// keys, which can only make more tombstones, never fewer.
-		// POST /quota/events applies beside the gate, so its deletes in
-		// the same instant could hide a miss (that batch is then as
-		// before this check).
-		before := -1
-		if tsOK && b.typ == "delete" && len(events) > 0 {
-			before = s.ledger.Stats().Keys
-		}
+		// A delete batch with deletes of keys the ledger does not hold
+		// (yet) tombstones its keys. Which ones missed is not reported,
+		// so all are; a tombstone of a key that was held only refuses
+		// stores older than this delete, which this delete undid anyway.
 		c := s.ledger.Apply(events)
-		if before >= 0 && before-s.ledger.Stats().Keys < len(events) {
+		if tsOK && b.typ == "delete" && c.DeleteMissed > 0 {
 			s.tombs.deleted(events, b.ts)
 		}
 		m.eventBatches.Inc()

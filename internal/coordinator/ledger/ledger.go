@@ -695,11 +695,11 @@ func (l *Ledger) touchH(c *ckey, h uint64) {
 	}
 }
 
-func (l *Ledger) removeH(c *ckey, h uint64) {
+func (l *Ledger) removeH(c *ckey, h uint64) bool {
 	l.migrate(migrateStep)
 	slot, inOld, i, _, ok := l.findH(c, h)
 	if !ok {
-		return
+		return false
 	}
 	e := l.at(i)
 	s := l.salts[c.salt]
@@ -721,10 +721,12 @@ func (l *Ledger) removeH(c *ckey, h uint64) {
 	*e = entry{gen: e.gen + 1, next: l.freeHead}
 	l.freeHead = i
 	l.live--
+	return true
 }
 
-// Counts tallies applied events by type.
-type Counts struct{ Store, Lookup, Delete int }
+// Counts tallies applied events by type. DeleteMissed counts the deletes
+// (included in Delete) of keys the ledger did not hold.
+type Counts struct{ Store, Lookup, Delete, DeleteMissed int }
 
 // staged is one event's compact key and hash, computed in Apply's first pass.
 type staged struct {
@@ -777,8 +779,8 @@ func (l *Ledger) Apply(events []Event) Counts {
 			}
 			c.Lookup++
 		case OpDelete:
-			if st[i].ok {
-				l.removeH(&st[i].c, st[i].h)
+			if !st[i].ok || !l.removeH(&st[i].c, st[i].h) {
+				c.DeleteMissed++
 			}
 			c.Delete++
 		}

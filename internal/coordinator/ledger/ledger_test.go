@@ -225,3 +225,18 @@ func planBySalt(l *Ledger, p *Plan) map[string][]objkey.Key {
 	}
 	return out
 }
+
+// TestApplyCountsMissedDeletes: Counts.DeleteMissed is the deletes of keys
+// the ledger did not hold, an unknown name's included; Delete counts all.
+func TestApplyCountsMissedDeletes(t *testing.T) {
+	l := New()
+	held, gone := key(t, "0a", "m", "s"), key(t, "0b", "m", "s")
+	l.Apply([]Event{{Op: OpStore, Key: held, Bytes: 10}})
+	c := l.Apply([]Event{{Op: OpDelete, Key: held}, {Op: OpDelete, Key: gone}, {Op: OpDelete, Key: key(t, "0c", "other-model", "other-salt")}})
+	if c.Delete != 3 || c.DeleteMissed != 2 {
+		t.Errorf("counts %+v, want Delete 3, DeleteMissed 2", c)
+	}
+	if c := l.Apply([]Event{{Op: OpDelete, Key: held}}); c.DeleteMissed != 1 {
+		t.Errorf("deleting it again: %+v, want DeleteMissed 1", c)
+	}
+}
