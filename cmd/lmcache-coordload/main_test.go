@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/lmcache-go/lmcache/internal/polltest"
 	"github.com/lmcache-go/lmcache/internal/proctest"
 )
 
@@ -54,13 +55,7 @@ func coordinator(t *testing.T, name string, extra ...string) string {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond) // polling interval
-	}
+	polltest.Until(t, 60*time.Second, what, cond)
 }
 
 // metric is one unlabelled sample of url's /metrics (-1 when absent).

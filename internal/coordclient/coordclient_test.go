@@ -28,6 +28,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/polltest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -72,13 +73,7 @@ func instances(t *testing.T, base string) []instance {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	polltest.Until(t, 10*time.Second, what, cond)
 }
 
 func runClient(t *testing.T, c *coordclient.Client) (stop func()) {

@@ -23,6 +23,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 	"github.com/lmcache-go/lmcache/internal/logtest"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/polltest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -309,13 +310,7 @@ func (m *mpServer) deleteBatches() [][]objkey.Encoded {
 // timing assertion).
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	polltest.Until(t, 10*time.Second, what, cond)
 }
 
 func newServer(cfg config.Config) (*coordinator.Server, error) {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/polltest"
 	"github.com/lmcache-go/lmcache/internal/proctest"
 )
 
@@ -86,13 +87,7 @@ func call(t *testing.T, method, url string, body any, hdr map[string]string, out
 // waitFor polls cond until it holds; the deadline only bounds a failing test.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	polltest.Until(t, 60*time.Second, what, cond)
 }
 
 func healthy(url string) func() bool {

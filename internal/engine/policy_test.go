@@ -17,6 +17,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/l2/fault"
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/polltest"
 )
 
 // TestStorePolicySkipL1: once every adapter holds an object, its L1 copy is
@@ -337,13 +338,7 @@ func TestWriteBehindFaultWrappedFS(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 30 s")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	polltest.Until(t, 30*time.Second, "the condition", cond)
 }
 
 // reconfFake is a fakeAdapter that accepts reconfiguration calls.

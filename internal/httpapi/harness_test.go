@@ -26,6 +26,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/l2/dax"
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
 	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/polltest"
 )
 
 // TestMain checks for leaked goroutines and, when the whole suite ran,
@@ -427,13 +428,7 @@ func (e *env) waitListed(want int) []any {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	polltest.Until(t, 10*time.Second, what, cond)
 }
 
 // missingCoverage lists documented statuses no test observed.

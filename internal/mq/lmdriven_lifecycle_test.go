@@ -22,19 +22,14 @@ import (
 	"github.com/lmcache-go/lmcache/internal/kvcopy"
 	"github.com/lmcache-go/lmcache/internal/mq"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/polltest"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
 // waitFor polls cond until it holds or 10 s pass.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	polltest.Until(t, 10*time.Second, what, cond)
 }
 
 // TestLMDMappingsReleased: every kvcopy mapping is released on

@@ -1,0 +1,37 @@
+// Package polltest waits in tests for a condition that another goroutine
+// or process makes true: a server that starts listening, a loop that
+// finishes a cycle, a metric that reaches a value.
+//
+// The deadline only bounds a failing test; it is not a timing assertion,
+// so it is generous, and a passing test returns as soon as the condition
+// holds. Polls start 1 ms apart and back off to 50 ms, so a fast
+// condition costs little latency and a slow one (a child process, an etcd
+// election) little CPU on a small machine running many tests at once.
+package polltest
+
+import (
+	"testing"
+	"time"
+)
+
+// Poll intervals: the first, and the most the back-off grows to.
+const (
+	firstPoll = time.Millisecond
+	maxPoll   = 50 * time.Millisecond
+)
+
+// Until calls cond until it returns true, and fails t (Fatalf, naming
+// what) if within passes first. cond runs on the caller's goroutine; it
+// must not call t.Fatal itself from another goroutine.
+func Until(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	wait := firstPoll
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, maxPoll)
+	}
+}
