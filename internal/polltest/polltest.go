@@ -21,8 +21,8 @@ const (
 )
 
 // Until calls cond until it returns true, and fails t (Fatalf, naming
-// what) if within passes first. cond runs on the caller's goroutine; it
-// must not call t.Fatal itself from another goroutine.
+// what) if within passes first. cond runs on the caller's goroutine, so
+// it may use t itself.
 func Until(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)
