@@ -27,10 +27,11 @@ func fill(n, salts int) *Ledger {
 	return l
 }
 
-// mappedBytes is the size of the index tables mapped from the kernel.
+// mappedBytes is the size of the index tables and entry pages mapped from
+// the kernel.
 func (l *Ledger) mappedBytes() uint64 {
 	var n uint64
-	for _, sl := range []*slab{l.indexSlab, l.oldSlab, l.nextSlab} {
+	for _, sl := range append([]*slab{l.indexSlab, l.oldSlab, l.nextSlab, l.spareSlab}, l.pageSlabs...) {
 		if sl != nil {
 			n += uint64(len(sl.mem))
 		}
@@ -47,7 +48,7 @@ func heap() uint64 {
 }
 
 // BenchmarkLedgerMemory reports retained memory per tracked key: the heap
-// delta plus the index tables mapped outside the heap (run with
+// delta plus the index tables and entry pages mapped outside the heap (run with
 // -benchtime=1x).
 func BenchmarkLedgerMemory(b *testing.B) {
 	for _, n := range []int{1_000_000, 10_000_000} {

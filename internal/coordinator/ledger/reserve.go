@@ -181,31 +181,34 @@ func (l *Ledger) refillPage(ctx context.Context) bool {
 	if l.spareReady.Load() {
 		return true
 	}
-	p := make([]entry, pageSize)
+	p, sl := newEntryPage()
 	if !touch(ctx, entryBytes(p), nil) {
+		sl.free()
 		return false
 	}
 	l.mu.Lock()
 	if l.spare == nil {
-		l.spare = p
+		l.spare, l.spareSlab = p, sl
+		sl = nil
 		l.spareReady.Store(true)
 		l.preparedPages++
 		l.preparedNow.Add(1)
 	}
 	l.mu.Unlock()
+	sl.free() // nil when handed over
 	return true
 }
 
 // newPage returns an entry page for alloc: the spare when one is ready
 // (and wakes the refill loop to prepare the next), else a fresh one that
 // faults on the ingest path. Must hold mu.
-func (l *Ledger) newPage() []entry {
-	if p := l.spare; p != nil {
-		l.spare = nil
+func (l *Ledger) newPage() ([]entry, *slab) {
+	if p, sl := l.spare, l.spareSlab; p != nil {
+		l.spare, l.spareSlab = nil, nil
 		l.spareReady.Store(false)
 		l.wake()
-		return p
+		return p, sl
 	}
 	l.coldPages++
-	return make([]entry, pageSize)
+	return newEntryPage()
 }

@@ -15,6 +15,17 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// noHugePages turns transparent huge pages off for this process until the
+// test ends (prctl PR_SET_THP_DISABLE: slabs mapped meanwhile get 4 KiB
+// pages whatever their MADV_HUGEPAGE advice).
+func noHugePages(t *testing.T) {
+	t.Helper()
+	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
+		t.Fatalf("prctl(PR_SET_THP_DISABLE): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Prctl(unix.PR_SET_THP_DISABLE, 0, 0, 0, 0) })
+}
+
 // threadFaults is the calling thread's minor page-fault count.
 func threadFaults(t *testing.T) int64 {
 	t.Helper()
@@ -67,8 +78,12 @@ func ingestFaults(t *testing.T, l *Ledger, n int, between func(*Ledger)) (faults
 // pages may reuse memory the process already touched), and the reserve
 // counts each page and table allocated there. Under the race detector,
 // whose shadow memory faults too, only the counters are checked.
+// Transparent huge pages are turned off for the process meanwhile, so
+// that every fault is one 4 KiB page and the counts above are exact;
+// TestSlabsGetHugePages covers slabs with them.
 func TestReserveKeepsFaultsOffIngest(t *testing.T) {
 	const n = 300_000
+	noHugePages(t)
 	cold := New()
 	faults, growths := ingestFaults(t, cold, n, func(*Ledger) {})
 	r := cold.Reserve()
