@@ -31,6 +31,9 @@ var (
 	// ErrUnknownThread is an unknown periodic loop name (404
 	// {"error": msg}, the MP server's /periodic-threads shape).
 	ErrUnknownThread = errors.New("unknown periodic thread")
+	// ErrForbidden is pprof asked for by a non-loopback client while no
+	// --auth-token is set (403 {"detail": msg}).
+	ErrForbidden = errors.New("forbidden")
 )
 
 // apiErrors is the coordinator's one sentinel→status table. Unknown paths
@@ -43,6 +46,7 @@ var apiErrors = httproute.Errors{
 	Statuses: httproute.StatusMap{
 		{Status: http.StatusNotFound, Errs: []error{ErrUnknownHeartbeat, ErrUnknownThread}, Shape: httproute.ShapeError},
 		{Status: http.StatusUnauthorized, Errs: []error{ErrUnauthorized}, Shape: httproute.ShapeDetail},
+		{Status: http.StatusForbidden, Errs: []error{ErrForbidden}},
 		{Status: http.StatusNotFound, Errs: []error{ErrNotFound}},
 		{Status: http.StatusBadRequest, Errs: []error{ErrBadRequest, periodic.ErrInvalidLevel}},
 		{Status: http.StatusRequestEntityTooLarge, Errs: []error{ErrTooLarge, httproute.ErrBodyTooLarge}},

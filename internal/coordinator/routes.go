@@ -8,6 +8,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/httproute/docsui"
 	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/webui"
 )
 
@@ -77,12 +78,17 @@ func (s *Server) routeTable() []route {
 		{Method: "GET", Path: "/ui/api/fleet", Summary: "Web console fleet view (heartbeats, eviction watermarks, prefetches in flight)", Hidden: true,
 			Statuses: map[int]string{200: "Fleet view"}, Response: ConsoleFleet{}, Handle: s.consoleFleet(pf)},
 	}
+	// Go profiling (net/http/pprof), beyond upstream: the route set
+	// `lmcache server` shares, always behind the token, and without one
+	// served to loopback clients only.
+	rts = append(rts, httproute.Pprof{Tag: "observability", Token: s.cfg.AuthToken, Forbidden: ErrForbidden, TokenFlag: "--auth-token",
+		Scrub: func(text string) string { return redact.Secrets(text, s.cfg.AuthToken, s.cfg.MPAuthToken) }}.Routes()...)
 	for i := range rts {
 		// The prefetch poll is a GET, but it is relayed with the MP
 		// servers' token, so leaving it open would let anyone around the
 		// servers' own authentication. GET /config is a token read as on
 		// `lmcache server`: it names endpoints, files and which layer set
-		// the tokens.
+		// the tokens. The pprof routes arrive Bearer already.
 		if rts[i].Method != http.MethodGet || strings.HasPrefix(rts[i].Path, "/cache/prefetches/") || rts[i].Path == "/config" {
 			rts[i].Auth = httproute.Bearer
 			rts[i].Statuses[401] = "Bearer token missing or wrong (only with --auth-token)"

@@ -25,9 +25,9 @@ const (
 )
 
 // routePath fills a route's path parameters with values every handler
-// accepts.
+// accepts (and shortens the pprof profile and trace to a second).
 func routePath(p string) string {
-	return strings.NewReplacer("{instance_id}", "x", "{request_id}", "y", "{cache_salt}", "z", "{thread_name}", "nope").Replace(p)
+	return strings.NewReplacer("{instance_id}", "x", "{request_id}", "y", "{cache_salt}", "z", "{thread_name}", "nope").Replace(p) + pprofQuery(p)
 }
 
 // TestRouteAuthTable walks the whole route table: with --auth-token set,
@@ -40,14 +40,14 @@ func TestRouteAuthTable(t *testing.T) {
 	secured := startCoord(t, func(c *config.Config) { c.AuthToken = coordToken })
 	plain := startCoord(t, nil)
 	routes := secured.srv.Routes()
-	if len(routes) != 28 {
+	if len(routes) != 34 {
 		t.Fatalf("route table has %d routes", len(routes))
 	}
 	protected := 0
 	for _, rt := range routes {
 		path := routePath(rt.Path)
-		if rt.Auth != (rt.Method != "GET" || strings.HasPrefix(rt.Path, "/cache/prefetches/") || rt.Path == "/config") {
-			t.Errorf("%s %s: Auth=%v; every non-GET route, the prefetch relay and GET /config must be protected, and only those", rt.Method, rt.Path, rt.Auth)
+		if rt.Auth != (rt.Method != "GET" || strings.HasPrefix(rt.Path, "/cache/prefetches/") || rt.Path == "/config" || strings.HasPrefix(rt.Path, "/debug/pprof/")) {
+			t.Errorf("%s %s: Auth=%v; every non-GET route, the prefetch relay, GET /config and pprof must be protected, and only those", rt.Method, rt.Path, rt.Auth)
 		}
 		// The same empty JSON object body for every case, so the only
 		// difference between the requests is the header.
@@ -79,8 +79,8 @@ func TestRouteAuthTable(t *testing.T) {
 			protected++
 		}
 	}
-	if protected != 13 {
-		t.Fatalf("%d protected routes, want 13", protected)
+	if protected != 19 {
+		t.Fatalf("%d protected routes, want 19", protected)
 	}
 	if strings.Contains(secured.logs.String(), coordToken) {
 		t.Fatal("a log line contains the auth token")

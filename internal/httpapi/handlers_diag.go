@@ -159,14 +159,6 @@ func (s *Server) handleEnv(w http.ResponseWriter, _ *http.Request) error {
 	return nil
 }
 
-// handlePprofCmdline is pprof's cmdline with secret flag values hidden
-// (the stock handler would print --http-auth-token).
-func (s *Server) handlePprofCmdline(w http.ResponseWriter, _ *http.Request) error {
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	writeText(w, http.StatusOK, s.scrub(strings.Join(redact.Args(os.Args), "\x00")))
-	return nil
-}
-
 // maxScriptBytes caps the uploaded script (multipart form included).
 const maxScriptBytes = 1 << 20
 

@@ -1,9 +1,7 @@
 package httpapi
 
 import (
-	"net"
 	"net/http"
-	"net/http/pprof"
 	"sort"
 
 	"github.com/lmcache-go/lmcache/internal/httproute"
@@ -74,9 +72,6 @@ func routes() []route {
 		unauth  = "bearer token missing or wrong (only with --http-auth-token)"
 	)
 	ui := webui.New(webui.Server)
-	seconds := func(def int) []httproute.Param {
-		return []httproute.Param{{Name: "seconds", Type: "integer", Default: def}}
-	}
 	rs := []route{
 		// Liveness and health.
 		{method: "GET", path: "/", tag: "info", summary: "Static liveness ping (does not touch the engine).", statuses: st(200, "alive"), resp: RootResponse{}, h: (*Server).handleRoot},
@@ -146,22 +141,15 @@ func routes() []route {
 		{method: "GET", path: "/ui", tag: "info", summary: "Web console page.", produces: httproute.HTML, statuses: st(200, "page"), h: serveStd(ui.ServeHTTP)},
 		{method: "GET", path: "/ui/{file}", tag: "info", summary: "Web console asset (script, style, the chart library and its licence).", produces: ctText,
 			statuses: st(200, "asset", 404, "unknown asset"), h: serveStd(ui.ServeHTTP)},
-		// Go profiling (net/http/pprof), beyond upstream.
-		{method: "GET", path: "/debug/pprof/", tag: "diagnostics", auth: authDebug, summary: "pprof index and named profiles (/debug/pprof/heap, goroutine, allocs, ...).", produces: ctText,
-			statuses: st(200, "profile", 404, "unknown profile"), h: serveStd(pprof.Index)},
-		{method: "GET", path: "/debug/pprof/cmdline", tag: "diagnostics", auth: authDebug, summary: "The process command line, secret flag values redacted.", produces: ctText,
-			statuses: st(200, "command line"), h: (*Server).handlePprofCmdline},
-		{method: "GET", path: "/debug/pprof/profile", tag: "diagnostics", auth: authDebug, summary: "CPU profile over seconds= (default 30).", query: seconds(30), produces: ctBinary,
-			statuses: st(200, "profile"), h: serveStd(pprof.Profile)},
-		{method: "GET", path: "/debug/pprof/symbol", tag: "diagnostics", auth: authDebug, summary: "Symbol lookup.", produces: ctText,
-			statuses: st(200, "symbols"), h: serveStd(pprof.Symbol)},
-		{method: "POST", path: "/debug/pprof/symbol", tag: "diagnostics", auth: authDebug, body: ctText, summary: "Symbol lookup for posted addresses.", produces: ctText,
-			statuses: st(200, "symbols"), req: "", h: serveStd(pprof.Symbol)},
-		{method: "GET", path: "/debug/pprof/trace", tag: "diagnostics", auth: authDebug, summary: "Execution trace over seconds= (default 1).", query: seconds(1), produces: ctBinary,
-			statuses: st(200, "trace"), h: serveStd(pprof.Trace)},
 	}
-	// Every guarded route documents 401 (and pprof its loopback rule), so
-	// the OpenAPI document cannot forget one.
+	// Go profiling (net/http/pprof), beyond upstream: the route set both
+	// services share, which documents its own 403 (the loopback rule).
+	for i, p := range pprofRoutes.Routes() {
+		rs = append(rs, route{method: p.Method, path: p.Path, tag: p.Tag, auth: authDebug, summary: p.Summary, statuses: p.Statuses,
+			body: p.RequestType, query: p.Query, produces: p.Produces, req: p.Request, h: pprofRoute(i)})
+	}
+	// Every guarded route documents 401, so the OpenAPI document cannot
+	// forget one.
 	for i := range rs {
 		switch rs[i].auth {
 		case authOpen:
@@ -170,9 +158,6 @@ func routes() []route {
 			rs[i].statuses[401] = unauth + " (setting only)"
 		case authMetrics:
 			rs[i].statuses[401] = unauth + " (only with LMCACHE_HTTP_AUTH_PROTECT_METRICS=1)"
-		case authDebug:
-			rs[i].statuses[401] = unauth
-			rs[i].statuses[403] = "no token configured and the client is not on loopback"
 		default:
 			rs[i].statuses[401] = unauth
 		}
@@ -195,6 +180,26 @@ type handler = func(http.ResponseWriter, *http.Request) error
 func loops(pick func(httproute.PeriodicHandlers) handler) func(*Server, http.ResponseWriter, *http.Request) error {
 	return func(s *Server, w http.ResponseWriter, r *http.Request) error {
 		return pick(httproute.Periodic(s.loops, ErrNotFound))(w, r)
+	}
+}
+
+// pprofRoutes documents the shared pprof routes; pprof binds them to a
+// server's token.
+var pprofRoutes = httproute.Pprof{Tag: "diagnostics", TokenFlag: "--http-auth-token"}
+
+// pprof is the shared pprof route set with s's token, 403 sentinel and
+// secret scrubbing (the redacted command line also has the configured
+// secret values replaced).
+func (s *Server) pprof() httproute.Pprof {
+	p := pprofRoutes
+	p.Token, p.Forbidden, p.Scrub = s.opts.AuthToken, ErrForbidden, s.scrub
+	return p
+}
+
+// pprofRoute serves the i-th shared pprof route bound to the server.
+func pprofRoute(i int) func(*Server, http.ResponseWriter, *http.Request) error {
+	return func(s *Server, w http.ResponseWriter, r *http.Request) error {
+		return s.pprof().Routes()[i].Handle(w, r)
 	}
 }
 
@@ -231,12 +236,7 @@ func (s *Server) toolkitRoute(rt route) httproute.Route {
 		out.AuthWhen = func(*http.Request) bool { return s.opts.ProtectMetrics }
 	case authDebug:
 		out.Auth = httproute.Bearer
-		out.Check = func(r *http.Request) error {
-			if s.opts.AuthToken == "" && !loopback(r.RemoteAddr) {
-				return errf(ErrForbidden, "pprof is served to loopback clients only unless --http-auth-token is set")
-			}
-			return nil
-		}
+		out.Check = s.pprof().Check
 	}
 	return out
 }
@@ -264,16 +264,6 @@ func (s *Server) buildTable() (*httproute.Table, error) {
 			return &httproute.Error{Kind: err, Msg: msg}
 		},
 	}, rs)
-}
-
-// loopback reports whether a RemoteAddr is a loopback address.
-func loopback(remote string) bool {
-	host, _, err := net.SplitHostPort(remote)
-	if err != nil {
-		host = remote
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // RouteInfo describes one route of the table (for documentation and
