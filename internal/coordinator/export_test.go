@@ -20,3 +20,7 @@ func SetMaxSeqTracked(n int) (restore func()) {
 
 // LedgerReserve reports the ledger's reserve counters.
 func (s *Server) LedgerReserve() ledger.ReserveStats { return s.ledger.Reserve() }
+
+// LedgerIngesting is the number of ingest requests the ledger counts in
+// flight.
+func (s *Server) LedgerIngesting() int { return s.ledger.Ingesting() }

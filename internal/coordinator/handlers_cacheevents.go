@@ -206,6 +206,8 @@ func decodeCacheEvents(r *http.Request, body []byte) ([]cacheBatch, error) {
 }
 
 func (s *Server) handleCacheEvents(w http.ResponseWriter, r *http.Request) error {
+	s.ledger.IngestStarted() // see handleEvents
+	defer s.ledger.IngestDone()
 	body, err := readBody(w, r, eventsBodyLimit)
 	if err != nil {
 		return err

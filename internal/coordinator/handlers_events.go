@@ -237,6 +237,9 @@ func decodeFast(r *http.Request, body []byte, buf []ledger.Event) fastBatch {
 }
 
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) error {
+	// Refill leaves the CPU to the request meanwhile (ledger.refillYield).
+	s.ledger.IngestStarted()
+	defer s.ledger.IngestDone()
 	buf, err := readPooledBody(w, r, eventsBodyLimit)
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
 )
 
 type threadStatus struct {
@@ -224,15 +225,7 @@ func TestSeqTrackerResetCounted(t *testing.T) {
 func TestLedgerReserveLoop(t *testing.T) {
 	c := startCoord(t, nil)
 	waitFor(t, "the reserve loop's first cycle", func() bool { return c.srv.LedgerReserve().SparePage })
-	const batch = 1000
-	for b := 0; b < 66; b++ {
-		evs := make([]any, batch)
-		for i := range evs {
-			evs[i] = map[string]any{"type": "store", "bytes": 1, "key": map[string]any{
-				"chunk_hash_hex": fmt.Sprintf("%08x", b*batch+i), "model_name": "m", "kv_rank": 0, "cache_salt": "s"}}
-		}
-		c.must("POST", "/quota/events", map[string]any{"instance_id": "i1", "seq": b + 1, "events": evs}, 200)
-	}
+	fillFirstEntryPage(c)
 	waitFor(t, "a spare after the second page", func() bool {
 		r := c.srv.LedgerReserve()
 		return r.SparePage && r.PreparedPages+r.ColdPages == 3 && r.PreparedPages >= 2
@@ -242,4 +235,70 @@ func TestLedgerReserveLoop(t *testing.T) {
 		return strings.HasPrefix(sum.Message, "prepared entry_pages=") && sum.Extra["prepared_entry_pages"] == fmt.Sprint(r.PreparedPages) &&
 			sum.Extra["ingest_path_entry_pages"] == fmt.Sprint(r.ColdPages) && sum.Extra["ingest_path_index_tables"] == fmt.Sprint(r.ColdTables)
 	})
+}
+
+// TestLedgerReserveYieldsToRequests: with a POST /quota/events in flight
+// (its body still arriving) the reserve loop holds back. Other requests
+// fill the first entry page and take the spare; the loop's chunks for the
+// next one wait for the stalled request and each goes ahead only after
+// the longest wait, counted as capped. The stalled request then completes
+// with 200, and the loop's summary shows the counts.
+func TestLedgerReserveYieldsToRequests(t *testing.T) {
+	c := startCoord(t, nil)
+	waitFor(t, "the reserve loop's first cycle", func() bool { return c.srv.LedgerReserve().SparePage })
+	body := `{"instance_id":"stalled","seq":1,"events":[{"type":"store","bytes":7,"key":{"chunk_hash_hex":"ff","model_name":"m","kv_rank":0,"cache_salt":"s"}}]}`
+	pr, pw := io.Pipe()
+	req, err := http.NewRequestWithContext(t.Context(), "POST", c.base+"/quota/events", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	status := make(chan int, 1)
+	go func() {
+		resp, err := c.client.Do(req)
+		if err != nil {
+			status <- -1
+			return
+		}
+		_ = resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	if _, err := pw.Write([]byte(body[:30])); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the stalled request's handler", func() bool { return c.srv.LedgerIngesting() == 1 })
+	fillFirstEntryPage(c)
+	waitFor(t, "a reserve chunk held back until the longest wait", func() bool { return c.srv.LedgerReserve().YieldCapped > 0 })
+	if _, err := pw.Write([]byte(body[30:])); err != nil {
+		t.Fatal(err)
+	}
+	_ = pw.Close()
+	if code := <-status; code != 200 {
+		t.Fatalf("the stalled request: %d", code)
+	}
+	if n := c.srv.LedgerIngesting(); n != 0 {
+		t.Fatalf("%d ingest requests still counted in flight", n)
+	}
+	waitFor(t, "the loop's summary to count the waits", func() bool {
+		r, sum := c.srv.LedgerReserve(), c.threads()[coordinator.LoopLedgerReserve].LastSummary
+		return r.YieldWaits >= r.YieldCapped && sum.Extra["yield_waits"] == fmt.Sprint(r.YieldWaits) && sum.Extra["yield_capped"] == fmt.Sprint(r.YieldCapped)
+	})
+	if g := c.must("GET", "/quota/s", nil, 200); g["usage_gb"] != quota.GB(66_007) {
+		t.Errorf("usage after all requests: %v, want %v GB (66,000 + 7 bytes)", g["usage_gb"], quota.GB(66_007))
+	}
+}
+
+// fillFirstEntryPage stores 66,000 one-byte keys of salt "s" in 1,000-event
+// batches from instance "i1": the ledger's first entry page (65,536
+// entries) fills and the second begins, taking the reserve's spare.
+func fillFirstEntryPage(c *coord) {
+	const batch = 1000
+	for b := 0; b < 66; b++ {
+		evs := make([]any, batch)
+		for i := range evs {
+			evs[i] = map[string]any{"type": "store", "bytes": 1, "key": map[string]any{
+				"chunk_hash_hex": fmt.Sprintf("%08x", b*batch+i), "model_name": "m", "kv_rank": 0, "cache_salt": "s"}}
+		}
+		c.must("POST", "/quota/events", map[string]any{"instance_id": "i1", "seq": b + 1, "events": evs}, 200)
+	}
 }

@@ -307,6 +307,9 @@ func (s *Server) reserveCycle(ctx context.Context) (periodic.Summary, error) {
 		"prepared_entry_pages": u(r.PreparedPages), "prepared_index_tables": u(r.PreparedTables),
 		// Allocated under the lock because nothing was ready.
 		"ingest_path_entry_pages": u(r.ColdPages), "ingest_path_index_tables": u(r.ColdTables),
+		// Chunks held back for ingest requests in flight, and those that
+		// went ahead after the longest wait.
+		"yield_waits": u(r.YieldWaits), "yield_capped": u(r.YieldCapped),
 	}}, nil
 }
 

@@ -373,6 +373,16 @@ type Ledger struct {
 	preparedNow atomic.Int64
 	// Counters of the reserve (see ReserveStats).
 	preparedPages, preparedTables, coldPages, coldTables uint64
+	// ingesting counts ingest requests in flight (IngestStarted); quiet
+	// holds a token when it fell to zero, for Refill's yield.
+	ingesting               atomic.Int32
+	quiet                   chan struct{}
+	yieldWaits, yieldCapped atomic.Uint64
+	// liveHint and allocHint are live and n as of the last Apply or
+	// Store, for Refill to tell, without the lock, how close the ingest
+	// path is to needing what it prepares.
+	liveHint  atomic.Int64
+	allocHint atomic.Uint32
 
 	models   []string
 	modelIDs map[string]uint32
@@ -401,6 +411,7 @@ func New() *Ledger {
 		pins:     map[ckey]int32{},
 		freeHead: nilIdx,
 		need:     make(chan struct{}, 1),
+		quiet:    make(chan struct{}, 1),
 		// Room for 4M entries before append copies the page list, so
 		// growing it is rare (and an allocation small enough not to
 		// matter) on the ingest path.
@@ -849,13 +860,21 @@ func (l *Ledger) Apply(events []Event) Counts {
 			c.Delete++
 		}
 	}
+	l.hint()
 	return c
+}
+
+// hint publishes live and n for Refill (see liveHint); must hold mu.
+func (l *Ledger) hint() {
+	l.liveHint.Store(int64(l.live))
+	l.allocHint.Store(l.n)
 }
 
 // Store records one stored key (resync).
 func (l *Ledger) Store(k Key, size int64) {
 	l.mu.Lock()
 	l.store(&k, size)
+	l.hint()
 	l.mu.Unlock()
 }
 

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -205,4 +206,112 @@ func TestRefillStopsOnCancel(t *testing.T) {
 	if p, tb := l.Refill(context.Background()); p != 1 || tb != 1 {
 		t.Fatalf("Refill prepared %d pages, %d tables; want 1, 1", p, tb)
 	}
+}
+
+// TestRefillYieldsToIngest: while an ingest request is in flight Refill
+// faults in nothing and waits, and it goes on as soon as the request is
+// done; under a request that never ends every chunk goes ahead after
+// refillYield, so an entry page of n chunks takes exactly n waits of
+// refillYield and n-1 pauses of refillPause (synctest's clock), each wait
+// counted.
+func TestRefillYieldsToIngest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := New()
+		refilled := make(chan int)
+		refill := func() {
+			go func() {
+				pages, _ := l.Refill(t.Context())
+				refilled <- pages
+			}()
+		}
+		l.IngestStarted()
+		refill()
+		synctest.Wait()
+		if r := l.Reserve(); r.SparePage || r.YieldWaits != 1 || r.YieldCapped != 0 {
+			t.Fatalf("with a request in flight: %+v, want no spare and one wait", r)
+		}
+		l.IngestDone()
+		if pages := <-refilled; pages != 1 {
+			t.Fatalf("Refill prepared %d pages after the request, want 1", pages)
+		}
+		if r := l.Reserve(); !r.SparePage || r.YieldWaits != 1 || r.YieldCapped != 0 {
+			t.Fatalf("after the request: %+v", r)
+		}
+
+		l.mu.Lock()
+		if _, sl := l.newPage(); sl == nil {
+			t.Fatal("newPage did not hand over the spare's slab")
+		}
+		l.mu.Unlock()
+		chunks := (len(entryBytes(make([]entry, pageSize))) + refillChunk - 1) / refillChunk
+		l.IngestStarted()
+		start := time.Now()
+		refill()
+		if pages := <-refilled; pages != 1 {
+			t.Fatalf("Refill under endless ingest prepared %d pages, want 1", pages)
+		}
+		want := time.Duration(chunks)*refillYield + time.Duration(chunks-1)*refillPause
+		if took := time.Since(start); took != want {
+			t.Errorf("a %d-chunk page under endless ingest took %v, want %v", chunks, took, want)
+		}
+		if r := l.Reserve(); !r.SparePage || r.YieldWaits != uint64(1+chunks) || r.YieldCapped != uint64(chunks) {
+			t.Errorf("under endless ingest: %+v, want %d waits, %d capped", r, 1+chunks, chunks)
+		}
+
+		// Once the page in use is half full the next one is urgent: no
+		// waits, only the pauses between chunks.
+		l.mu.Lock()
+		l.newPage()
+		l.n = pageSize + pageSize/2
+		l.hint()
+		l.mu.Unlock()
+		start = time.Now()
+		refill()
+		if pages := <-refilled; pages != 1 {
+			t.Fatalf("urgent Refill prepared %d pages, want 1", pages)
+		}
+		if took, want := time.Since(start), time.Duration(chunks-1)*refillPause; took != want {
+			t.Errorf("an urgent %d-chunk page took %v, want %v", chunks, took, want)
+		}
+		if r := l.Reserve(); !r.SparePage || r.YieldWaits != uint64(1+chunks) {
+			t.Errorf("urgent Refill waited: %+v", r)
+		}
+		l.IngestDone()
+	})
+}
+
+// TestRefillTableStopsYieldingHalfWay: Refill preparing the next index
+// table yields to ingest until the index is 9/16 full, half way from
+// where it starts (1/2) to where the ingest path would allocate the table
+// itself (5/8), and then goes ahead without waiting.
+func TestRefillTableStopsYieldingHalfWay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, tc := range []struct {
+			live     int
+			yielding bool
+		}{{1<<17/2 + 1, true}, {1<<17*9/16 + 1, false}} {
+			l := New()
+			l.index, l.mask, l.live = make([]uint64, 1<<17), 1<<17-1, tc.live
+			l.spare, l.spareSlab = newEntryPage()
+			l.spareReady.Store(true)
+			l.hint()
+			l.IngestStarted()
+			start := time.Now()
+			if pages, tables := l.Refill(t.Context()); pages != 0 || tables != 1 {
+				t.Fatalf("live %d: Refill prepared %d pages, %d tables, want the table only", tc.live, pages, tables)
+			}
+			chunks := 2 << 17 * 8 / refillChunk
+			want := time.Duration(chunks-1) * refillPause
+			if tc.yielding {
+				want += time.Duration(chunks) * refillYield
+			}
+			if took := time.Since(start); took != want {
+				t.Errorf("live %d: the %d-chunk table took %v, want %v", tc.live, chunks, took, want)
+			}
+			if r := l.Reserve(); r.YieldCapped != map[bool]uint64{true: uint64(chunks)}[tc.yielding] {
+				t.Errorf("live %d: %d chunks capped", tc.live, r.YieldCapped)
+			}
+			l.IngestDone()
+		}
+	})
 }
