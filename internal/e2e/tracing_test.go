@@ -92,3 +92,37 @@ func TestTracingEventsLevelTopOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestTracingDroppedSpansOnMetrics: the real binaries hand the spans their
+// exporter lost to their own counters. `lmcache server` and `lmcache
+// coordinator` export to a port nobody listens on; after one request each,
+// /metrics shows the loss under reason export_failed, and the queue_full
+// series is there at 0 (one request cannot fill the queue).
+func TestTracingDroppedSpansOnMetrics(t *testing.T) {
+	env := []string{"OTEL_EXPORTER_OTLP_TIMEOUT=300", "OTEL_BSP_SCHEDULE_DELAY=50"} // ms: export at once, give up fast
+	dead := "127.0.0.1:" + itoa(freePort(t))
+	httpPort := itoa(freePort(t))
+	server := "http://127.0.0.1:" + httpPort
+	start(t, "server-dead-collector", env, "server", "--http-port", httpPort, "--port", itoa(freePort(t)), "--l1-size-gb", "0.0625",
+		"--enable-tracing", "--otlp-endpoint", dead)
+	coordPort := itoa(freePort(t))
+	coord := "http://127.0.0.1:" + coordPort
+	start(t, "coordinator-dead-collector", append(env, noResync...), "coordinator", "--host", "127.0.0.1", "--port", coordPort,
+		"--health-check-interval", "0", "--eviction-check-interval", "0", "--enable-tracing", "--otlp-endpoint", dead)
+	waitFor(t, "server healthcheck", healthy(server+"/healthcheck"))
+	waitFor(t, "coordinator healthz", healthy(coord+"/healthz"))
+	for _, svc := range []struct{ base, path, prefix string }{{server, "/", "lmcache_mp"}, {coord, "/quota", "lmcache_coordinator"}} {
+		base := svc.base
+		failed, full := svc.prefix+`_trace_spans_dropped_total{reason="export_failed"}`, svc.prefix+`_trace_spans_dropped_total{reason="queue_full"}`
+		if v := scrape(base, full); v != 0 {
+			t.Fatalf("%s = %v before any request, want 0", full, v)
+		}
+		if code, _ := call(t, "GET", base+svc.path, nil, nil, nil); code != http.StatusOK {
+			t.Fatalf("GET %s%s: %d", base, svc.path, code)
+		}
+		waitFor(t, failed+" to count the lost spans", func() bool { return scrape(base, failed) >= 1 })
+		if v := scrape(base, full); v != 0 {
+			t.Errorf("%s = %v, want 0", full, v)
+		}
+	}
+}

@@ -18,7 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -68,7 +70,9 @@ type Config struct {
 	ServiceVersion string
 	InstanceID     string
 	// Dropped, when set, is told how many spans were lost and why
-	// ("export_failed": the collector refused or could not be reached).
+	// ("export_failed": the collector refused or could not be reached;
+	// "queue_full": OTEL_BSP_MAX_QUEUE_SIZE spans, 2048 by default, were
+	// already waiting for export).
 	Dropped func(reason string, n int)
 }
 
@@ -117,8 +121,18 @@ func Start(ctx context.Context, cfg Config) (*Provider, error) {
 	if cfg.InstanceID != "" {
 		attrs = append(attrs, semconv.ServiceInstanceID(cfg.InstanceID))
 	}
+	dropped := cfg.Dropped
+	if dropped == nil {
+		dropped = func(string, int) {}
+	}
+	adm := &admission{limit: int64(queueSize()), dropped: dropped}
+	// The batch processor's own queue is twice the admission limit, so that
+	// with at most that many spans admitted (queued, batched or exporting)
+	// it never fills and drops a span without a count.
+	adm.SpanProcessor = sdktrace.NewBatchSpanProcessor(&countingExporter{SpanExporter: exp, dropped: dropped, done: adm.done},
+		sdktrace.WithMaxQueueSize(2*int(adm.limit)))
 	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(&countingExporter{SpanExporter: exp, dropped: cfg.Dropped}),
+		sdktrace.WithSpanProcessor(adm),
 		sdktrace.WithResource(resource.NewSchemaless(attrs...)),
 	)
 	st := &state{tp: tp, tracer: tp.Tracer("github.com/lmcache-go/lmcache"), level: level}
@@ -227,18 +241,61 @@ const (
 	KeyWorldSize = attribute.Key("lmcache.world_size")
 )
 
+// queueSize is how many ended spans may wait for export (queued, in a
+// batch or being exported) before new ones are dropped, counted as
+// "queue_full": OTEL_BSP_MAX_QUEUE_SIZE when it is a positive integer, as
+// for the SDK's batch processor, else the SDK's default (2048).
+func queueSize() int {
+	if n, err := strconv.Atoi(os.Getenv("OTEL_BSP_MAX_QUEUE_SIZE")); err == nil && n > 0 {
+		return n
+	}
+	return sdktrace.DefaultMaxQueueSize
+}
+
+// admission is the span processor in front of the batch processor. The
+// batch processor drops a span when its queue is full and only logs it
+// (at debug level), so admission bounds the spans it hands over to
+// limit and counts the ones it turns away. A span counts from its End
+// until the export call that carried it returns (countingExporter calls
+// done), whether the export succeeded or not.
+type admission struct {
+	sdktrace.SpanProcessor
+	limit    int64
+	inFlight atomic.Int64
+	dropped  func(reason string, n int)
+}
+
+// OnEnd admits a sampled span or counts it dropped. Unsampled spans are
+// passed through: the batch processor ignores them.
+func (a *admission) OnEnd(s sdktrace.ReadOnlySpan) {
+	if s.SpanContext().IsSampled() {
+		if a.inFlight.Add(1) > a.limit {
+			a.inFlight.Add(-1)
+			a.dropped("queue_full", 1)
+			return
+		}
+	}
+	a.SpanProcessor.OnEnd(s)
+}
+
+// done releases n exported (or failed) spans' places.
+func (a *admission) done(n int) { a.inFlight.Add(-int64(n)) }
+
 // countingExporter reports spans the collector did not take, so the loss
-// shows in a Prometheus counter instead of only in an OTel log line.
+// shows in a Prometheus counter instead of only in an OTel log line, and
+// tells admission each batch is finished.
 type countingExporter struct {
 	sdktrace.SpanExporter
 	dropped func(reason string, n int)
+	done    func(n int)
 }
 
 func (e *countingExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
 	err := e.SpanExporter.ExportSpans(ctx, spans)
-	if err != nil && e.dropped != nil {
+	if err != nil {
 		e.dropped("export_failed", len(spans))
 	}
+	e.done(len(spans))
 	return err
 }
 

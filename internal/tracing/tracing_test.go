@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,5 +193,51 @@ func TestExportFailureCounted(t *testing.T) {
 	_ = p.Shutdown(ctx) // waits for the failed export; its error may surface here
 	if dropped != 1 {
 		t.Fatalf("dropped = %d, want 1", dropped)
+	}
+}
+
+// TestQueueFullCounted: with the collector holding the first export, at
+// most OTEL_BSP_MAX_QUEUE_SIZE ended spans wait (queued, batched or being
+// exported) and every further one is reported to Dropped as queue_full,
+// exactly; once the collector reads again, every admitted span arrives and
+// none is counted as an export failure.
+func TestQueueFullCounted(t *testing.T) {
+	const limit, extra = 64, 10
+	t.Setenv("OTEL_BSP_MAX_QUEUE_SIZE", "64")
+	t.Setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "16")
+	rcv := otlptest.Start(t)
+	release := rcv.Hold()
+	defer release()
+	var queueFull, failed atomic.Int64
+	p, err := tracing.Start(context.Background(), tracing.Config{Enabled: true, Endpoint: "http://" + rcv.Addr,
+		Dropped: func(reason string, n int) {
+			switch reason {
+			case "queue_full":
+				queueFull.Add(int64(n))
+			case "export_failed":
+				failed.Add(int64(n))
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range limit + extra {
+		_, span := tracing.Request(context.Background(), fmt.Sprintf("span-%d", i))
+		tracing.End(span, nil)
+	}
+	if got := queueFull.Load(); got != extra {
+		t.Fatalf("queue_full = %d after %d spans with %d admitted, want %d", got, limit+extra, limit, extra)
+	}
+	release()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := rcv.Spans(); len(got) != limit || got[0].Name != "span-0" {
+		t.Fatalf("%d spans arrived (first %v), want the %d admitted", len(got), got[:min(1, len(got))], limit)
+	}
+	if queueFull.Load() != extra || failed.Load() != 0 {
+		t.Fatalf("after the flush: queue_full %d, export_failed %d; want %d and 0", queueFull.Load(), failed.Load(), extra)
 	}
 }

@@ -40,6 +40,27 @@ type Receiver struct {
 	mu    sync.Mutex
 	spans []Span
 	seen  chan struct{} // signalled (non-blocking) on every export
+	// held, while not nil, holds every Export until it is closed (Hold).
+	held chan struct{}
+}
+
+// Hold makes every export wait, without taking its spans, until release
+// is called (or the exporter gives up on the call), as a collector that
+// has stopped reading would.
+func (r *Receiver) Hold() (release func()) {
+	ch := make(chan struct{})
+	r.mu.Lock()
+	r.held = ch
+	r.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			r.mu.Lock()
+			r.held = nil
+			r.mu.Unlock()
+			close(ch)
+		})
+	}
 }
 
 // Start listens on 127.0.0.1:0 and stops the server at test cleanup.
@@ -59,7 +80,17 @@ func Start(t testing.TB) *Receiver {
 }
 
 // Export implements the collector TraceService.
-func (r *Receiver) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+func (r *Receiver) Export(ctx context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	r.mu.Lock()
+	held := r.held
+	r.mu.Unlock()
+	if held != nil {
+		select {
+		case <-held:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	r.mu.Lock()
 	for _, rs := range req.GetResourceSpans() {
 		res := attrs(rs.GetResource().GetAttributes())
