@@ -24,3 +24,10 @@ func (s *Server) LedgerReserve() ledger.ReserveStats { return s.ledger.Reserve()
 // LedgerIngesting is the number of ingest requests the ledger counts in
 // flight.
 func (s *Server) LedgerIngesting() int { return s.ledger.Ingesting() }
+
+// SetSharedGroupCycles lowers the lag cycles before the shared-group
+// warning for a test and returns a function restoring it.
+func SetSharedGroupCycles(n int64) (restore func()) {
+	old := sharedGroupCycles.Swap(n)
+	return func() { sharedGroupCycles.Store(old) }
+}

@@ -36,7 +36,22 @@ type kafkaIngest struct {
 	// resync loops wait for it (upstream's IngestReadiness).
 	ready     chan struct{}
 	readyOnce sync.Once
+	// short counts consecutive lag cycles in which the consumer held
+	// fewer partitions than the topic has, and warned is whether this
+	// run of them was logged (only the lag loop touches either).
+	short  int64
+	warned bool
 }
+
+// sharedGroupCycles is how many lag cycles (seconds) in a row the consumer
+// may hold fewer than all of the topic's partitions before the lag loop
+// warns that its group is shared: longer than a rebalance, and than a
+// restart's wait for its dead predecessor's session to time out (10 s),
+// so a member joining or leaving does not trip it. Atomic so a test can
+// change it while the loop runs.
+var sharedGroupCycles atomic.Int64
+
+func init() { sharedGroupCycles.Store(30) }
 
 // newKafkaIngest builds the Source; start (nil: the group's commit, or the
 // earliest offset) and fromStart come from the checkpoint.
@@ -102,7 +117,20 @@ func (s *Server) kafkaLoops(ctx context.Context) []func() {
 				close(k.ready)
 			})
 		}
-		return periodic.Summary{Message: fmt.Sprintf("lag=%d", n)}, nil
+		held, total := k.src.Assignment()
+		if held < total {
+			k.short++
+		} else {
+			k.short, k.warned = 0, false
+		}
+		if k.short >= sharedGroupCycles.Load() && !k.warned {
+			// Once per run of short cycles; a cycle with every partition
+			// ends the run.
+			k.warned = true
+			s.log.Warn("the cache-event consumer group is shared: this coordinator holds only some of the topic's partitions and its ledger misses the other partitions' events; give each coordinator its own --kafka-group-id",
+				"group_id", s.cfg.Ingest.KafkaGroupID, "partitions_held", held, "topic_partitions", total, "for_cycles", k.short)
+		}
+		return periodic.Summary{Message: fmt.Sprintf("lag=%d partitions=%d/%d", n, held, total)}, nil
 	})
 	return []func(){
 		func() {

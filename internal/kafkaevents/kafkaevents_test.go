@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/lmcache-go/lmcache/internal/kafkaevents"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/polltest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -570,4 +571,37 @@ func TestSourceLag(t *testing.T) {
 	if lag, err := dead.Lag(dctx); err == nil || lag != kafkaevents.UnknownLag {
 		t.Fatalf("lag from an unreachable broker: %d %v, want %d and an error", lag, err, kafkaevents.UnknownLag)
 	}
+}
+
+// Assignment tells a consumer alone in its group (all 4 partitions) from
+// one that shares it: a second Source joining the same group takes some
+// partitions away, the two together hold all 4, and when it leaves the
+// first holds all 4 again. The topic's count is learned by Lag.
+func TestSourceAssignmentShowsSharedGroup(t *testing.T) {
+	brokers, topic := newTopic(t, 4)
+	a := newSource(t, brokers, topic, "g-shared", newCollector())
+	if got, total := a.Assignment(); got != 0 || total != -1 {
+		t.Fatalf("before Run: %d of %d, want 0 of -1 (unknown)", got, total)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if _, err := a.Lag(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held := func(s *kafkaevents.Source) int { n, _ := s.Assignment(); return n }
+	runSource(t, a)
+	polltest.Until(t, waitFor, "the first consumer to hold all 4 partitions", func() bool { return held(a) == 4 })
+	if _, total := a.Assignment(); total != 4 {
+		t.Fatalf("topic partitions %d, want 4", total)
+	}
+	b := newSource(t, brokers, topic, "g-shared", newCollector())
+	stopB := runSource(t, b)
+	polltest.Until(t, waitFor, "the group to split the partitions", func() bool {
+		return held(a) > 0 && held(b) > 0 && held(a)+held(b) == 4
+	})
+	stopB()
+	if n := held(b); n != 0 {
+		t.Fatalf("a stopped consumer holds %d partitions", n)
+	}
+	polltest.Until(t, waitFor, "the first consumer to hold all 4 again", func() bool { return held(a) == 4 })
 }

@@ -36,6 +36,7 @@ func (s *Source) Lag(ctx context.Context) (int64, error) {
 	if err != nil {
 		return UnknownLag, fmt.Errorf("kafkaevents: end offsets of %s: %w", s.cfg.Topic, err)
 	}
+	s.partitions.Store(int64(len(ends[s.cfg.Topic])))
 	starts, err := adm.ListStartOffsets(ctx, s.cfg.Topic)
 	if err == nil {
 		err = starts.Error()

@@ -116,6 +116,13 @@ type Source struct {
 	// Positions (a checkpoint) and Lag from other goroutines.
 	posMu sync.Mutex
 	pos   map[int32]int64
+
+	// assigned is how many of the topic's partitions the group gives this
+	// consumer (kept by the group callbacks, see Open); partitions is the
+	// topic's partition count as of the last Lag, -1 before one answered.
+	// Fewer assigned than there are means another consumer shares the
+	// group and gets the others' records (see Assignment).
+	assigned, partitions atomic.Int64
 }
 
 // SourceStats are the Source's counters.
@@ -149,7 +156,26 @@ func NewSource(cfg SourceConfig, app Applier) (*Source, error) {
 	if pos == nil {
 		pos = map[int32]int64{}
 	}
-	return &Source{cfg: cfg, app: app, log: cfg.Logger, pollRecords: maxPollRecords, pos: pos}, nil
+	src := &Source{cfg: cfg, app: app, log: cfg.Logger, pollRecords: maxPollRecords, pos: pos}
+	src.partitions.Store(-1)
+	return src, nil
+}
+
+// Assignment reports how many partitions of the topic this consumer holds
+// and how many the topic has (-1 until a Lag call learned it). A consumer
+// that holds fewer than all of them for longer than a rebalance shares its
+// group with another consumer, which reads the rest: the state this Source
+// feeds then misses those partitions' events.
+func (s *Source) Assignment() (assigned, partitions int) {
+	return int(s.assigned.Load()), int(s.partitions.Load())
+}
+
+// countPartitions adds the topic's partitions in a group callback's set,
+// times sign (+1 assigned, -1 revoked or lost).
+func (s *Source) countPartitions(sign int64) func(context.Context, *kgo.Client, map[string][]int32) {
+	return func(_ context.Context, _ *kgo.Client, set map[string][]int32) {
+		s.assigned.Add(sign * int64(len(set[s.cfg.Topic])))
+	}
 }
 
 // Topic is the topic the Source consumes.
@@ -216,6 +242,12 @@ func (s *Source) Collectors() []prometheus.Collector {
 		c("apply_retries_total", "Transient event-gate failures on a Kafka record, retried with backoff.", &s.retries),
 		c("consumer_errors_total", "Fetch errors reported by the Kafka consumer.", &s.consumerErrors),
 		c("commit_errors_total", "Offset commits that failed; the records after the last good commit are redelivered.", &s.commitErrors),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lmcache_coordinator_kafka_partitions_assigned",
+			Help: "Partitions of the cache-event topic this coordinator's consumer holds; below lmcache_coordinator_kafka_topic_partitions after a rebalance, another consumer shares its group and this ledger misses the rest."},
+			func() float64 { return float64(s.assigned.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lmcache_coordinator_kafka_topic_partitions",
+			Help: "Partitions of the cache-event topic (-1 until the lag loop first reached the brokers)."},
+			func() float64 { return float64(s.partitions.Load()) }),
 	}
 }
 
@@ -253,6 +285,12 @@ func (s *Source) Open() error {
 		// unapplied one.
 		kgo.BlockRebalanceOnPoll(),
 		kgo.AdjustFetchOffsetsFn(s.adjustOffsets),
+		// Both eager and cooperative rebalances hand these callbacks the
+		// partitions that change hands, so the running sum is the current
+		// assignment.
+		kgo.OnPartitionsAssigned(s.countPartitions(1)),
+		kgo.OnPartitionsRevoked(s.countPartitions(-1)),
+		kgo.OnPartitionsLost(s.countPartitions(-1)),
 		// A coordinator killed with SIGKILL never leaves its group: its
 		// partitions stay assigned to the dead member until the session
 		// times out, and a restart in the same group reads nothing until
