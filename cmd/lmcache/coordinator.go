@@ -45,6 +45,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	tr, err := tracing.Start(ctx, tracing.Config{
 		Enabled: cfg.Tracing.Enabled, Endpoint: cfg.Tracing.Endpoint, Level: cfg.Tracing.Level,
 		ServiceName: "lmcache-mp-coordinator", ServiceVersion: buildinfo.Labels()["version"],
+		Logger: log,
 		// Lost spans are counted on the coordinator's /metrics; the
 		// coordinator exists only after tracing started, and no span can
 		// be lost before it serves a request.

@@ -201,7 +201,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 	}
 	metrics := mpmetrics.New(instanceID, nil)
 	metrics.Registry().MustRegister(loops.Collector(mpmetrics.Namespace)) // lmcache_mp_periodic_thread_*
-	if s.tr, err = startTracing(ctx, cfg, instanceID, metrics); err != nil {
+	if s.tr, err = startTracing(ctx, cfg, instanceID, metrics, levels.Logger("lmcache.tracing")); err != nil {
 		return nil, &usageError{err}
 	}
 	mqcfg := mq.Defaults()

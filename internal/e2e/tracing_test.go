@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,18 +99,21 @@ func TestTracingEventsLevelTopOnly(t *testing.T) {
 // exporter lost to their own counters. `lmcache server` and `lmcache
 // coordinator` export to a port nobody listens on; after one request each,
 // /metrics shows the loss under reason export_failed, and the queue_full
-// series is there at 0 (one request cannot fill the queue).
+// series is there at 0 (one request cannot fill the queue). With JSON logs
+// (--log-format json, LMCACHE_LOG_FORMAT=json) the SDK's export error is
+// one of the records (throttled), not a plain line from the standard log
+// package.
 func TestTracingDroppedSpansOnMetrics(t *testing.T) {
 	env := []string{"OTEL_EXPORTER_OTLP_TIMEOUT=300", "OTEL_BSP_SCHEDULE_DELAY=50"} // ms: export at once, give up fast
 	dead := "127.0.0.1:" + itoa(freePort(t))
 	httpPort := itoa(freePort(t))
 	server := "http://127.0.0.1:" + httpPort
-	start(t, "server-dead-collector", env, "server", "--http-port", httpPort, "--port", itoa(freePort(t)), "--l1-size-gb", "0.0625",
-		"--enable-tracing", "--otlp-endpoint", dead)
+	srv := start(t, "server-dead-collector", env, "server", "--http-port", httpPort, "--port", itoa(freePort(t)), "--l1-size-gb", "0.0625",
+		"--log-format", "json", "--enable-tracing", "--otlp-endpoint", dead)
 	coordPort := itoa(freePort(t))
 	coord := "http://127.0.0.1:" + coordPort
-	start(t, "coordinator-dead-collector", append(env, noResync...), "coordinator", "--host", "127.0.0.1", "--port", coordPort,
-		"--health-check-interval", "0", "--eviction-check-interval", "0", "--enable-tracing", "--otlp-endpoint", dead)
+	crd := start(t, "coordinator-dead-collector", append(append(env, noResync...), "LMCACHE_LOG_FORMAT=json"), "coordinator", "--host", "127.0.0.1",
+		"--port", coordPort, "--health-check-interval", "0", "--eviction-check-interval", "0", "--enable-tracing", "--otlp-endpoint", dead)
 	waitFor(t, "server healthcheck", healthy(server+"/healthcheck"))
 	waitFor(t, "coordinator healthz", healthy(coord+"/healthz"))
 	for _, svc := range []struct{ base, path, prefix string }{{server, "/", "lmcache_mp"}, {coord, "/quota", "lmcache_coordinator"}} {
@@ -123,6 +128,24 @@ func TestTracingDroppedSpansOnMetrics(t *testing.T) {
 		waitFor(t, failed+" to count the lost spans", func() bool { return scrape(base, failed) >= 1 })
 		if v := scrape(base, full); v != 0 {
 			t.Errorf("%s = %v, want 0", full, v)
+		}
+	}
+	for name, p := range map[string]*proc{"server": srv, "coordinator": crd} {
+		p.Stop(t)
+		exportErrors := 0
+		for _, line := range strings.Split(strings.TrimSpace(p.Output(t)), "\n") {
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Errorf("%s: a log line is not JSON: %q", name, line)
+				continue
+			}
+			// The server names the level as upstream's Python does.
+			if msg, _ := rec["msg"].(string); strings.HasPrefix(msg, "opentelemetry error") && (rec["level"] == "WARN" || rec["level"] == "WARNING") {
+				exportErrors++
+			}
+		}
+		if exportErrors == 0 {
+			t.Errorf("%s: no JSON record of the failed export:\n%s", name, p.Output(t))
 		}
 	}
 }

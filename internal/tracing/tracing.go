@@ -17,14 +17,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -74,6 +77,12 @@ type Config struct {
 	// "queue_full": OTEL_BSP_MAX_QUEUE_SIZE spans, 2048 by default, were
 	// already waiting for export).
 	Dropped func(reason string, n int)
+	// Logger receives the OpenTelemetry SDK's own errors (a failed
+	// export, an exporter that gave up) at WARN, at most one every
+	// sdkErrorEvery with the count of those in between; nil uses
+	// slog.Default(). Without it the SDK prints them through the standard
+	// log package, one unstructured line each.
+	Logger *slog.Logger
 }
 
 // Provider is the active tracer provider; Shutdown flushes and removes it.
@@ -121,6 +130,11 @@ func Start(ctx context.Context, cfg Config) (*Provider, error) {
 	if cfg.InstanceID != "" {
 		attrs = append(attrs, semconv.ServiceInstanceID(cfg.InstanceID))
 	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	otel.SetErrorHandler(&sdkErrors{log: logger, every: sdkErrorEvery, now: time.Now})
 	dropped := cfg.Dropped
 	if dropped == nil {
 		dropped = func(string, int) {}
@@ -297,6 +311,39 @@ func (e *countingExporter) ExportSpans(ctx context.Context, spans []sdktrace.Rea
 	}
 	e.done(len(spans))
 	return err
+}
+
+// sdkErrorEvery is the least time between two logged SDK errors: with the
+// collector down every batch fails (one every 5 s by default, more under
+// load), and the loss is counted in the dropped-spans metric anyway.
+const sdkErrorEvery = 10 * time.Second
+
+// sdkErrors is the OpenTelemetry error handler Start installs: it logs the
+// SDK's errors through the service's structured logger, throttled.
+type sdkErrors struct {
+	log   *slog.Logger
+	every time.Duration
+	now   func() time.Time
+
+	mu         sync.Mutex
+	last       time.Time // when the last logged error was logged
+	suppressed int       // errors since then not logged
+}
+
+// Handle implements otel.ErrorHandler.
+func (h *sdkErrors) Handle(err error) {
+	now := h.now()
+	h.mu.Lock()
+	if !h.last.IsZero() && now.Sub(h.last) < h.every {
+		h.suppressed++
+		h.mu.Unlock()
+		return
+	}
+	skipped := h.suppressed
+	h.last, h.suppressed = now, 0
+	h.mu.Unlock()
+	h.log.Warn("opentelemetry error (logged at most every 10 s; lost spans are counted in the trace_spans_dropped_total metric)",
+		"err", err, "not_logged_since_last", skipped)
 }
 
 // ShutdownTimeout bounds the flush on server stop.

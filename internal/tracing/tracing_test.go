@@ -1,11 +1,17 @@
 package tracing_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -175,22 +181,12 @@ func TestHTTPHandlerNamesRoute(t *testing.T) {
 // TestExportFailureCounted: spans the collector cannot take are reported
 // to Dropped.
 func TestExportFailureCounted(t *testing.T) {
-	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "300") // ms: give up on the dead endpoint fast
 	dropped := 0
-	p, err := tracing.Start(context.Background(), tracing.Config{Enabled: true, Endpoint: "127.0.0.1:1",
-		Dropped: func(reason string, n int) {
-			if reason == "export_failed" {
-				dropped += n
-			}
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, span := tracing.Request(context.Background(), "LOOKUP")
-	tracing.End(span, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	_ = p.Shutdown(ctx) // waits for the failed export; its error may surface here
+	exportToDeadCollector(t, tracing.Config{Dropped: func(reason string, n int) {
+		if reason == "export_failed" {
+			dropped += n
+		}
+	}})
 	if dropped != 1 {
 		t.Fatalf("dropped = %d, want 1", dropped)
 	}
@@ -240,4 +236,85 @@ func TestQueueFullCounted(t *testing.T) {
 	if queueFull.Load() != extra || failed.Load() != 0 {
 		t.Fatalf("after the flush: queue_full %d, export_failed %d; want %d and 0", queueFull.Load(), failed.Load(), extra)
 	}
+}
+
+// jsonRecords decodes a JSON slog handler's output, one record per line.
+func jsonRecords(t *testing.T, raw string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(raw), "\n") {
+		if line == "" {
+			continue
+		}
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("not a JSON log record: %q: %v", line, err)
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+// TestSDKErrorsThrottled: the SDK error handler logs the first error at
+// WARN, drops those within the interval and logs the next one after it
+// with the number it did not log.
+func TestSDKErrorsThrottled(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Unix(1_000_000, 0)
+	h := tracing.NewSDKErrors(slog.New(slog.NewJSONHandler(&buf, nil)), 10*time.Second, func() time.Time { return now })
+	h.Handle(errors.New("e1"))
+	now = now.Add(time.Second)
+	h.Handle(errors.New("e2"))
+	now = now.Add(8 * time.Second)
+	h.Handle(errors.New("e3"))
+	now = now.Add(time.Second)
+	h.Handle(errors.New("e4"))
+	recs := jsonRecords(t, buf.String())
+	if len(recs) != 2 {
+		t.Fatalf("%d records, want 2 (e1 and e4):\n%s", len(recs), buf.String())
+	}
+	for i, want := range []struct {
+		err     string
+		skipped float64
+	}{{"e1", 0}, {"e4", 2}} {
+		if recs[i]["level"] != "WARN" || recs[i]["err"] != want.err || recs[i]["not_logged_since_last"] != want.skipped ||
+			!strings.HasPrefix(recs[i]["msg"].(string), "opentelemetry error") {
+			t.Errorf("record %d = %v, want WARN %s with %v not logged", i, recs[i], want.err, want.skipped)
+		}
+	}
+}
+
+// TestSDKErrorsGoToTheLogger: a failed export to a dead collector is
+// logged through Config.Logger as a structured WARN record, and nothing
+// reaches the standard log package (the SDK's default handler).
+func TestSDKErrorsGoToTheLogger(t *testing.T) {
+	var std, buf bytes.Buffer
+	log.SetOutput(&std)
+	t.Cleanup(func() { log.SetOutput(os.Stderr) })
+	exportToDeadCollector(t, tracing.Config{Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
+	recs := jsonRecords(t, buf.String())
+	if len(recs) != 1 || recs[0]["level"] != "WARN" || !strings.Contains(fmt.Sprint(recs[0]["err"]), "traces export") {
+		t.Fatalf("logger got %v, want one WARN record of the failed export", recs)
+	}
+	if std.Len() != 0 {
+		t.Fatalf("the standard log got %q", std.String())
+	}
+}
+
+// exportToDeadCollector starts tracing with cfg aimed at a port nobody
+// listens on, ends one span and shuts down, which waits for its failed
+// export (given up after 300 ms).
+func exportToDeadCollector(t *testing.T, cfg tracing.Config) {
+	t.Helper()
+	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "300") // ms
+	cfg.Enabled, cfg.Endpoint = true, "127.0.0.1:1"
+	p, err := tracing.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := tracing.Request(context.Background(), "LOOKUP")
+	tracing.End(span, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_ = p.Shutdown(ctx) // the failed export's error may surface here
 }
