@@ -20,7 +20,10 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
+
+	"github.com/lmcache-go/lmcache/internal/kafkaevents"
 )
 
 // startFleet starts the coordinator and the server with the manifests'
@@ -198,6 +201,12 @@ func TestFleetFromManifests(t *testing.T) {
 	for n := range coordNames {
 		exported[n] = true
 	}
+	// This fleet's coordinator ingests over HTTP; the Kafka consumer's
+	// series (--event-transport kafka) are named by the collectors it
+	// would register.
+	for n := range kafkaConsumerNames(t) {
+		exported[n] = true
+	}
 
 	t.Run("DashboardMetricsExist", func(t *testing.T) {
 		exprs := dashboardExprs(t, "grafana/lmcache-go.json")
@@ -362,4 +371,29 @@ func svgTexts(t *testing.T, svg []byte) []string {
 			}
 		}
 	}
+}
+
+// kafkaConsumerNames are the metric names of the Kafka consumer's
+// collectors, gathered without connecting to a broker.
+func kafkaConsumerNames(t *testing.T) map[string]bool {
+	t.Helper()
+	src, err := kafkaevents.NewSource(kafkaevents.SourceConfig{Brokers: []string{"127.0.0.1:1"}},
+		kafkaevents.ApplierFunc(func(context.Context, kafkaevents.Record) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(src.Collectors()...)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+	}
+	if !names["lmcache_coordinator_kafka_partitions_assigned"] || !names["lmcache_coordinator_kafka_topic_partitions"] {
+		t.Fatalf("the Kafka consumer's collectors lack the partition gauges: %v", names)
+	}
+	return names
 }

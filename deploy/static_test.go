@@ -31,7 +31,7 @@ func promtool(t *testing.T, args ...string) string {
 // tests (synthetic series that must fire, and not fire, the alerts).
 func TestAlertRules(t *testing.T) {
 	out := promtool(t, "check", "rules", "lmcache-alerts.yml")
-	if !strings.Contains(out, "SUCCESS: 15 rules found") {
+	if !strings.Contains(out, "SUCCESS: 16 rules found") {
 		t.Errorf("promtool check rules:\n%s", out)
 	}
 	out = promtool(t, "test", "rules", "lmcache-alerts_test.yml")
