@@ -130,11 +130,6 @@ func Start(ctx context.Context, cfg Config) (*Provider, error) {
 	if cfg.InstanceID != "" {
 		attrs = append(attrs, semconv.ServiceInstanceID(cfg.InstanceID))
 	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.Default()
-	}
-	otel.SetErrorHandler(&sdkErrors{log: logger, every: sdkErrorEvery, now: time.Now})
 	dropped := cfg.Dropped
 	if dropped == nil {
 		dropped = func(string, int) {}
@@ -154,6 +149,12 @@ func Start(ctx context.Context, cfg Config) (*Provider, error) {
 		_ = tp.Shutdown(ctx)
 		return nil, errors.New("tracing: a provider is already active in this process")
 	}
+	// Process-wide, like the provider: set only by the Start that won.
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	otel.SetErrorHandler(&sdkErrors{log: logger, every: sdkErrorEvery, now: time.Now})
 	return &Provider{st: st}, nil
 }
 
