@@ -107,13 +107,17 @@ type slab struct {
 	cleanup runtime.Cleanup
 }
 
+// mappedSize is what mapSlab maps for n bytes: n rounded up to whole huge
+// pages.
+func mappedSize(n int) uintptr { return (uintptr(n) + hugePage - 1) &^ (hugePage - 1) }
+
 // mapSlab maps n bytes, zeroed, from the kernel at a hugePage boundary
-// (the length rounded up to whole huge pages) and asks for huge pages. The
-// tail beyond n is never written: with 4 KiB pages it takes no memory;
-// with huge pages the last one is resident whole (0.5 MiB of an entry
-// page's 8 MiB, about 8 bytes per key).
+// (mappedSize(n) in all) and asks for huge pages. The tail beyond n is
+// never written: with 4 KiB pages it takes no memory; with huge pages the
+// last one is resident whole (1 MiB past an entry page's 5 MiB, 16 bytes
+// per key).
 func mapSlab(n int) (*slab, error) {
-	size := (uintptr(n) + hugePage - 1) &^ (hugePage - 1)
+	size := mappedSize(n)
 	// Map a huge page more than needed and cut the unaligned head and
 	// tail off, since mmap only promises 4 KiB alignment.
 	raw, err := unix.MmapPtr(-1, 0, nil, size+hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
@@ -173,7 +177,7 @@ func (sl *slab) release(from, to uint64) {
 func (sl *slab) free() {
 	if sl != nil {
 		sl.cleanup.Stop()
-		_ = unix.MunmapPtr(unsafe.Pointer(&sl.mem[0]), (uintptr(len(sl.mem))+hugePage-1)&^(hugePage-1))
+		_ = unix.MunmapPtr(unsafe.Pointer(&sl.mem[0]), mappedSize(len(sl.mem)))
 	}
 }
 

@@ -69,8 +69,8 @@ func TestSlabsAreHugePageAligned(t *testing.T) {
 }
 
 // TestSlabsGetHugePages: an entry page written through is backed by
-// transparent huge pages (at least the three whole 2 MiB pages inside its
-// 7.5 MiB) where the kernel allows them on advice, and by none where its
+// transparent huge pages (the three 2 MiB pages its 5 MiB touch, in a
+// 6 MiB mapping) where the kernel allows them on advice, and by none where its
 // mode is "never" (the advice then does nothing). Both outcomes are
 // asserted, so the test cannot pass without looking.
 func TestSlabsGetHugePages(t *testing.T) {
