@@ -127,7 +127,7 @@ func (s *Server) kafkaLoops(ctx context.Context) []func() {
 			// Once per run of short cycles; a cycle with every partition
 			// ends the run.
 			k.warned = true
-			s.log.Warn("the cache-event consumer group is shared: this coordinator holds only some of the topic's partitions and its ledger misses the other partitions' events; give each coordinator its own --kafka-group-id",
+			s.log.Warn("the cache-event consumer group is shared, or this coordinator's consumer never joined it: it holds only some of the topic's partitions and its ledger misses the other partitions' events; give each coordinator its own --kafka-group-id (or see the kafka ingest errors logged before)",
 				"group_id", s.cfg.Ingest.KafkaGroupID, "partitions_held", held, "topic_partitions", total, "for_cycles", k.short)
 		}
 		return periodic.Summary{Message: fmt.Sprintf("lag=%d partitions=%d/%d", n, held, total)}, nil
