@@ -6,12 +6,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -330,6 +330,30 @@ func TestReconfigureUnderLoad(t *testing.T) {
 	var wg sync.WaitGroup
 	var loaded atomic.Int64
 	errs := make(chan error, 8)
+	// progress wakes the waits below after each successful load or error,
+	// so they block on events instead of spinning.
+	progress := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case progress <- struct{}{}:
+		default:
+		}
+	}
+	// waitLoaded returns once n loads succeeded or a worker failed; it
+	// fails the test if neither happens within the deadline.
+	deadline := time.NewTimer(2 * time.Minute)
+	defer deadline.Stop()
+	waitLoaded := func(n int64) {
+		for loaded.Load() < n && len(errs) == 0 {
+			select {
+			case <-progress:
+			case <-deadline.C:
+				close(stop)
+				wg.Wait()
+				t.Fatalf("%d loads succeeded before the deadline, want %d", loaded.Load(), n)
+			}
+		}
+	}
 	for w := 0; w < 3; w++ {
 		wg.Add(1)
 		go func() {
@@ -351,24 +375,25 @@ func TestReconfigureUnderLoad(t *testing.T) {
 				ok, err := a.Load(ctx, keys, dst)
 				if err != nil {
 					errs <- err
+					poke()
 					return
 				}
 				for i := range ok {
 					if ok[i] && !bytes.Equal(dst[i], objs[i]) {
 						errs <- errors.New("loaded wrong bytes")
+						poke()
 						return
 					}
 					if ok[i] {
 						loaded.Add(1)
+						poke()
 					}
 				}
 				_, _ = a.Delete(ctx, keys)
 			}
 		}()
 	}
-	for loaded.Load() < 50 && len(errs) == 0 {
-		runtime.Gosched()
-	}
+	waitLoaded(50)
 	for i := 0; i < 20; i++ {
 		_, _ = a.Resize(paths[0], int64(32+i%3*16)*slot, "migrate", true)
 		_, _ = a.Resize(paths[1], int64(48-i%2*16)*slot, "evict", true)
@@ -376,9 +401,7 @@ func TestReconfigureUnderLoad(t *testing.T) {
 	_, _ = a.Remove(paths[0], "migrate", true)
 	_, _ = a.Add(paths[0], 16*slot)
 	before := loaded.Load()
-	for loaded.Load() < before+50 && len(errs) == 0 {
-		runtime.Gosched()
-	}
+	waitLoaded(before + 50)
 	close(stop)
 	wg.Wait()
 	close(errs)
