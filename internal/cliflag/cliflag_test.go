@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func env(m map[string]string) func(string) (string, bool) {
@@ -160,6 +161,12 @@ func TestErrorsHaveOneShape(t *testing.T) {
 		{[]string{"--no-such"}, nil, `--no-such: flag provided but not defined`},
 		{[]string{"--chunk-size"}, nil, `--chunk-size: flag needs an argument`},
 		{[]string{"stray"}, nil, `unexpected argument "stray"`},
+		// Go's single-dash spelling is accepted, but errors always name
+		// the flag with two dashes, as every other error does.
+		{[]string{"-chunk-size", "x"}, nil, `--chunk-size: not an integer (got "x")`},
+		{[]string{"-lazy=maybe"}, nil, `--lazy: not a boolean (got "maybe")`},
+		{[]string{"-no-such"}, nil, `--no-such: flag provided but not defined`},
+		{[]string{"-chunk-size"}, nil, `--chunk-size: flag needs an argument`},
 	} {
 		s := newSettings()
 		err := s.set.Parse(c.args, env(c.env))
@@ -297,5 +304,53 @@ func TestTOMLFile(t *testing.T) {
 	err := newSettings().set.Parse([]string{"--config-file", path}, env(nil))
 	if err == nil || !strings.HasPrefix(err.Error(), "--config-file: "+path+": toml: ") {
 		t.Errorf("broken TOML: %v", err)
+	}
+}
+
+// TestSingleDashAccepted: "-chunk-size 512" sets the flag as "--chunk-size
+// 512" does (Go's flag convention), and the provenance keeps the spelling
+// the flag layer names it by.
+func TestSingleDashAccepted(t *testing.T) {
+	s := newSettings()
+	if err := s.set.Parse([]string{"-chunk-size", "512"}, env(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if s.size != 512 || s.set.Lookup("chunk-size").Provenance() != "flag:--chunk-size" {
+		t.Errorf("size %d, provenance %q", s.size, s.set.Lookup("chunk-size").Provenance())
+	}
+}
+
+// TestDuration: Duration parses Go duration text, prints it back the same
+// way, and refuses anything else with one reason.
+func TestDuration(t *testing.T) {
+	d := 3 * time.Second
+	s := New("test")
+	s.Add(&Entry{Name: "timeout", Value: Duration(&d)})
+	if e := s.Lookup("timeout"); e.Default != "3s" {
+		t.Errorf("default shown as %q, want 3s", e.Default)
+	}
+	if err := s.Parse([]string{"--timeout", "1m30s"}, env(nil)); err != nil || d != 90*time.Second {
+		t.Fatalf("1m30s: %v %v", d, err)
+	}
+	s = New("test")
+	s.Add(&Entry{Name: "timeout", Value: Duration(&d)})
+	err := s.Parse([]string{"--timeout", "5"}, env(nil))
+	if err == nil || err.Error() != `--timeout: not a duration such as 3s or 500ms (got "5")` {
+		t.Errorf("5: %v", err)
+	}
+}
+
+// TestPort: the one port rule accepts 0 and 65535 and names the range and
+// the value otherwise.
+func TestPort(t *testing.T) {
+	for _, n := range []int{0, 1, 5555, 65535} {
+		if err := Port(n); err != nil {
+			t.Errorf("Port(%d) = %v", n, err)
+		}
+	}
+	for n, want := range map[int]string{-1: "must be a port number 0-65535 (got -1)", 65536: "must be a port number 0-65535 (got 65536)"} {
+		if err := Port(n); err == nil || err.Error() != want {
+			t.Errorf("Port(%d) = %v, want %q", n, err, want)
+		}
 	}
 }

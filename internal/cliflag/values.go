@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Value types shared by the subcommands. Parsing follows Python's argparse
@@ -27,6 +28,24 @@ func Bool(p *bool) flag.Value { return (*boolValue)(p) }
 // List returns a repeatable Value that appends to *p; an explicit empty
 // value ("--f=") makes the list empty rather than absent.
 func List(p *[]string) flag.Value { return (*listValue)(p) }
+
+// Duration returns a Value that parses Go duration text ("3s", "500ms")
+// into *p, as the flag package's Duration did for `lmcache bench`.
+func Duration(p *time.Duration) flag.Value { return (*durationValue)(p) }
+
+// PortRule is the one reason every subcommand gives for a port outside
+// 0-65535, so `lmcache server --port` and `lmcache coordinator --port`
+// cannot drift apart again.
+const PortRule = "must be a port number 0-65535"
+
+// Port is the port check of every subcommand: nil for 0-65535 (0 asks the
+// kernel for a free port), else PortRule with the value.
+func Port(n int) error {
+	if n < 0 || n > 65535 {
+		return fmt.Errorf("%s (got %d)", PortRule, n)
+	}
+	return nil
+}
 
 type stringValue string
 
@@ -56,6 +75,18 @@ func (f *floatValue) Set(v string) error {
 	return nil
 }
 func (f *floatValue) String() string { return strconv.FormatFloat(float64(*f), 'g', -1, 64) }
+
+type durationValue time.Duration
+
+func (d *durationValue) Set(v string) error {
+	n, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil {
+		return fmt.Errorf("not a duration such as 3s or 500ms (got %q)", v)
+	}
+	*d = durationValue(n)
+	return nil
+}
+func (d *durationValue) String() string { return time.Duration(*d).String() }
 
 type boolValue bool
 
