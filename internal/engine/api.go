@@ -359,4 +359,8 @@ func (e *Engine) AddL2Listener(l l2.Listener) {
 }
 
 // AddL1Listener registers l for L1 events. Register before Run.
-func (e *Engine) AddL1Listener(l L1Listener) { e.addL1Listener(l) }
+func (e *Engine) AddL1Listener(l L1Listener) {
+	e.listenMu.Lock()
+	e.listeners = append(e.listeners, l)
+	e.listenMu.Unlock()
+}

@@ -52,7 +52,7 @@ func BenchmarkL1StoreRead(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				defer e.Close()
+				defer closeChecked(b, e)
 				cycle := storeReadCycle(b, e, src, dst)
 				// The freed extent is reused at the same offset, so one
 				// warm-up cycle faults in the pages, as for the baseline.
@@ -94,7 +94,7 @@ func BenchmarkLookup128(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer e.Close()
+		defer closeChecked(b, e)
 		if _, err := e.Put(keys, payloads(keys)); err != nil {
 			b.Fatal(err)
 		}
@@ -162,7 +162,7 @@ func BenchmarkBookkeeping(b *testing.B) {
 				b.Fatalf("objects %d", c.L1Objects)
 			}
 			b.ReportMetric(float64(after-before)/n, "B/object")
-			e.Close()
+			closeChecked(b, e)
 		}
 	})
 }
@@ -188,7 +188,7 @@ func BenchmarkL1StoreReadInterleaved(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				defer e.Close()
+				defer closeChecked(b, e)
 				// The ceiling copies through pool memory the engine never
 				// allocates (its slot always lands at offset 0), so both
 				// sides use the same kind of pages and only the engine's
@@ -246,7 +246,7 @@ func BenchmarkLookup128Interleaved(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer e.Close()
+	defer closeChecked(b, e)
 	if _, err := e.Put(keys, payloads(keys)); err != nil {
 		b.Fatal(err)
 	}
@@ -285,7 +285,7 @@ func BenchmarkCycleOverhead(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer e.Close()
+	defer closeChecked(b, e)
 	cycle := storeReadCycle(b, e, make([]byte, objSize), make([]byte, objSize))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -353,9 +353,13 @@ func BenchmarkLookupBudgetInterleaved(b *testing.B) {
 		defer func() {
 			cancel()
 			<-done
-			e.Close()
+			closeChecked(b, e)
 		}()
+		deadline := time.Now().Add(30 * time.Second)
 		for !e.Ready() {
+			if time.Now().After(deadline) {
+				b.Fatal("engine not ready within 30 s")
+			}
 			time.Sleep(time.Millisecond)
 		}
 		engines[i] = e

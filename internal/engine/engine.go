@@ -542,12 +542,6 @@ func (e *Engine) QuotaUsage(salt string) int64 {
 
 // --- listeners ---
 
-func (e *Engine) addL1Listener(l L1Listener) {
-	e.listenMu.Lock()
-	e.listeners = append(e.listeners, l)
-	e.listenMu.Unlock()
-}
-
 func (e *Engine) hasListeners() bool {
 	e.listenMu.RLock()
 	defer e.listenMu.RUnlock()

@@ -14,7 +14,6 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	defer e.Close()
 	keys := []objkey.Key{
 		{ChunkHash: "c0", ModelName: "m", KVRank: objkey.RankFor(1, 0)},
 		{ChunkHash: "c1", ModelName: "m", KVRank: objkey.RankFor(1, 0)},
@@ -34,5 +33,12 @@ func Example() {
 	first := string(e.Bytes(rs[0])[:7])
 	released := e.ReleaseRead("req-1", keys, 1)
 	fmt.Println(n, res.Done, res.PrefixChunks, first, released)
-	// Output: 2 true 2 chunk 0 2
+	// Every read lock was released: nothing is left referenced at Close.
+	fmt.Println("leaks:", e.Leaks())
+	if err := e.Close(); err != nil {
+		panic(err)
+	}
+	// Output:
+	// 2 true 2 chunk 0 2
+	// leaks: []
 }

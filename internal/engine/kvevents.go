@@ -24,7 +24,7 @@ type KVEventSink interface {
 // freed), and every L2 store and delete of every adapter. Register before
 // Run.
 func (e *Engine) AddKVEventSink(s KVEventSink) {
-	e.addL1Listener(kvL1{s})
+	e.AddL1Listener(kvL1{s})
 	for _, a := range e.adapters {
 		a.AddListener(kvL2{s})
 	}

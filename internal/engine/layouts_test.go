@@ -13,7 +13,7 @@ func TestLayoutReferenceCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
+	defer closeChecked(t, e)
 	size := func(model string) int64 {
 		t.Helper()
 		l, err := e.Layout(model, 1)

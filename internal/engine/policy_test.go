@@ -362,7 +362,7 @@ func TestReconfigurePassThrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
+	defer closeChecked(t, e)
 	if infos := e.Adapters(); infos[0].Reconfigurable || !infos[1].Reconfigurable {
 		t.Fatalf("adapters %+v", infos)
 	}
@@ -426,4 +426,65 @@ func TestL2EvictionSeesRecoveredFiles(t *testing.T) {
 	if u := a.Usage(); u.TotalBytesUsed != 5*objSize {
 		t.Fatalf("usage after eviction %d", u.TotalBytesUsed)
 	}
+}
+
+// TestPrefetchQueueOverflowCompletesWithL1Result: the L2 phase's queue
+// holds prefetchQueueCap (4096) jobs; a job with misses that finds it full
+// never asks L2: it completes at once with its L1 result (its resident
+// prefix read-locked as usual) and is counted in PrefetchDropped, exactly
+// once per such job. Run is started only at the end (so no worker drains
+// the queue before), to settle the write-behind of the resident chunk.
+func TestPrefetchQueueOverflowCompletesWithL1Result(t *testing.T) {
+	if prefetchQueueCap != 4096 {
+		t.Fatalf("prefetchQueueCap = %d, the documented bound is 4096", prefetchQueueCap)
+	}
+	a := newFake("mem")
+	e, err := New(Config{L1SizeBytes: 64 * objSize}, []l2.Adapter{a}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.RegisterLayout(Layout{ModelName: "m", WorldSize: 1, ObjectBytes: objSize}); err != nil {
+		t.Fatal(err)
+	}
+	cs := chunks("", 0, 2, 1) // chunk 0 resident, chunk 1 in no tier
+	if _, err := e.Put(cs[0], payloads(cs[0])); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the queue: jobs with one missing key and no readers (they lock
+	// nothing, so the engine holds no reference for them at Close).
+	for i := range prefetchQueueCap {
+		if err := e.Prefetch(PrefetchRequest{ID: fmt.Sprint("fill-", i), Chunks: cs[1:]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := e.Counters().PrefetchDropped; got != 0 {
+		t.Fatalf("PrefetchDropped = %d with the queue just full, want 0", got)
+	}
+	if r, err := e.PeekPrefetch("fill-4095"); err != nil || r.Done {
+		t.Fatalf("the last queued job: %+v %v, want queued (not done)", r, err)
+	}
+	for i := range 3 {
+		id := fmt.Sprint("over-", i)
+		if err := e.Prefetch(PrefetchRequest{ID: id, Chunks: cs, Readers: 1}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := e.PollPrefetch(id)
+		if err != nil || !r.Done || r.PrefixChunks != 1 || r.L1Keys != 1 || r.L2Keys != 0 || r.TotalKeys != 2 || r.Err != nil {
+			t.Fatalf("dropped job %s: %+v %v, want done with its L1 result (1 chunk, 1 key)", id, r, err)
+		}
+		if got := e.Counters().PrefetchDropped; got != int64(i+1) {
+			t.Fatalf("PrefetchDropped = %d after %d overflowing jobs, want %d", got, i+1, i+1)
+		}
+		// The L1 prefix is read-locked for the job, as for any lookup.
+		if n := e.ReleaseRead(id, cs[0], 1); n != 1 {
+			t.Fatalf("released %d read locks of %s, want 1", n, id)
+		}
+	}
+	// Run uploads the resident chunk (its write-behind pin is the only
+	// reference left); stop then checks that nothing else is held.
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &harness{Engine: e, cancel: cancel, done: make(chan error, 1)}
+	go func() { h.done <- e.Run(ctx) }()
+	waitFor(t, func() bool { _, ok := a.has(cs[0][0]); return ok })
+	h.stop(t)
 }
