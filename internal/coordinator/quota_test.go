@@ -275,3 +275,41 @@ func TestQuotaStatusReads(t *testing.T) {
 		t.Fatalf("rows %v", rows)
 	}
 }
+
+// TestQuotaConfigNonFinite: a non-finite default_limit_gb is a 400 whose
+// detail names the field, and the stored default is left as it was. JSON
+// has no NaN or Infinity literal; upstream (Pydantic, lax float) reads the
+// strings "NaN", "Infinity", "inf" as such, and json.loads reads a literal
+// past float64's range (1e999) as inf, so all of them are non-finite here.
+// A negative finite value stays the 422 field error.
+func TestQuotaConfigNonFinite(t *testing.T) {
+	c := startCoord(t, nil)
+	c.must("PUT", "/quota/config", map[string]any{"default_limit_gb": 3}, 200)
+	const want = `{"default_limit_gb":3.0}`
+	for _, body := range []string{
+		`{"default_limit_gb":1e999}`, `{"default_limit_gb":-1e999}`,
+		`{"default_limit_gb":"Infinity"}`, `{"default_limit_gb":"-inf"}`, `{"default_limit_gb":"NaN"}`, `{"default_limit_gb":"1e999"}`,
+	} {
+		code, raw := c.do("PUT", "/quota/config", body)
+		if code != 400 || string(raw) != `{"detail":"invalid quota limit: default_limit_gb must be finite"}` {
+			t.Errorf("PUT %s = %d %s, want 400 with the finite detail", body, code, raw)
+		}
+		if _, raw := c.do("GET", "/quota/config", nil); string(raw) != want {
+			t.Fatalf("after PUT %s: GET /quota/config = %s, want %s unchanged", body, raw, want)
+		}
+	}
+	code, raw := c.do("PUT", "/quota/config", `{"default_limit_gb":-1}`)
+	if code != 422 || !strings.Contains(string(raw), `"type":"greater_than_equal","loc":["body","default_limit_gb"]`) {
+		t.Fatalf("negative = %d %s, want the 422 field error", code, raw)
+	}
+	if _, raw := c.do("GET", "/quota/config", nil); string(raw) != want {
+		t.Fatalf("after the negative PUT: %s, want %s", raw, want)
+	}
+	// The same reading for a tenant's limit_gb.
+	if code, raw := c.do("PUT", "/quota/user-c", `{"limit_gb":1e999}`); code != 400 || string(raw) != `{"detail":"invalid quota limit: limit_gb must be finite"}` {
+		t.Fatalf("PUT /quota/user-c 1e999 = %d %s", code, raw)
+	}
+	if g := c.must("GET", "/quota/user-c", nil, 200); g["quota_exists"] != false {
+		t.Fatalf("rejected limit wrote a quota: %v", g)
+	}
+}
