@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/lmcache-go/lmcache/internal/cliflag"
+	"github.com/lmcache-go/lmcache/internal/l1"
 )
 
 // ErrInvalid marks a flag, environment or config-file value that breaks a
@@ -192,13 +193,35 @@ func atLeast(p *int, min int) func() error {
 	}
 }
 
+// port is cliflag's port rule, which the coordinator's --port shares.
 func port(p *int) func() error {
-	return func() error {
-		if *p < 0 || *p > 65535 {
-			return fmt.Errorf("must be a port number 0-65535 (got %d)", *p)
-		}
-		return nil
+	return func() error { return cliflag.Port(*p) }
+}
+
+// shmNameMax is NAME_MAX: the pool is one file in /dev/shm, and its name
+// (with l1.ShmPrefix) must fit one directory entry.
+const shmNameMax = 255
+
+// checkShmName is --shm-name's rule, checked at flag time so that a bad
+// name is one flag error rather than a failed create once the engine
+// starts. The engine strips leading slashes and adds l1.ShmPrefix
+// (l1.NormalizeShmName); what is left must be one path component.
+func checkShmName(name string) error {
+	if name == "" {
+		return nil // the documented "private memory"
 	}
+	full := l1.NormalizeShmName(name)
+	switch {
+	case full == "":
+		return fmt.Errorf("must name a shared-memory segment, not only slashes (got %q)", name)
+	case strings.ContainsRune(full, '/'):
+		return fmt.Errorf("must be one name without \"/\" (a leading one is dropped) (got %q)", name)
+	case strings.ContainsRune(full, 0):
+		return fmt.Errorf("must not contain a NUL byte (got %q)", name)
+	case len(full) > shmNameMax:
+		return fmt.Errorf("must be at most %d bytes with the %s prefix (got %d)", shmNameMax, l1.ShmPrefix, len(full))
+	}
+	return nil
 }
 
 // osLookupEnv is the default environment source.

@@ -64,10 +64,13 @@ type Config struct {
 	HTTPHost      string
 	HTTPPort      int
 	HTTPAuthToken string
-	RegisterModel []string
-	LogFormat     string
-	LogLevel      string
-	EnvShowSecret bool
+	// HTTPAuthProtectMetrics puts GET /metrics behind HTTPAuthToken too
+	// (--http-auth-protect-metrics, EnvProtectMetrics).
+	HTTPAuthProtectMetrics bool
+	RegisterModel          []string
+	LogFormat              string
+	LogLevel               string
+	EnvShowSecret          bool
 
 	// storage_manager group.
 	L1SizeGB                float64
@@ -130,6 +133,11 @@ type Config struct {
 
 	reg *registry
 }
+
+// EnvProtectMetrics is --http-auth-protect-metrics' variable; it has the
+// name httpapi.EnvProtectMetrics documents, now parsed (and refused when it
+// is not a boolean) by the flag layer like every other variable.
+const EnvProtectMetrics = "LMCACHE_HTTP_AUTH_PROTECT_METRICS"
 
 // EnvConfigFile names the config file when --config-file is not given.
 const EnvConfigFile = "LMCACHE_CONFIG_FILE"
@@ -237,7 +245,7 @@ func (c *Config) register() *registry {
 	r.str(&c.SupportedTransferMode, "supported-transfer-mode", "supported_transfer_mode", mp, "", "auto", "auto (serves both paths), engine_driven (the worker copies through the shared L1 pool) or lmcache_driven (the server copies from the worker's registered KV cache: CPU shared memory, or CUDA IPC where libcuda.so.1 loads; the CUDA backend has not yet run on a GPU); a worker of the other mode is refused with one log line and lmcache_mp_zmq_refused_requests_total{reason=\"transfer_mode\"}").Validate = oneOf(&c.SupportedTransferMode, "auto", "engine_driven", "lmcache_driven")
 	r.str(&c.WireProfile, "wire-profile", "wire_profile", mp, "", "auto", "ZMQ RequestType numbering: auto (per connection), gen2m or gen3").Validate = oneOf(&c.WireProfile, "auto", "gen2m", "gen3")
 	r.str(&c.Transport, "transport", "transport", mp, "", "zmq", "request transport (only zmq)").Validate = oneOf(&c.Transport, "zmq")
-	r.str(&c.SHMName, "shm-name", "shm_name", mp, "", "", "name of the L1 shared-memory pool under /dev/shm (prefixed lmcache_l1_pool_); empty: private memory")
+	r.str(&c.SHMName, "shm-name", "shm_name", mp, "", "", "name of the L1 shared-memory pool under /dev/shm (prefixed lmcache_l1_pool_); empty: private memory").Validate = func() error { return checkShmName(c.SHMName) }
 	r.intv(&c.MaxWorkers, "max-workers", "max_workers", mp, "", 1, "request worker goroutines per transfer kind").Validate = atLeast(&c.MaxWorkers, 1)
 	r.list(&c.ScriptAllowedImports, "script-allowed-imports", "script_allowed_imports", mp, "modules POST /run_script may load", true)
 	r.boolFlag(&c.RunScriptAPIEnabled, "run-script-api-enabled", "run_script_api_enabled", mp, "", "enable POST /run_script")
@@ -271,6 +279,7 @@ func (c *Config) register() *registry {
 	r.str(&c.HTTPHost, "http-host", "http_host", h, "", "127.0.0.1", "host the HTTP API binds (upstream's older default was 0.0.0.0)")
 	r.intv(&c.HTTPPort, "http-port", "http_port", h, "", 8080, "port of the HTTP API").Validate = port(&c.HTTPPort)
 	r.secret(&c.HTTPAuthToken, "http-auth-token", "", h, "LMCACHE_HTTP_AUTH_TOKEN", "bearer token required by mutating and sensitive routes; empty: no auth")
+	r.boolFlag(&c.HTTPAuthProtectMetrics, "http-auth-protect-metrics", "http_auth_protect_metrics", h, EnvProtectMetrics, "also require --http-auth-token on GET /metrics (scrapers then need the token)")
 	r.list(&c.RegisterModel, "register-model", "register_model", h, `static model layout JSON {"model_name","world_size","num_layers","hidden_size","dtype"} (repeatable)`, false)
 	r.str(&c.LogFormat, "log-format", "log_format", h, "LMCACHE_LOG_FORMAT", "text", "log format: text, json or upstream (upstream's \"[time] LMCache LEVEL: message (file:line:logger)\" lines)").Validate = oneOf(&c.LogFormat, "text", "json", "upstream")
 	r.str(&c.LogLevel, "log-level", "log_level", h, "LMCACHE_LOG_LEVEL", "INFO", "log level: DEBUG, INFO, WARNING, ERROR").Validate = func() error {

@@ -1,0 +1,166 @@
+package serverconfig
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// parseErr parses args with e and returns the error text ("" when none),
+// failing when an error is not ErrInvalid or spans lines.
+func parseErr(t *testing.T, args []string, e map[string]string) string {
+	t.Helper()
+	_, err := ParseEnv(args, env(e), nil)
+	if err == nil {
+		return ""
+	}
+	if !errors.Is(err, ErrInvalid) || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("%v %v: %v is not one ErrInvalid line", args, e, err)
+	}
+	return err.Error()
+}
+
+// TestShmNameRule: --shm-name is checked at flag time against what the
+// engine makes of it (a leading "/" dropped, lmcache_l1_pool_ added): one
+// path component of at most NAME_MAX (255) bytes with the prefix.
+func TestShmNameRule(t *testing.T) {
+	for _, ok := range []string{"", "a", "/a", "lmcache_l1_pool_a", strings.Repeat("x", 255-len("lmcache_l1_pool_"))} {
+		if got := parseErr(t, []string{"--shm-name", ok}, nil); got != "" {
+			t.Errorf("--shm-name %q refused: %s", ok, got)
+		}
+	}
+	for name, want := range map[string]string{
+		"a/b":                        `--shm-name: must be one name without "/" (a leading one is dropped) (got "a/b")`,
+		"/":                          `--shm-name: must name a shared-memory segment, not only slashes (got "/")`,
+		"a\x00b":                     `--shm-name: must not contain a NUL byte (got "a\x00b")`,
+		strings.Repeat("x", 255-15):  `--shm-name: must be at most 255 bytes with the lmcache_l1_pool_ prefix (got 256)`,
+		"lmcache_l1_pool_" + "x/../": `--shm-name: must be one name without "/" (a leading one is dropped) (got "lmcache_l1_pool_x/../")`,
+	} {
+		if got := parseErr(t, []string{"--shm-name", name}, nil); got != want {
+			t.Errorf("--shm-name %q:\n got %s\nwant %s", name, got, want)
+		}
+	}
+	// The config file is checked by the same rule, naming the file.
+	if got := parseErr(t, nil, map[string]string{EnvConfigFile: configFile(t, "shm_name: a/b\n")}); !strings.HasPrefix(got, "--shm-name: ") || !strings.HasSuffix(got, ` line 1: must be one name without "/" (a leading one is dropped) (got "a/b")`) {
+		t.Errorf("file: %s", got)
+	}
+}
+
+// TestProtectMetricsFlag: LMCACHE_HTTP_AUTH_PROTECT_METRICS is a setting of
+// the flag table (--http-auth-protect-metrics): "1" keeps working, the
+// layer's booleans are accepted, anything else is one error, and GET
+// /config reports the value and its source.
+func TestProtectMetricsFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string // "" = unset
+		want bool
+		src  string
+	}{
+		{nil, "", false, "default"},
+		{nil, "1", true, "env:LMCACHE_HTTP_AUTH_PROTECT_METRICS"},
+		{nil, "true", true, "env:LMCACHE_HTTP_AUTH_PROTECT_METRICS"},
+		{nil, "0", false, "env:LMCACHE_HTTP_AUTH_PROTECT_METRICS"},
+		{[]string{"--http-auth-protect-metrics"}, "", true, "flag:--http-auth-protect-metrics"},
+		{[]string{"--http-auth-protect-metrics=false"}, "1", false, "flag:--http-auth-protect-metrics"},
+	} {
+		e := map[string]string{}
+		if tc.env != "" {
+			e[EnvProtectMetrics] = tc.env
+		}
+		c, err := ParseEnv(tc.args, env(e), nil)
+		if err != nil {
+			t.Fatalf("%v %q: %v", tc.args, tc.env, err)
+		}
+		if c.HTTPAuthProtectMetrics != tc.want || c.Groups()[GroupHTTP]["http_auth_protect_metrics"] != tc.want || c.Sources()[GroupHTTP]["http_auth_protect_metrics"] != tc.src {
+			t.Errorf("%v %q: %v (/config %v from %q), want %v from %q", tc.args, tc.env, c.HTTPAuthProtectMetrics,
+				c.Groups()[GroupHTTP]["http_auth_protect_metrics"], c.Sources()[GroupHTTP]["http_auth_protect_metrics"], tc.want, tc.src)
+		}
+	}
+	want := `--http-auth-protect-metrics: LMCACHE_HTTP_AUTH_PROTECT_METRICS: not a boolean (got "maybe")`
+	if got := parseErr(t, nil, map[string]string{EnvProtectMetrics: "maybe"}); got != want {
+		t.Errorf("maybe:\n got %s\nwant %s", got, want)
+	}
+}
+
+// TestPortRule: both ports of the server give cliflag's one port reason,
+// the coordinator's too (internal/coordinator/config TestInvalidValues).
+func TestPortRule(t *testing.T) {
+	for args, want := range map[string]string{
+		"--port 70000":     "--port: must be a port number 0-65535 (got 70000)",
+		"--http-port -1":   "--http-port: must be a port number 0-65535 (got -1)",
+		"-http-port 65536": "--http-port: must be a port number 0-65535 (got 65536)",
+	} {
+		if got := parseErr(t, strings.Fields(args), nil); got != want {
+			t.Errorf("%s:\n got %s\nwant %s", args, got, want)
+		}
+	}
+}
+
+// TestSingleDashFlags: Go's "-chunk-size 1" is accepted like "--chunk-size
+// 1", and its errors name the flag with two dashes.
+func TestSingleDashFlags(t *testing.T) {
+	c, err := ParseEnv([]string{"-chunk-size", "1"}, env(nil), nil)
+	if err != nil || c.ChunkSize != 1 || c.Sources()[GroupMP]["chunk_size"] != "flag:--chunk-size" {
+		t.Fatalf("-chunk-size 1: %v %+v", err, c)
+	}
+	for args, want := range map[string]string{
+		"-chunk-size x":     `--chunk-size: not an integer (got "x")`,
+		"-chunk-size 0":     `--chunk-size: must be >= 1 (got 0)`,
+		"-no-such-flag":     `--no-such-flag: flag provided but not defined`,
+		"-l1-use-lazy=nope": `--l1-use-lazy: not a boolean (got "nope")`,
+	} {
+		if got := parseErr(t, strings.Fields(args), nil); got != want {
+			t.Errorf("%s:\n got %s\nwant %s", args, got, want)
+		}
+	}
+}
+
+// TestUnsupportedUpstreamFlagsRejected: upstream flags of features this
+// server does not have are unknown flags (one line each), not silently
+// accepted. The P2P and lookup-hash-log names are representative of
+// upstream's --p2p-* and --lookup-hash-log-* families.
+func TestUnsupportedUpstreamFlagsRejected(t *testing.T) {
+	for _, args := range [][]string{
+		{"--p2p-host", "x"}, {"--p2p-init-ports", "8200"}, {"--p2p-lookup-ports", "8201"}, {"--enable-p2p"},
+		{"--lookup-hash-log-dir", "x"}, {"--lookup-hash-log-interval", "1"},
+		{"--l1-manager", "x"}, {"--l1-devdax-path", "/dev/dax0.0"}, {"--gds-l1-path", "/mnt/x"},
+		{"--gds-l1-backend", "cufile"}, {"--gds-l1-use-direct-io"},
+	} {
+		want := args[0] + ": flag provided but not defined"
+		if got := parseErr(t, args, nil); got != want {
+			t.Errorf("%v:\n got %s\nwant %s", args, got, want)
+		}
+	}
+}
+
+// TestL1LazyFlagsAccepted: --l1-use-lazy / --no-l1-use-lazy (default true)
+// and --l1-init-size-gb (default 20) parse as upstream's; that they change
+// nothing the engine is given is cmd/lmcache TestL1LazyFlagsHaveNoEffect.
+func TestL1LazyFlagsAccepted(t *testing.T) {
+	c, err := ParseEnv(nil, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.L1UseLazy || c.L1InitSizeGB != 20 {
+		t.Fatalf("defaults: lazy %v, init %v; want true, 20", c.L1UseLazy, c.L1InitSizeGB)
+	}
+	for _, tc := range []struct {
+		args []string
+		lazy bool
+		init float64
+	}{
+		{[]string{"--l1-use-lazy"}, true, 20},
+		{[]string{"--no-l1-use-lazy"}, false, 20},
+		{[]string{"--no-l1-use-lazy", "--l1-init-size-gb", "5"}, false, 5},
+		{[]string{"--l1-init-size-gb", "0.5"}, true, 0.5},
+	} {
+		c, err := ParseEnv(tc.args, env(nil), nil)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if c.L1UseLazy != tc.lazy || c.L1InitSizeGB != tc.init {
+			t.Errorf("%v: lazy %v, init %v; want %v, %v", tc.args, c.L1UseLazy, c.L1InitSizeGB, tc.lazy, tc.init)
+		}
+	}
+}
