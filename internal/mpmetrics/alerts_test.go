@@ -1,6 +1,7 @@
 package mpmetrics
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,5 +57,22 @@ func TestLookupDurationHistogram(t *testing.T) {
 	m.Reset()
 	if body := scrape(t, m); !strings.Contains(body, "lmcache_mp_lookup_duration_seconds_count 0\n") {
 		t.Errorf("after reset the histogram is not empty")
+	}
+}
+
+// TestLookupDurationBuckets: lmcache_mp_lookup_duration_seconds has exactly
+// the documented buckets, 100 µs to 10 s (then +Inf), in this order.
+func TestLookupDurationBuckets(t *testing.T) {
+	const prefix = `lmcache_mp_lookup_duration_seconds_bucket{le="`
+	var got []string
+	for line := range strings.Lines(scrape(t, New("i-1", nil))) {
+		if rest, ok := strings.CutPrefix(line, prefix); ok {
+			le, _, _ := strings.Cut(rest, `"`)
+			got = append(got, le)
+		}
+	}
+	want := []string{"0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("buckets %q\nwant    %q", got, want)
 	}
 }
