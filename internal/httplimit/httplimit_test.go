@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -99,56 +100,132 @@ func TestSlowHeaderIsCut(t *testing.T) {
 	}
 }
 
-// TestConnCap: with MaxConns 2, no more than two requests are ever in the
-// handler at once, and all five are served once the first ones finish.
+// pipeListener hands the server the server ends of net.Pipe connections
+// the test dials. Every blocking step in it, in net.Pipe, in the cap's
+// semaphore and in the handler is a channel operation, so inside a
+// synctest bubble synctest.Wait returns exactly when the server can make no
+// further progress: what has not happened by then cannot happen.
+type pipeListener struct {
+	conns    chan net.Conn // dialled, not yet accepted
+	closed   chan struct{}
+	once     sync.Once
+	accepted atomic.Int32 // connections this (inner) listener handed out
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		l.accepted.Add(1)
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "pipe" }
+
+// TestConnCap: with MaxConns 2 and five clients whose handlers block, once
+// the server can make no progress exactly two handlers run and exactly two
+// connections were accepted (three wait unaccepted); releasing one handler
+// admits exactly one more, and all five are served in the end.
 func TestConnCap(t *testing.T) {
-	var active, peak atomic.Int32
-	release := make(chan struct{})
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := active.Add(1)
-		for {
-			p := peak.Load()
-			if n <= p || peak.CompareAndSwap(p, n) {
-				break
+	synctest.Test(t, func(t *testing.T) {
+		var active atomic.Int32
+		started := make(chan struct{}, 5)
+		release := make(chan struct{})
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			active.Add(1)
+			started <- struct{}{}
+			<-release
+			active.Add(-1)
+		})
+		l := httplimit.Limits{MaxConns: 2}
+		ln := &pipeListener{conns: make(chan net.Conn, 5), closed: make(chan struct{})}
+		srv := httplimit.NewServer(h, l, nil)
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(httplimit.Listener(ln, l)) }()
+		var releaseAll sync.Once
+		free := func() { releaseAll.Do(func() { close(release) }) }
+		// On a failure, unblock and stop everything so the bubble can end
+		// and the failure is reported instead of a deadlock panic.
+		t.Cleanup(func() {
+			free()
+			_ = srv.Close()
+			_ = ln.Close()
+		})
+
+		codes := make(chan int, 5)
+		for range 5 {
+			cli, end := net.Pipe()
+			ln.conns <- end
+			go func() {
+				defer cli.Close()
+				if _, err := io.WriteString(cli, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); err != nil {
+					codes <- -1
+					return
+				}
+				resp, err := http.ReadResponse(bufio.NewReader(cli), nil)
+				if err != nil {
+					codes <- -2
+					return
+				}
+				resp.Body.Close()
+				codes <- resp.StatusCode
+			}()
+		}
+		// waitStarted waits for the next handler to start; the deadline is
+		// the bubble's fake clock, so it only fires if nothing else can run.
+		waitStarted := func() {
+			t.Helper()
+			select {
+			case <-started:
+			case <-time.After(time.Minute):
+				t.Fatalf("no handler started; %d running, %d accepted", active.Load(), ln.accepted.Load())
 			}
 		}
-		<-release
-		active.Add(-1)
+		check := func(stage string, running, accepted, waiting int) {
+			t.Helper()
+			synctest.Wait()
+			if a, n, w := active.Load(), ln.accepted.Load(), len(ln.conns); a != int32(running) || n != int32(accepted) || w != waiting {
+				t.Fatalf("%s: %d handlers running, %d connections accepted, %d waiting; want %d, %d, %d",
+					stage, a, n, w, running, accepted, waiting)
+			}
+		}
+		waitStarted()
+		waitStarted()
+		check("five clients, cap 2", 2, 2, 3)
+
+		release <- struct{}{} // one handler returns; its connection closes
+		if c := <-codes; c != http.StatusOK {
+			t.Fatalf("first response status %d", c)
+		}
+		waitStarted()
+		check("one released", 2, 3, 2)
+
+		free()
+		for range 4 {
+			if c := <-codes; c != http.StatusOK {
+				t.Fatalf("response status %d", c)
+			}
+		}
+		if n := ln.accepted.Load(); n != 5 {
+			t.Fatalf("%d connections accepted, want 5", n)
+		}
+		if err := srv.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Fatalf("Serve: %v", err)
+		}
 	})
-	addr := serve(t, h, httplimit.Limits{MaxConns: 2})
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	defer client.CloseIdleConnections()
-	var wg sync.WaitGroup
-	codes := make(chan int, 5)
-	for range 5 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := client.Get("http://" + addr + "/")
-			if err != nil {
-				codes <- -1
-				return
-			}
-			resp.Body.Close()
-			codes <- resp.StatusCode
-		}()
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for active.Load() < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d requests reached the handler", active.Load())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	close(release)
-	wg.Wait()
-	close(codes)
-	for c := range codes {
-		if c != 200 {
-			t.Fatalf("request status %d", c)
-		}
-	}
-	if p := peak.Load(); p != 2 {
-		t.Fatalf("peak concurrent requests = %d, want 2", p)
-	}
 }
