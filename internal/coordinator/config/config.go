@@ -66,6 +66,9 @@ type Config struct {
 	InflightTTL float64
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+	// LogFormat is text, json or upstream (--log-format, LMCACHE_LOG_FORMAT,
+	// as the server's).
+	LogFormat string
 	// AuthToken, when set, is the bearer token every mutating route and
 	// event ingest require. Never logged or echoed.
 	AuthToken string
@@ -107,6 +110,7 @@ func Default() Config {
 		MetricsTopSalts:       20,
 		InflightTTL:           30,
 		LogLevel:              "info",
+		LogFormat:             "text",
 		HA:                    DefaultHA(),
 		Ingest:                DefaultIngest(),
 		Tracing:               DefaultTracing(),
@@ -134,7 +138,11 @@ type field struct {
 	// noEnv: a CLI-only setting (the config file key is the flag's name in
 	// snake_case), as newer upstream's coordinator flags are.
 	noEnv bool
-	usage string
+	// fullEnv is a variable outside EnvPrefix that the server reads too
+	// (LMCACHE_LOG_FORMAT), so one variable sets both processes; the config
+	// file key is then the flag's name in snake_case.
+	fullEnv string
+	usage   string
 	// kind is "float", "int", "string", "secret" (a string never printed),
 	// "bool" (upstream's lenient environment boolean) or "switch" (a bare
 	// --flag is true; text must be a boolean).
@@ -144,13 +152,40 @@ type field struct {
 	s     func(*Config) *string
 	b     func(*Config) *bool
 	check func(Config) string // "" when valid, else the rule broken
+	// validate, where set instead of check, is a rule shared with the
+	// server (cliflag.Port) whose error is the reason as it stands.
+	validate func(Config) error
 }
+
+// envVar is the setting's environment variable, "" for a CLI-only one.
+func (fd field) envVar() string {
+	switch {
+	case fd.fullEnv != "":
+		return fd.fullEnv
+	case fd.noEnv:
+		return ""
+	}
+	return EnvPrefix + fd.env
+}
+
+// key is the setting's config-file and GET /config key: the variable's
+// suffix in lower case, or the flag's name in snake_case for a setting
+// without an LMCACHE_MP_COORDINATOR_ variable.
+func (fd field) key() string {
+	if fd.noEnv || fd.fullEnv != "" {
+		return strings.ReplaceAll(fd.flag, "-", "_")
+	}
+	return strings.ToLower(fd.env)
+}
+
+// logFormats are the values of --log-format, the server's.
+var logFormats = []string{"text", "json", "upstream"}
 
 func fieldsTable() []field {
 	return append([]field{
 		{flag: "host", env: "HOST", kind: "string", usage: "host the HTTP server binds to", s: func(c *Config) *string { return &c.Host }},
 		{flag: "port", env: "PORT", kind: "int", usage: "port the HTTP server binds to", i: func(c *Config) *int { return &c.Port },
-			check: func(c Config) string { return rangeInt(c.Port, 0, 65535) }},
+			validate: func(c Config) error { return cliflag.Port(c.Port) }},
 		{flag: "instance-timeout", env: "INSTANCE_TIMEOUT", kind: "float", usage: "seconds without a heartbeat after which a server is dropped", f: func(c *Config) *float64 { return &c.InstanceTimeout },
 			check: func(c Config) string { return gt0(c.InstanceTimeout) }},
 		{flag: "health-check-interval", env: "HEALTH_CHECK_INTERVAL", kind: "float", usage: "seconds between health-check sweeps (0 disables the sweep)", f: func(c *Config) *float64 { return &c.HealthCheckInterval },
@@ -215,6 +250,17 @@ func fieldsTable() []field {
 					return ""
 				}
 				return "must be one of debug, info, warn, error"
+			}},
+		// The server's --log-format: the same flag, variable and values. Case
+		// is ignored (LoadSources lowers it), as the coordinator always did.
+		{flag: "log-format", fullEnv: "LMCACHE_LOG_FORMAT", kind: "string", usage: "log format: text, json or upstream (upstream's \"[time] LMCache LEVEL: message (file:line:logger)\" lines)", s: func(c *Config) *string { return &c.LogFormat },
+			check: func(c Config) string {
+				for _, f := range logFormats {
+					if strings.EqualFold(c.LogFormat, f) {
+						return ""
+					}
+				}
+				return "must be one of " + strings.Join(logFormats, ", ")
 			}},
 	}, append(append(haFields(), ingestFields()...), tracingFields()...)...)
 }
@@ -292,11 +338,8 @@ func LoadSources(args []string, getenv func(string) (string, bool), out io.Write
 	set.ConfigFile("config-file", "", "YAML file of settings keyed by name in snake_case (port: 9300); flags and env vars override it", EnvConfigFile)
 	entries := make([]*cliflag.Entry, len(table))
 	for idx, fd := range table {
-		e := &cliflag.Entry{Name: fd.flag, Env: EnvPrefix + fd.env, Key: strings.ToLower(fd.env), Usage: fd.usage,
+		e := &cliflag.Entry{Name: fd.flag, Env: fd.envVar(), Key: fd.key(), Usage: fd.usage,
 			Default: valueString(def, fd), Secret: fd.kind == "secret"}
-		if fd.noEnv {
-			e.Env, e.Key = "", strings.ReplaceAll(fd.flag, "-", "_")
-		}
 		switch fd.kind {
 		case "float":
 			e.Value = cliflag.Float(fd.f(&cfg))
@@ -308,6 +351,10 @@ func LoadSources(args []string, getenv func(string) (string, bool), out io.Write
 			e.Value = (*envBool)(fd.b(&cfg))
 		case "switch":
 			e.Value = cliflag.Bool(fd.b(&cfg))
+		}
+		if fd.validate != nil {
+			validate := fd.validate
+			e.Validate = func() error { return validate(cfg) }
 		}
 		if fd.check != nil {
 			check := fd.check
@@ -328,6 +375,7 @@ func LoadSources(args []string, getenv func(string) (string, bool), out io.Write
 	if err != nil {
 		return cfg, nil, err
 	}
+	cfg.LogFormat = strings.ToLower(cfg.LogFormat) // checked case-insensitively
 	sources := map[string]string{}
 	for _, e := range entries {
 		sources[e.Key] = e.Provenance()
@@ -370,7 +418,7 @@ func printHelp(out io.Writer, set *cliflag.Set, table []field, def Config) {
 	fmt.Fprintf(out, "\nEnvironment only:\n")
 	for _, fd := range table {
 		if fd.flag == "" {
-			fmt.Fprintf(out, "  %s%s (default %s)\n", EnvPrefix, fd.env, valueString(def, fd))
+			fmt.Fprintf(out, "  %s (default %s)\n", fd.envVar(), valueString(def, fd))
 		}
 	}
 }
@@ -422,10 +470,7 @@ const SourceUnknown = "unknown"
 func View(c Config) map[string]map[string]any {
 	values, sources := map[string]any{}, map[string]any{}
 	for _, fd := range fieldsTable() {
-		key := strings.ToLower(fd.env)
-		if fd.noEnv {
-			key = strings.ReplaceAll(fd.flag, "-", "_")
-		}
+		key := fd.key()
 		switch fd.kind {
 		case "float":
 			values[key] = *fd.f(&c)

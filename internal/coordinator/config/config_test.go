@@ -38,6 +38,12 @@ func TestDefaults(t *testing.T) {
 		c.ResyncMaxWait != 60 || c.ResyncPageSize != 1000 || c.StateFile != "" {
 		t.Fatalf("defaults %+v", c)
 	}
+	// The documented defaults as literals (the DeepEqual above only says
+	// Load agrees with Default()).
+	if c.TimeoutKeepAlive != 10 || c.MetricsTopSalts != 20 || c.InflightTTL != 30 || c.LogLevel != "info" || c.LogFormat != "text" {
+		t.Errorf("timeout-keep-alive %d, metrics-top-salts %d, inflight-ttl %v, log-level %q, log-format %q; want 10, 20, 30, info, text",
+			c.TimeoutKeepAlive, c.MetricsTopSalts, c.InflightTTL, c.LogLevel, c.LogFormat)
+	}
 }
 
 // TestPrecedence: defaults < env < flags, for every flag and env var.
@@ -50,6 +56,7 @@ func TestPrecedence(t *testing.T) {
 		EnvPrefix + "ENABLE_STARTUP_RESYNC": "False", EnvPrefix + "RESYNC_POLL_INTERVAL": "0.5",
 		EnvPrefix + "RESYNC_MAX_WAIT": "0", EnvPrefix + "RESYNC_PAGE_SIZE": "200", EnvPrefix + "STATE_FILE": "/tmp/s.json",
 		EnvPrefix + "METRICS_TOP_SALTS": "5", EnvPrefix + "INFLIGHT_TTL": "2.5", EnvPrefix + "LOG_LEVEL": "warn",
+		"LMCACHE_LOG_FORMAT": "JSON",
 	}
 	c, err := Load(nil, env(e), &bytes.Buffer{})
 	if err != nil {
@@ -58,21 +65,21 @@ func TestPrecedence(t *testing.T) {
 	want := Config{Host: "10.0.0.1", Port: 1234, InstanceTimeout: 7.5, HealthCheckInterval: 0, EvictionCheckInterval: 0,
 		EvictionRatio: 0.5, TriggerWatermark: 0.9, ChunkSize: 16, HashAlgorithm: "sha256_cbor", BlendProbeStride: 3,
 		TimeoutKeepAlive: 20, EnableStartupResync: false, ResyncPollInterval: 0.5, ResyncMaxWait: 0, ResyncPageSize: 200,
-		StateFile: "/tmp/s.json", MetricsTopSalts: 5, InflightTTL: 2.5, LogLevel: "warn", HA: DefaultHA(), Ingest: DefaultIngest(), Tracing: DefaultTracing()}
+		StateFile: "/tmp/s.json", MetricsTopSalts: 5, InflightTTL: 2.5, LogLevel: "warn", LogFormat: "json", HA: DefaultHA(), Ingest: DefaultIngest(), Tracing: DefaultTracing()}
 	if c.Sources = nil; !reflect.DeepEqual(c, want) {
 		t.Fatalf("env:\n got %+v\nwant %+v", c, want)
 	}
 	c, err = Load([]string{"--host", "127.0.0.1", "--port", "9999", "--instance-timeout", "3", "--health-check-interval", "2",
 		"--eviction-check-interval", "1", "--eviction-ratio", "1", "--trigger-watermark", "0.5", "--chunk-size", "4",
 		"--hash-algorithm", "blake3", "--blend-probe-stride", "2", "--timeout-keep-alive", "30", "--state-file", "",
-		"--metrics-top-salts", "0", "--inflight-ttl", "0", "--log-level", "debug"}, env(e), &bytes.Buffer{})
+		"--metrics-top-salts", "0", "--inflight-ttl", "0", "--log-level", "debug", "--log-format", "upstream"}, env(e), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want = Config{Host: "127.0.0.1", Port: 9999, InstanceTimeout: 3, HealthCheckInterval: 2, EvictionCheckInterval: 1,
 		EvictionRatio: 1, TriggerWatermark: 0.5, ChunkSize: 4, HashAlgorithm: "blake3", BlendProbeStride: 2,
 		TimeoutKeepAlive: 30, EnableStartupResync: false, ResyncPollInterval: 0.5, ResyncMaxWait: 0, ResyncPageSize: 200,
-		StateFile: "", MetricsTopSalts: 0, InflightTTL: 0, LogLevel: "debug", HA: DefaultHA(), Ingest: DefaultIngest(), Tracing: DefaultTracing()}
+		StateFile: "", MetricsTopSalts: 0, InflightTTL: 0, LogLevel: "debug", LogFormat: "upstream", HA: DefaultHA(), Ingest: DefaultIngest(), Tracing: DefaultTracing()}
 	if c.Sources = nil; !reflect.DeepEqual(c, want) {
 		t.Fatalf("flags:\n got %+v\nwant %+v", c, want)
 	}
@@ -105,7 +112,8 @@ func TestInvalidValues(t *testing.T) {
 		{"--timeout-keep-alive", "TIMEOUT_KEEP_ALIVE", "0", ">= 1"},
 		{"--hash-algorithm", "HASH_ALGORITHM", "", "non-empty"},
 		{"--hash-algorithm", "HASH_ALGORITHM", "builtin", "blake3 or sha256_cbor"},
-		{"--port", "PORT", "70000", "between 0 and 65535"},
+		{"--port", "PORT", "70000", "must be a port number 0-65535 (got 70000)"},
+		{"--port", "PORT", "-1", "must be a port number 0-65535 (got -1)"},
 		{"--eviction-ratio", "EVICTION_RATIO", "abc", "number"},
 		{"--chunk-size", "CHUNK_SIZE", "10.0", "integer"},
 		{"", "RESYNC_POLL_INTERVAL", "0", "> 0"},
@@ -152,7 +160,7 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	flags, envs := names()
-	if len(flags) != 32 || len(envs) != 29 {
+	if len(flags) != 33 || len(envs) != 30 {
 		t.Fatalf("%d flags, %d env vars", len(flags), len(envs))
 	}
 	text := out.String()
@@ -185,8 +193,8 @@ func names() (flags, envs []string) {
 		if fd.flag != "" {
 			flags = append(flags, "--"+fd.flag)
 		}
-		if !fd.noEnv {
-			envs = append(envs, EnvPrefix+fd.env)
+		if v := fd.envVar(); v != "" {
+			envs = append(envs, v)
 		}
 	}
 	return flags, envs
@@ -280,5 +288,55 @@ func TestConfigFile(t *testing.T) {
 	_, err = Load([]string{"--port", "x"}, env(nil), &bytes.Buffer{})
 	if err == nil || err.Error() != `--port: not an integer (got "x")` {
 		t.Errorf("--port x: %v", err)
+	}
+}
+
+// TestLogFormat: LMCACHE_LOG_FORMAT is a setting of the coordinator's flag
+// table, as the server's: --log-format wins over it, case is ignored, GET
+// /config reports it with its source, and a bad value is one line in the
+// layer's shape.
+func TestLogFormat(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+		src  string
+	}{
+		{nil, nil, "text", "default"},
+		{nil, map[string]string{"LMCACHE_LOG_FORMAT": "Upstream"}, "upstream", "env:LMCACHE_LOG_FORMAT"},
+		{[]string{"--log-format", "json"}, map[string]string{"LMCACHE_LOG_FORMAT": "xml"}, "json", "flag:--log-format"},
+	} {
+		c, src, err := LoadSources(tc.args, env(tc.env), &bytes.Buffer{})
+		if err != nil {
+			t.Fatalf("%v %v: %v", tc.args, tc.env, err)
+		}
+		if c.LogFormat != tc.want || src["log_format"] != tc.src {
+			t.Errorf("%v %v: %q from %q, want %q from %q", tc.args, tc.env, c.LogFormat, src["log_format"], tc.want, tc.src)
+		}
+		v := View(c)
+		if v[Group]["log_format"] != tc.want || v[SourcesKey][Group].(map[string]any)["log_format"] != tc.src {
+			t.Errorf("%v %v: View %v / %v", tc.args, tc.env, v[Group]["log_format"], v[SourcesKey][Group])
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, map[string]string{"LMCACHE_LOG_FORMAT": "xml"}, `--log-format: LMCACHE_LOG_FORMAT: must be one of text, json, upstream (got "xml")`},
+		{[]string{"--log-format", "xml"}, nil, `--log-format: must be one of text, json, upstream (got "xml")`},
+		{[]string{"-log-format", "xml"}, nil, `--log-format: must be one of text, json, upstream (got "xml")`},
+	} {
+		_, err := Load(tc.args, env(tc.env), &bytes.Buffer{})
+		if !errors.Is(err, ErrInvalid) || err.Error() != tc.want {
+			t.Errorf("%v %v:\n got %v\nwant %s", tc.args, tc.env, err, tc.want)
+		}
+	}
+	var help bytes.Buffer
+	if _, err := Load([]string{"--help"}, env(nil), &help); !errors.Is(err, ErrHelp) {
+		t.Fatal(err)
+	}
+	if !strings.Contains(help.String(), "  --log-format string\n") || !strings.Contains(help.String(), `(env LMCACHE_LOG_FORMAT) (default "text")`) {
+		t.Errorf("help lacks --log-format with its variable and default:\n%s", help.String())
 	}
 }
