@@ -51,7 +51,7 @@ func TestOpenAPICoversEveryRoute(t *testing.T) {
 				t.Errorf("%s %s missing from openapi.json", rt.Method, rt.Path)
 			}
 		}
-		path := strings.NewReplacer("{instance_id}", "x", "{request_id}", "y", "{cache_salt}", "z", "{thread_name}", "coordinator-eviction").Replace(rt.Path)
+		path := strings.NewReplacer("{instance_id}", "x", "{request_id}", "y", "{cache_salt}", "z", "{thread_name}", "coordinator-eviction", "{file}", "console.js").Replace(rt.Path)
 		code, raw := c.do(rt.Method, path+pprofQuery(rt.Path), nil)
 		if (code == 404 && string(raw) == `{"detail":"Not Found"}`) || code == 405 {
 			t.Errorf("%s %s not served: %d %s", rt.Method, rt.Path, code, raw)

@@ -2,10 +2,13 @@ package coordinator_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
 
+	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 )
 
@@ -90,4 +93,56 @@ func (c *coord) openAPI(t *testing.T) *openapi3.T {
 		t.Fatal(err)
 	}
 	return doc
+}
+
+// TestOpenAPIPrefetchStatusSchema: the relayed prefetch poll has a real
+// schema (not an untyped object): status is required and one of the two
+// spec values, the counts are integers. The spec's two bodies validate
+// against it, and the documenting type marshals to exactly those bytes (the
+// ones TestPrefetchRelay sees relayed).
+func TestOpenAPIPrefetchStatusSchema(t *testing.T) {
+	c := startCoord(t, nil)
+	doc := c.openAPI(t)
+	s := doc.Paths.Value("/cache/prefetches/{instance_id}/{request_id}").Get.Responses.Value("200").Value.Content.Get("application/json").Schema.Value
+	if !s.Type.Is("object") || len(s.Required) != 1 || s.Required[0] != "status" {
+		t.Fatalf("schema type %v required %v, want an object requiring status", s.Type, s.Required)
+	}
+	if st := s.Properties["status"]; st == nil || !st.Value.Type.Is("string") || fmt.Sprint(st.Value.Enum) != "[pending completed]" {
+		t.Fatalf("status schema = %+v", st)
+	}
+	for _, n := range []string{"found_keys", "total_keys"} {
+		if p := s.Properties[n]; p == nil || !p.Value.Type.Is("integer") {
+			t.Fatalf("%s schema = %+v", n, p)
+		}
+	}
+	if len(s.Properties) != 5 || s.Properties["request_id"] == nil || s.Properties["error"] == nil {
+		t.Fatalf("properties %v", s.Properties)
+	}
+	two := 2
+	for _, cs := range []struct {
+		v    coordinator.PrefetchStatusResponse
+		want string
+	}{
+		{coordinator.PrefetchStatusResponse{Status: "pending"}, `{"status":"pending"}`},
+		{coordinator.PrefetchStatusResponse{Status: "completed", FoundKeys: &two, TotalKeys: &two}, `{"status":"completed","found_keys":2,"total_keys":2}`},
+	} {
+		raw, err := json.Marshal(cs.v)
+		if err != nil || string(raw) != cs.want {
+			t.Fatalf("Marshal(%+v) = %s, %v; want %s", cs.v, raw, err, cs.want)
+		}
+		var body any
+		if err := json.Unmarshal(raw, &body); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.VisitJSON(body); err != nil {
+			t.Fatalf("%s does not validate against the schema: %v", raw, err)
+		}
+	}
+	var bad any
+	if err := json.Unmarshal([]byte(`{"status":"done"}`), &bad); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.VisitJSON(bad); err == nil {
+		t.Fatal(`{"status":"done"} validates; the enum is not in the schema`)
+	}
 }

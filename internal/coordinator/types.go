@@ -169,6 +169,16 @@ type PinRequest struct {
 	CacheSalt string  `json:"cache_salt,omitempty"`
 }
 
-// PrefetchStatusResponse documents the relayed poll: the MP server's own
-// body, passed through verbatim.
-type PrefetchStatusResponse map[string]any
+// PrefetchStatusResponse documents the relayed poll. The handler passes
+// the MP server's own body through verbatim and never marshals this type;
+// it gives the OpenAPI document the shape that body has: the spec's
+// {"status": "pending"} and {"status": "completed", "found_keys": 12,
+// "total_keys": 12}, plus the request_id and load error an lmcache-go MP
+// server adds (internal/httpapi.PrefetchPollResponse).
+type PrefetchStatusResponse struct {
+	Status    string `json:"status" enum:"pending,completed"`
+	FoundKeys *int   `json:"found_keys,omitempty" doc:"with completed: requested chunks that were resident"`
+	TotalKeys *int   `json:"total_keys,omitempty" doc:"with completed: requested chunks"`
+	RequestID string `json:"request_id,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
