@@ -340,6 +340,16 @@ func TestDuration(t *testing.T) {
 	}
 }
 
+// TestAtLeast: the shared lower bound names the bound and the value.
+func TestAtLeast(t *testing.T) {
+	if err := AtLeast(1, 1); err != nil {
+		t.Errorf("AtLeast(1, 1) = %v", err)
+	}
+	if err := AtLeast(-1, 0); err == nil || err.Error() != "must be >= 0 (got -1)" {
+		t.Errorf("AtLeast(-1, 0) = %v", err)
+	}
+}
+
 // TestPort: the one port rule accepts 0 and 65535 and names the range and
 // the value otherwise.
 func TestPort(t *testing.T) {

@@ -47,6 +47,15 @@ func Port(n int) error {
 	return nil
 }
 
+// AtLeast is the lower-bound check of every subcommand's integer
+// settings: nil when n >= min, else the one reason text with the value.
+func AtLeast(n, min int) error {
+	if n < min {
+		return fmt.Errorf("must be >= %d (got %d)", min, n)
+	}
+	return nil
+}
+
 type stringValue string
 
 func (s *stringValue) Set(v string) error { *s = stringValue(v); return nil }

@@ -184,13 +184,9 @@ func oneOf(p *string, allowed ...string) func() error {
 	}
 }
 
+// atLeast is cliflag's lower bound, which `lmcache bench` shares.
 func atLeast(p *int, min int) func() error {
-	return func() error {
-		if *p < min {
-			return fmt.Errorf("must be >= %d (got %d)", min, *p)
-		}
-		return nil
-	}
+	return func() error { return cliflag.AtLeast(*p, min) }
 }
 
 // port is cliflag's port rule, which the coordinator's --port shares.
