@@ -241,42 +241,76 @@ func (b *Book) FireDeleted(keys []objkey.Key) {
 	}
 }
 
-// Gate admits calls until Close and lets Close wait for those in flight:
-// calls hold its read lock, Close takes the write lock.
+// Gate admits calls until Close and lets Close wait for those in flight.
+// Waiting is on channels, never on a held lock (mu guards only short
+// critical sections), so a Close waiting for a call is durably blocked in
+// a testing/synctest bubble, and Enter and Closed never wait for a Close in
+// progress: a call arriving then is refused at once.
 type Gate struct {
-	mu     sync.RWMutex
-	closed bool
+	mu      sync.Mutex
+	closed  bool          // Close has begun: Enter refuses
+	n       int           // calls in flight
+	drained chan struct{} // made by a Close waiting for calls; closed by the last Leave
+	done    chan struct{} // closed once Close's fn has returned
 }
 
-// Enter admits one call, which must then Leave; after Close it returns an
-// error wrapping l2.ErrUnavailable, prefixed with the adapter's name.
+// Enter admits one call, which must then Leave; once Close has begun it
+// returns an error wrapping l2.ErrUnavailable, prefixed with the adapter's
+// name.
 func (g *Gate) Enter(name string) error {
-	g.mu.RLock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if g.closed {
-		g.mu.RUnlock()
 		return fmt.Errorf("%s: %w: closed", name, l2.ErrUnavailable)
 	}
+	g.n++
 	return nil
 }
 
 // Leave ends a call admitted by Enter.
-func (g *Gate) Leave() { g.mu.RUnlock() }
+func (g *Gate) Leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n == 0 {
+		// A Leave without its Enter would let Close run under a live call.
+		panic("bookkeep: Gate.Leave without Enter")
+	}
+	g.n--
+	if g.n == 0 && g.drained != nil {
+		close(g.drained)
+		g.drained = nil
+	}
+}
 
-// Closed reports whether Close has run.
+// Closed reports whether Close has begun.
 func (g *Gate) Closed() bool {
-	g.mu.RLock()
-	defer g.mu.RUnlock()
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	return g.closed
 }
 
-// Close waits for the calls in flight, then runs fn once (later Closes do
-// nothing and return nil) with no call in flight and none admitted after.
+// Close waits for the calls in flight, then runs fn once with no call in
+// flight and none admitted after. Later Closes wait for that fn to return,
+// then return nil, so every Close returns only once the adapter is closed.
 func (g *Gate) Close(fn func() error) error {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.closed {
+		done := g.done
+		g.mu.Unlock()
+		<-done
 		return nil
 	}
 	g.closed = true
+	g.done = make(chan struct{})
+	defer close(g.done)
+	var drained chan struct{}
+	if g.n > 0 {
+		g.drained = make(chan struct{})
+		drained = g.drained
+	}
+	g.mu.Unlock()
+	if drained != nil {
+		<-drained
+	}
 	return fn()
 }

@@ -2,10 +2,10 @@ package bookkeep_test
 
 import (
 	"errors"
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/bookkeep"
@@ -91,33 +91,61 @@ func TestLockHits(t *testing.T) {
 	}
 }
 
-// TestGate: calls are refused after Close with ErrUnavailable, Close runs
-// its function once, and it waits for a call in flight.
+// TestGate: Close waits for a call in flight (in a synctest bubble, so
+// "Close has not run fn" is checked when nothing else can happen), calls
+// arriving meanwhile are refused, a second Close waits for the first and
+// returns nil, and fn runs once.
 func TestGate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var g bookkeep.Gate
+		if err := g.Enter("x"); err != nil {
+			t.Fatal(err)
+		}
+		var ran atomic.Int32
+		closed := make(chan error, 1)
+		go func() { closed <- g.Close(func() error { ran.Add(1); return errors.New("boom") }) }()
+		synctest.Wait() // Close is now blocked for good unless the call leaves
+		if ran.Load() != 0 {
+			t.Fatal("Close ran fn while a call was in flight")
+		}
+		if !g.Closed() {
+			t.Fatal("Closed = false while Close waits")
+		}
+		if err := g.Enter("x"); !errors.Is(err, l2.ErrUnavailable) || err.Error() != "x: adapter unavailable: closed" {
+			t.Fatalf("Enter while Close waits = %v", err)
+		}
+		second := make(chan error, 1)
+		go func() { second <- g.Close(func() error { ran.Add(1); return nil }) }()
+		synctest.Wait()
+		select {
+		case err := <-second:
+			t.Fatalf("second Close returned %v before the first finished", err)
+		default:
+		}
+		g.Leave()
+		if err := <-closed; err == nil || err.Error() != "boom" || ran.Load() != 1 {
+			t.Fatalf("Close = %v, ran %d", err, ran.Load())
+		}
+		if err := <-second; err != nil || ran.Load() != 1 {
+			t.Fatalf("second Close = %v, ran %d", err, ran.Load())
+		}
+		if err := g.Close(func() error { ran.Add(1); return nil }); err != nil || ran.Load() != 1 {
+			t.Fatalf("third Close = %v, ran %d", err, ran.Load())
+		}
+		if err := g.Enter("x"); !errors.Is(err, l2.ErrUnavailable) || err.Error() != "x: adapter unavailable: closed" {
+			t.Fatalf("Enter after Close = %v", err)
+		}
+	})
+}
+
+// TestGateCloseWithoutCalls: with nothing in flight Close runs fn at once.
+func TestGateCloseWithoutCalls(t *testing.T) {
 	var g bookkeep.Gate
 	if err := g.Enter("x"); err != nil {
 		t.Fatal(err)
 	}
-	var ran atomic.Int32
-	closed := make(chan error)
-	go func() { closed <- g.Close(func() error { ran.Add(1); return errors.New("boom") }) }()
-	for range 100 {
-		runtime.Gosched() // give a Close that does not wait the chance to run
-	}
-	if ran.Load() != 0 {
-		t.Fatal("Close ran while a call was in flight")
-	}
 	g.Leave()
-	if err := <-closed; err == nil || err.Error() != "boom" || ran.Load() != 1 {
-		t.Fatalf("Close = %v, ran %d", err, ran.Load())
-	}
-	if err := g.Close(func() error { ran.Add(1); return nil }); err != nil || ran.Load() != 1 {
-		t.Fatalf("second Close = %v, ran %d", err, ran.Load())
-	}
-	if err := g.Enter("x"); !errors.Is(err, l2.ErrUnavailable) || err.Error() != "x: adapter unavailable: closed" {
-		t.Fatalf("Enter after Close = %v", err)
-	}
-	if !g.Closed() {
-		t.Fatal("Closed = false")
+	if err := g.Close(func() error { return errors.New("boom") }); err == nil || err.Error() != "boom" || !g.Closed() {
+		t.Fatalf("Close = %v, Closed %v", err, g.Closed())
 	}
 }
