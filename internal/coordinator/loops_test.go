@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -215,6 +216,52 @@ func TestSeqTrackerResetCounted(t *testing.T) {
 	if _, raw := c.do("GET", "/metrics", nil); !strings.Contains(string(raw), "lmcache_coordinator_event_seq_tracker_resets_total 1\n") {
 		t.Fatal("reset not counted")
 	}
+}
+
+// TestSeqTrackerProductionBound: with the bound the server is built with
+// (no test override), a door's cursor map holds exactly 100,000 instance
+// ids. One POST /events carries 100,000 first batches of distinct
+// emitters: no reset, and a replay of the first is still a duplicate (its
+// cursor is held). The 100,001st emitter clears the map: the reset is
+// counted once and logged once at warn with the limit, and the first
+// emitter's replay is then admitted as a first batch.
+func TestSeqTrackerProductionBound(t *testing.T) {
+	const bound = 100_000
+	c, recs := startCoordRecorded(t, nil)
+	batch := func(b *strings.Builder, id string) {
+		fmt.Fprintf(b, `{"instance_id":%q,"incarnation":1,"seq":1,"event_type":"store","tier":"l2","backend":"fs","entries":[]}`, id)
+	}
+	post := func(ids ...string) map[string]any {
+		var b strings.Builder
+		b.WriteString(`{"batches":[`)
+		for i, id := range ids {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			batch(&b, id)
+		}
+		b.WriteString(`]}`)
+		return c.must("POST", "/events", b.String(), 200)
+	}
+	ids := make([]string, bound)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("emitter-%06d", i)
+	}
+	wantReply(t, post(ids...), bound, 0, 0)
+	metric(t, c, "lmcache_coordinator_event_seq_tracker_resets_total 0")
+	wantReply(t, post(ids[0]), 0, 1, 0)
+	const msg = "usage-event seq tracker reset: too many distinct instance ids"
+	if got := recs.withMsg(msg); len(got) != 0 {
+		t.Fatalf("reset logged at %d ids: %+v", bound, got)
+	}
+
+	wantReply(t, post("emitter-one-more"), 1, 0, 0)
+	metric(t, c, "lmcache_coordinator_event_seq_tracker_resets_total 1")
+	want := logRecord{Level: slog.LevelWarn, Msg: msg, Attrs: map[string]string{"component": "coordinator", "limit": "100000"}}
+	if got := recs.withMsg(msg); len(got) != 1 || !reflect.DeepEqual(got[0], want) {
+		t.Fatalf("reset records %+v, want exactly %+v", got, want)
+	}
+	wantReply(t, post(ids[0]), 1, 0, 0)
 }
 
 // TestLedgerReserveLoop: the reserve loop prepares the ledger's entry pages

@@ -1,6 +1,9 @@
 package coordinator_test
 
 import (
+	"fmt"
+	"log/slog"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -119,15 +122,39 @@ func TestStartupResyncStopsOnRepeatedToken(t *testing.T) {
 }
 
 // TestStartupResyncClampsPageSize: RESYNC_PAGE_SIZE above the server's
-// 5000 ceiling is clamped instead of failing the whole resync.
+// 5000 ceiling is clamped instead of failing the whole resync, with one
+// warning naming the configured and the used size; 5000 itself is sent as
+// configured, without the warning.
 func TestStartupResyncClampsPageSize(t *testing.T) {
-	mp := newMP(t)
-	mp.pages = []mpPage{{entries: []any{entry("01", "r", 5)}}}
-	c := startCoord(t, resyncConfig(9000))
-	mp.register(c, "mp-1")
-	waitFor(t, "resync", func() bool { return c.usageBytes("r") == 5 })
-	if q := mp.queries()[0]; q != "page_size=5000" {
-		t.Fatalf("query %s", q)
+	const clamped = "RESYNC_PAGE_SIZE above the MP server's maximum; clamped"
+	for _, cs := range []struct {
+		configured int
+		warned     bool
+	}{{9000, true}, {5001, true}, {5000, false}} {
+		t.Run(fmt.Sprint(cs.configured), func(t *testing.T) {
+			mp := newMP(t)
+			mp.pages = []mpPage{{entries: []any{entry("01", "r", 5)}}}
+			c, recs := startCoordRecorded(t, resyncConfig(cs.configured))
+			mp.register(c, "mp-1")
+			waitFor(t, "the resync to finish", func() bool { return c.logs.Has("startup resync finished") })
+			if q := strings.Join(mp.queries(), " "); q != "page_size=5000" {
+				t.Fatalf("queries %s, want one page of 5000", q)
+			}
+			if u := c.usageBytes("r"); u != 5 {
+				t.Fatalf("usage %d, want the page read (5)", u)
+			}
+			got := recs.withMsg(clamped)
+			if !cs.warned {
+				if len(got) != 0 {
+					t.Fatalf("page size 5000 warned: %+v", got)
+				}
+				return
+			}
+			want := logRecord{Level: slog.LevelWarn, Msg: clamped, Attrs: map[string]string{"component": "coordinator", "configured": fmt.Sprint(cs.configured), "used": "5000"}}
+			if len(got) != 1 || !reflect.DeepEqual(got[0], want) {
+				t.Fatalf("clamp records %+v, want exactly %+v", got, want)
+			}
+		})
 	}
 }
 

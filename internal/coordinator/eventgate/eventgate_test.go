@@ -1,6 +1,7 @@
 package eventgate
 
 import (
+	"strconv"
 	"sync"
 	"testing"
 
@@ -120,5 +121,43 @@ func TestConcurrentOffersApplyOnce(t *testing.T) {
 	}
 	if st, _ := g.Stats("r"); st.Duplicates != 15 {
 		t.Fatalf("duplicates %d", st.Duplicates)
+	}
+}
+
+// TestDefaultBoundBothDoors: New(0), as the coordinator builds its gate,
+// lets each door hold exactly DefaultMaxStreams (100,000) instance ids:
+// the 100,000th new id is no reset, the 100,001st is, on the gated and on
+// the observed door alike (their maps are bounded separately).
+func TestDefaultBoundBothDoors(t *testing.T) {
+	if DefaultMaxStreams != 100_000 {
+		t.Fatalf("DefaultMaxStreams = %d, the documented bound is 100,000", DefaultMaxStreams)
+	}
+	g := New(0)
+	for _, d := range []struct {
+		door   string
+		offer  func(id string) Outcome
+		cursor func(id string) *StreamStats
+	}{
+		{"gated", func(id string) Outcome { return g.Offer(id, 1, 1, nil, nil) }, func(id string) *StreamStats { s, _ := g.Stats(id); return s }},
+		{"observed", func(id string) Outcome { return g.Observe(id, 1) }, func(id string) *StreamStats { _, s := g.Stats(id); return s }},
+	} {
+		resets := 0
+		for i := range 100_000 {
+			if d.offer("id-" + strconv.Itoa(i)).Reset {
+				resets++
+			}
+		}
+		if resets != 0 {
+			t.Fatalf("%s door: %d resets within 100,000 ids", d.door, resets)
+		}
+		if d.cursor("id-0") == nil {
+			t.Fatalf("%s door: id-0 forgotten before the bound", d.door)
+		}
+		if got := d.offer("one-more"); !got.Reset {
+			t.Fatalf("%s door: the 100,001st id = %+v, want a reset", d.door, got)
+		}
+		if st := d.cursor("id-0"); st != nil {
+			t.Fatalf("%s door: id-0 survived the reset: %+v", d.door, st)
+		}
 	}
 }
