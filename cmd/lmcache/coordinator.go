@@ -19,8 +19,8 @@ func init() {
 	subcommands["coordinator"] = subcommand{"run the MP fleet coordinator (registry, quotas, eviction, pins)", runCoordinator}
 }
 
-// runCoordinator parses flags over LMCACHE_MP_COORDINATOR_* env vars over
-// the config file and serves until ctx is cancelled. Exit status: 0 clean
+// runCoordinator parses flags over LMCACHE_MP_COORDINATOR_* env vars (and
+// LMCACHE_LOG_FORMAT, shared with the server) over the config file and serves until ctx is cancelled. Exit status: 0 clean
 // stop or --help, 1 runtime failure, 2 invalid configuration (one line,
 // "lmcache coordinator: --<flag>: <reason>").
 func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -32,12 +32,7 @@ func runCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)
 		return 2
 	}
-	format, err := coordinatorLogFormat(os.LookupEnv)
-	if err != nil {
-		fmt.Fprintf(stderr, "lmcache coordinator: %v\n", err)
-		return 2
-	}
-	log := newLogger(format, cfg.LogLevel, stderr)
+	log := newLogger(cfg.LogFormat, cfg.LogLevel, stderr)
 	log.Debug("coordinator configuration sources", "sources", sources)
 	var counted atomic.Pointer[coordinator.Server]
 	// Every HTTP request is a span once a provider is active: the server

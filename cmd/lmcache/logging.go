@@ -15,8 +15,10 @@ import (
 	"github.com/lmcache-go/lmcache/internal/loglevel"
 )
 
-// logFormats are the values of --log-format / LMCACHE_LOG_FORMAT.
-// "upstream" writes the lines of upstream's lmcache/logging.py.
+// logFormats are the values of --log-format / LMCACHE_LOG_FORMAT, which
+// both flag tables (serverconfig, coordinator/config) check before a
+// handler is built. "upstream" writes the lines of upstream's
+// lmcache/logging.py.
 var logFormats = []string{"text", "json", "upstream"}
 
 // newHandler is the process's base log handler for format; "upstream" is
@@ -30,22 +32,6 @@ func newHandler(w io.Writer, format string) (slog.Handler, error) {
 		return nil, fmt.Errorf("log format %q: want one of %s", format, strings.Join(logFormats, ", "))
 	}
 	return h, nil
-}
-
-// coordinatorLogFormat is the coordinator's log format: LMCACHE_LOG_FORMAT
-// (the server reads the same variable through its flag table), default
-// text. An unknown value is an error so a typo is not silently ignored.
-func coordinatorLogFormat(lookup func(string) (string, bool)) (string, error) {
-	v, ok := lookup("LMCACHE_LOG_FORMAT")
-	if !ok || v == "" {
-		return "text", nil
-	}
-	for _, f := range logFormats {
-		if strings.EqualFold(v, f) {
-			return f, nil
-		}
-	}
-	return "", fmt.Errorf("LMCACHE_LOG_FORMAT=%q: want one of %s", v, strings.Join(logFormats, ", "))
 }
 
 // newLogger builds a plain process logger (the coordinator's); level names

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"log/slog"
 	"regexp"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 	"github.com/lmcache-go/lmcache/internal/loglevel"
 )
 
@@ -94,16 +96,20 @@ func TestLogFormatChoice(t *testing.T) {
 	if _, err := newHandler(&bytes.Buffer{}, "xml"); err == nil || !strings.Contains(err.Error(), "text, json, upstream") {
 		t.Errorf("newHandler(xml) = %v, want an error naming the formats", err)
 	}
-	env := func(m map[string]string) func(string) (string, bool) {
-		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
-	}
-	if f, err := coordinatorLogFormat(env(nil)); f != "text" || err != nil {
-		t.Errorf("unset: %q %v", f, err)
-	}
-	if f, err := coordinatorLogFormat(env(map[string]string{"LMCACHE_LOG_FORMAT": "Upstream"})); f != "upstream" || err != nil {
-		t.Errorf("Upstream: %q %v", f, err)
-	}
-	if _, err := coordinatorLogFormat(env(map[string]string{"LMCACHE_LOG_FORMAT": "xml"})); err == nil || !strings.Contains(err.Error(), "LMCACHE_LOG_FORMAT") {
-		t.Errorf("xml: %v, want an error naming the variable", err)
+	// The coordinator's format comes from its flag table (LMCACHE_LOG_FORMAT,
+	// case ignored); every value it accepts builds a handler.
+	for v, want := range map[string]string{"": "text", "Upstream": "upstream", "JSON": "json"} {
+		e := map[string]string{}
+		if v != "" {
+			e["LMCACHE_LOG_FORMAT"] = v
+		}
+		cfg, err := config.Load(nil, func(k string) (string, bool) { x, ok := e[k]; return x, ok }, io.Discard)
+		if err != nil || cfg.LogFormat != want {
+			t.Errorf("LMCACHE_LOG_FORMAT=%q: %q %v, want %q", v, cfg.LogFormat, err, want)
+			continue
+		}
+		if _, err := newHandler(&bytes.Buffer{}, cfg.LogFormat); err != nil {
+			t.Errorf("newHandler(%q) = %v", cfg.LogFormat, err)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -123,7 +124,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 
 	specs, err := l2.ParseSpecs(cfg.L2Adapters)
 	if err != nil {
-		return nil, &usageError{err}
+		return nil, &usageError{l2AdapterError(err)}
 	}
 	var layouts []engine.Layout
 	for _, m := range cfg.RegisterModel {
@@ -133,29 +134,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		}
 		layouts = append(layouts, l)
 	}
-	shmMode, _ := cfg.SHMModeBits()
-
-	ecfg := engine.Config{
-		L1SizeBytes:              cfg.L1SizeBytes(),
-		L1UseLazy:                cfg.L1UseLazy,
-		L1InitSizeBytes:          cfg.L1InitSizeBytes(),
-		L1AlignBytes:             int64(cfg.L1AlignBytes),
-		L1UseHugepages:           cfg.L1UseHugepages,
-		L1ReadTTL:                seconds(cfg.L1ReadTTLSeconds),
-		L1WriteTTL:               seconds(cfg.L1WriteTTLSeconds),
-		ShmName:                  cfg.SHMName,
-		ShmMode:                  os.FileMode(shmMode),
-		EvictionPolicy:           cfg.EvictionPolicy,
-		EvictionTriggerWatermark: cfg.EvictionWatermark,
-		EvictionRatio:            cfg.EvictionRatio,
-		L2StorePolicy:            cfg.L2StorePolicy,
-		L2PrefetchPolicy:         cfg.L2PrefetchPolicy,
-		L2PrefetchMaxInFlight:    cfg.L2PrefetchMaxInFlight,
-		L2PrefetchLoadTimeout:    seconds(cfg.L2PrefetchLoadTimeout),
-		L2LookupTimeout:          time.Duration(cfg.L2LookupTimeoutMS) * time.Millisecond,
-		StoreMaxAttempts:         cfg.L2StoreMaxRetries + 1, // the first attempt is not a retry
-		StoreRetryBase:           seconds(cfg.L2StoreRetryBackoffSecs),
-	}
+	ecfg := engineConfig(cfg)
 	for _, sp := range specs {
 		ac := engine.AdapterConfig{Shared: sp.Shared}
 		if sp.Eviction != nil {
@@ -274,7 +253,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		Config:               cfg.ConfigView(), // the groups, plus "_sources": where each value came from
 		AuthToken:            cfg.HTTPAuthToken,
 		RunScriptEnabled:     cfg.RunScriptAPIEnabled,
-		ProtectMetrics:       os.Getenv(httpapi.EnvProtectMetrics) == "1",
+		ProtectMetrics:       cfg.HTTPAuthProtectMetrics, // --http-auth-protect-metrics / httpapi.EnvProtectMetrics
 		ScriptAllowedImports: cfg.ScriptAllowedImports,
 		RegisteredModels:     layouts,
 		ChunkSize:            cfg.ChunkSize,
@@ -300,6 +279,63 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 	ok = true
 	return s, nil
 }
+
+// engineConfig is the engine's configuration from the flags, its L2
+// adapters and loops aside. --l1-use-lazy and --l1-init-size-gb are not
+// passed on: they are accepted for upstream's command lines only (the pool
+// is always committed lazily by the kernel, page by page), and leaving
+// them out makes "no effect" something a test can check
+// (TestL1LazyFlagsHaveNoEffect).
+func engineConfig(cfg *serverconfig.Config) engine.Config {
+	shmMode, _ := cfg.SHMModeBits() // validated by serverconfig
+	return engine.Config{
+		L1SizeBytes:              cfg.L1SizeBytes(),
+		L1AlignBytes:             int64(cfg.L1AlignBytes),
+		L1UseHugepages:           cfg.L1UseHugepages,
+		L1ReadTTL:                seconds(cfg.L1ReadTTLSeconds),
+		L1WriteTTL:               seconds(cfg.L1WriteTTLSeconds),
+		ShmName:                  cfg.SHMName,
+		ShmMode:                  os.FileMode(shmMode),
+		EvictionPolicy:           cfg.EvictionPolicy,
+		EvictionTriggerWatermark: cfg.EvictionWatermark,
+		EvictionRatio:            cfg.EvictionRatio,
+		L2StorePolicy:            cfg.L2StorePolicy,
+		L2PrefetchPolicy:         cfg.L2PrefetchPolicy,
+		L2PrefetchMaxInFlight:    cfg.L2PrefetchMaxInFlight,
+		L2PrefetchLoadTimeout:    seconds(cfg.L2PrefetchLoadTimeout),
+		L2LookupTimeout:          time.Duration(cfg.L2LookupTimeoutMS) * time.Millisecond,
+		StoreMaxAttempts:         cfg.L2StoreMaxRetries + 1, // the first attempt is not a retry
+		StoreRetryBase:           seconds(cfg.L2StoreRetryBackoffSecs),
+	}
+}
+
+// l2AdapterError puts an l2.ParseSpecs error in the flag layer's shape,
+// "--l2-adapter: <reason>". l2's texts start with l2.ErrConfig ("invalid
+// --l2-adapter: ") and name the flag again ("invalid JSON for --l2-adapter
+// #1: ...", "--l2-adapter #1 ('fs'): ..."); both are dropped here so the
+// line names the flag once, as every other flag error does. The original
+// error stays in the chain (errors.Is(err, l2.ErrConfig)).
+func l2AdapterError(err error) error {
+	msg := strings.TrimPrefix(err.Error(), l2.ErrConfig.Error()+": ")
+	if rest, ok := strings.CutPrefix(msg, "invalid JSON for --l2-adapter "); ok {
+		if n, detail, ok := strings.Cut(rest, ": "); ok {
+			msg = n + ": invalid JSON: " + detail
+		}
+	} else {
+		msg = strings.TrimPrefix(msg, "--l2-adapter ")
+	}
+	return &rephrased{text: "--l2-adapter: " + msg, err: err}
+}
+
+// rephrased is err with another text, for errors of packages whose
+// messages do not have the flag layer's shape.
+type rephrased struct {
+	text string
+	err  error
+}
+
+func (r *rephrased) Error() string { return r.text }
+func (r *rephrased) Unwrap() error { return r.err }
 
 // run serves until ctx is cancelled. The engine runs under its own context
 // so that it outlives the front ends: they drain first, then it stops.
