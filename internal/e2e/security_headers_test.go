@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -58,12 +59,28 @@ func TestSecurityHostileHeaders(t *testing.T) {
 	var conns []net.Conn
 	var wg sync.WaitGroup
 	chunk := []byte(strings.Repeat("a", 64<<10))
+	// Every write has a deadline: a server that neither reads a header
+	// nor refuses it would otherwise hold a sender, and this test, forever.
+	// A sender hitting it is a failure.
+	const writeDeadline = 90 * time.Second
+	closeAll := sync.OnceFunc(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	t.Cleanup(func() { closeAll(); wg.Wait() })
 	// sent gets one value per sender once it has written everything it
-	// meant to or the server refused it (a failed write).
-	sent := make(chan struct{}, flooders+stallers)
+	// meant to or the server refused it (a failed write): nil, or the
+	// write deadline's error.
+	sent := make(chan error, flooders+stallers)
 	for i := range flooders + stallers {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetWriteDeadline(time.Now().Add(writeDeadline)); err != nil {
 			t.Fatal(err)
 		}
 		mu.Lock()
@@ -76,14 +93,23 @@ func TestSecurityHostileHeaders(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { sent <- struct{}{} }()
-			if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nX-Flood: "); err != nil {
+			var werr error
+			defer func() { sent <- werr }()
+			write := func(b []byte) bool {
+				_, err := c.Write(b)
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					werr = fmt.Errorf("sender %d: a write blocked for %v: the server neither read nor refused its header", i, writeDeadline)
+				}
+				return err == nil
+			}
+			if !write([]byte("GET / HTTP/1.1\r\nHost: x\r\nX-Flood: ")) {
 				return
 			}
 			for n := 0; n < limit; n += len(chunk) {
 				// The server refuses the header past its limit and
 				// closes; the write then fails, which ends this sender.
-				if _, err := c.Write(chunk[:min(len(chunk), limit-n)]); err != nil {
+				if !write(chunk[:min(len(chunk), limit-n)]) {
 					return
 				}
 			}
@@ -96,12 +122,23 @@ func TestSecurityHostileHeaders(t *testing.T) {
 		}
 	}
 	// Sample while the senders run, until every one has sent all it
-	// meant to or been refused; connections stay open afterwards.
+	// meant to or been refused; connections stay open afterwards. The
+	// write deadlines end every sender within writeDeadline; the overall
+	// deadline only guards against a sender that never reports.
+	overall := time.NewTimer(writeDeadline + 30*time.Second)
+	defer overall.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
 	for n := 0; n < flooders+stallers; {
 		select {
-		case <-sent:
+		case err := <-sent:
 			n++
-		case <-time.After(20 * time.Millisecond):
+			if err != nil {
+				t.Error(err)
+			}
+		case <-tick.C:
+		case <-overall.C:
+			t.Fatalf("%d of %d senders still writing after %v", flooders+stallers-n, flooders+stallers, writeDeadline+30*time.Second)
 		}
 		sample()
 	}
@@ -114,9 +151,7 @@ func TestSecurityHostileHeaders(t *testing.T) {
 	if peak > peakBound {
 		t.Errorf("peak RSS %d MiB, bound %d MiB", peak>>20, peakBound>>20)
 	}
-	for _, c := range conns {
-		_ = c.Close()
-	}
+	closeAll()
 	wg.Wait()
 	var after int64
 	waitFor(t, "RSS to settle", func() bool {
