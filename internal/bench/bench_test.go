@@ -57,8 +57,21 @@ func serve(t *testing.T, l1 int64, chunk int) (endpoint, shmDir string) {
 	wg.Add(2)
 	go func() { defer wg.Done(); _ = eng.Run(ctx) }()
 	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
-	t.Cleanup(func() { cancel(); wg.Wait(); _ = eng.Close() })
+	t.Cleanup(func() { cancel(); wg.Wait(); closeEngine(t, eng) })
 	return srv.Endpoint(), dir
+}
+
+// closeEngine closes eng once its Run returned and fails t, naming the
+// keys, if the bench's traffic left a read lease, pin or staged write.
+func closeEngine(t *testing.T, eng *engine.Engine) {
+	t.Helper()
+	leaks := eng.Leaks()
+	if err := eng.Close(); err != nil {
+		t.Errorf("engine close: %v", err)
+	}
+	if len(leaks) > 0 {
+		t.Errorf("%d engine references leaked at close:\n%s", len(leaks), strings.Join(leaks, "\n"))
+	}
 }
 
 func TestBenchSmall(t *testing.T) {

@@ -31,9 +31,9 @@ func TestRunOnFakeDriver(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer eng.Close()
 			srv, err := mq.New(mq.Config{Host: "127.0.0.1", Port: 0, ChunkSize: 256, CUDA: f}, eng, logger)
 			if err != nil {
+				_ = eng.Close()
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithCancel(context.Background())
@@ -41,11 +41,12 @@ func TestRunOnFakeDriver(t *testing.T) {
 			wg.Add(2)
 			go func() { defer wg.Done(); _ = eng.Run(ctx) }()
 			go func() { defer wg.Done(); _ = srv.Run(ctx) }()
+			// Also on a failure: stop both, then close the engine checking
+			// that the worker's flow left no reference behind.
+			t.Cleanup(func() { cancel(); wg.Wait(); closeEngine(t, eng) })
 			var out bytes.Buffer
 			res, err := Run(Config{Endpoint: srv.Endpoint(), Layout: layout, Bytes: 12 << 20, Layers: 2, Out: &out}, FakeDevice{F: f})
 			if err != nil {
-				cancel()
-				wg.Wait()
 				t.Fatal(err)
 			}
 			if res.Bytes < 8<<20 || res.StoreGBs <= 0 || res.RetrieveGBs <= 0 || !strings.Contains(out.String(), "round trip byte-exact") {
@@ -60,5 +61,18 @@ func TestRunOnFakeDriver(t *testing.T) {
 				t.Fatalf("after the server stopped: %s", got)
 			}
 		})
+	}
+}
+
+// closeEngine closes eng once its Run returned and fails t, naming the
+// keys, if a read lease, pin or staged write is left.
+func closeEngine(t *testing.T, eng *engine.Engine) {
+	t.Helper()
+	leaks := eng.Leaks()
+	if err := eng.Close(); err != nil {
+		t.Errorf("engine close: %v", err)
+	}
+	if len(leaks) > 0 {
+		t.Errorf("%d engine references leaked at close:\n%s", len(leaks), strings.Join(leaks, "\n"))
 	}
 }
