@@ -24,6 +24,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
 // Errors returned by Detect and Plan.
@@ -139,22 +141,16 @@ func (l *Layout) MLA() bool { return l.Format == FormatMLA }
 // latent width for MLA.
 func (l *Layout) Hidden() int64 { return l.NumHeads * l.HeadSize }
 
-// ObjectShape is the L1 object shape for chunkSize tokens, identical to
-// internal/wire.ObjectShape for the engine-driven path.
+// ObjectShape is the L1 object shape for chunkSize tokens: wire.ObjectShape
+// of this layout, so that both data paths store the same objects.
 func (l *Layout) ObjectShape(chunkSize int64) []int64 {
-	if l.MLA() {
-		return []int64{l.NumLayers, chunkSize, l.Hidden()}
-	}
-	return []int64{2, l.NumLayers, chunkSize, l.Hidden()}
+	return wire.ObjectShape(l.NumLayers, chunkSize, l.Hidden(), l.MLA())
 }
 
-// ObjectBytes is the size of one chunk object.
+// ObjectBytes is the size of one chunk object of chunkSize tokens
+// (wire.ChunkObjectBytes, the one formula every path shares).
 func (l *Layout) ObjectBytes(chunkSize int64) int64 {
-	n := l.ItemSize
-	for _, d := range l.ObjectShape(chunkSize) {
-		n *= d
-	}
-	return n
+	return wire.ChunkObjectBytes(l.NumLayers, chunkSize, l.Hidden(), l.MLA(), l.ItemSize)
 }
 
 // Detect recognises the format of in.Tensors.

@@ -1000,32 +1000,29 @@ func (st *state) lmdAsyncFailed(r *lmdReg, op string, err error) {
 // id joins registered_gpu_ids and gets a cache_context_meta entry (keyed
 // by the id as a string) with its model, world size and kv_cache_layout.
 func (st *state) lmdStatus(out map[string]any, ids []int64) []int64 {
-	meta := map[string]any{}
+	meta := map[string]LMDCacheContext{}
 	for _, r := range st.lmd.snapshot() {
 		ids = append(ids, r.instance)
 		l := r.layout
-		nkv := int64(2)
-		if l.MLA() {
-			nkv = 1
-		}
 		layers := make([]int64, l.NumLayers)
 		for i := range layers {
 			layers[i] = int64(i)
 		}
-		meta[fmt.Sprint(r.instance)] = map[string]any{
-			"model_name": r.model,
-			"world_size": r.world,
-			"transfer":   ModeLMCacheDriven,
-			"kv_cache_layout": map[string]any{
-				"num_layers":           l.NumLayers,
-				"num_blocks":           l.NumBlocks,
-				"cache_size_per_token": nkv * l.NumLayers * l.Hidden() * l.ItemSize,
-				"kernel_groups": []map[string]any{{
-					"kernel_group_idx": 0, "engine_group_idx": 0, "object_group_idx": 0,
-					"num_layers": l.NumLayers, "layer_indices": layers,
-					"tokens_per_block": l.BlockSize, "slots_per_block": l.BlockSize,
-					"dtype": "torch." + l.Dtype, "is_mla": l.MLA(), "engine_kv_format": l.Format.String(),
-					"num_kv_heads": l.NumHeads, "head_size": l.HeadSize,
+		meta[fmt.Sprint(r.instance)] = LMDCacheContext{
+			ModelName: r.model,
+			WorldSize: r.world,
+			Transfer:  ModeLMCacheDriven,
+			KVCacheLayout: LMDKVCacheLayout{
+				NumLayers: l.NumLayers,
+				NumBlocks: l.NumBlocks,
+				// One token's slice of a chunk object: the chunk formula
+				// at one token.
+				CacheSizePerToken: l.ObjectBytes(1),
+				KernelGroups: []LMDKernelGroup{{
+					NumLayers: l.NumLayers, LayerIndices: layers,
+					TokensPerBlock: l.BlockSize, SlotsPerBlock: l.BlockSize,
+					Dtype: "torch." + l.Dtype, IsMLA: l.MLA(), EngineKVFormat: l.Format.String(),
+					NumKVHeads: l.NumHeads, HeadSize: l.HeadSize,
 				}},
 			},
 		}
@@ -1035,16 +1032,44 @@ func (st *state) lmdStatus(out map[string]any, ids []int64) []int64 {
 	return ids
 }
 
-// statusError carries the HTTP status an httpapi handler answers with
-// (httpapi reads it through its HTTPStatus method).
-type statusError struct {
-	code int
-	err  error
+// LMDCacheContext is one lmcache-driven registration in GET /status's
+// cache_context_meta (keyed by instance id), in upstream's shape. Fields
+// are in JSON-name order so the encoding matches the map it replaced
+// byte for byte (httpapi re-decodes it into its CacheContext exactly).
+type LMDCacheContext struct {
+	KVCacheLayout LMDKVCacheLayout `json:"kv_cache_layout"`
+	ModelName     string           `json:"model_name"`
+	Transfer      string           `json:"transfer"`
+	WorldSize     int              `json:"world_size"`
 }
 
-func (e *statusError) Error() string   { return e.err.Error() }
-func (e *statusError) Unwrap() error   { return e.err }
-func (e *statusError) HTTPStatus() int { return e.code }
+// LMDKVCacheLayout is a registration's kv_cache_layout: its paged KV
+// cache as upstream's transfer module reports it.
+type LMDKVCacheLayout struct {
+	// CacheSizePerToken is the L1 bytes one token takes (all layers, K
+	// and V unless MLA).
+	CacheSizePerToken int64            `json:"cache_size_per_token"`
+	KernelGroups      []LMDKernelGroup `json:"kernel_groups"`
+	NumBlocks         int64            `json:"num_blocks"`
+	NumLayers         int64            `json:"num_layers"`
+}
+
+// LMDKernelGroup is one kernel group of a kv_cache_layout; a registration
+// here always has exactly one (hybrid models are refused).
+type LMDKernelGroup struct {
+	Dtype          string  `json:"dtype"`
+	EngineGroupIdx int     `json:"engine_group_idx"`
+	EngineKVFormat string  `json:"engine_kv_format"`
+	HeadSize       int64   `json:"head_size"`
+	IsMLA          bool    `json:"is_mla"`
+	KernelGroupIdx int     `json:"kernel_group_idx"`
+	LayerIndices   []int64 `json:"layer_indices"`
+	NumKVHeads     int64   `json:"num_kv_heads"`
+	NumLayers      int64   `json:"num_layers"`
+	ObjectGroupIdx int     `json:"object_group_idx"`
+	SlotsPerBlock  int64   `json:"slots_per_block"`
+	TokensPerBlock int64   `json:"tokens_per_block"`
+}
 
 // KVBlockLayer is one layer of an lmcache-driven worker's registered KV
 // cache, read block by block for POST /cache/checksums.
@@ -1057,19 +1082,20 @@ type KVBlockLayer struct {
 func (l KVBlockLayer) Block(id int) ([]byte, error) { return l.cache.Block(l.layer, int64(id)) }
 
 // KVLayers returns the layers of the lmcache-driven registration
-// instanceID (httpapi.KVBlockReader, for POST /cache/checksums). An
-// unknown instance is a 404 (HTTPStatus), a format that cannot be read
-// block-wise a 501.
+// instanceID (httpapi.KVBlockReader, for POST /cache/checksums). As that
+// interface documents, an unknown instance wraps httpapi.ErrNotFound and a
+// cache that cannot be read block-wise httpapi.ErrUnsupported: httpapi's
+// status table is the one place that turns them into 404 and 501.
 func (s *Server) KVLayers(instanceID int) ([]httpapi.KVLayer, error) {
 	r := s.st.lmd.peek(int64(instanceID))
 	if r == nil {
-		return nil, &statusError{404, fmt.Errorf("instance_id %d has no lmcache-driven registration", instanceID)}
+		return nil, fmt.Errorf("%w: instance_id %d has no lmcache-driven registration", httpapi.ErrNotFound, instanceID)
 	}
 	if r.cpu == nil {
-		return nil, &statusError{501, fmt.Errorf("instance_id %d is a CUDA KV cache; checksums read CPU shared-memory caches only", instanceID)}
+		return nil, fmt.Errorf("%w: instance_id %d is a CUDA KV cache; checksums read CPU shared-memory caches only", httpapi.ErrUnsupported, instanceID)
 	}
 	if _, err := r.layout.BlockExtents(0, 0); err != nil && errors.Is(err, kvlayout.ErrUnsupported) {
-		return nil, &statusError{501, err}
+		return nil, fmt.Errorf("%w: %w", httpapi.ErrUnsupported, err)
 	}
 	out := make([]httpapi.KVLayer, r.layout.NumLayers)
 	for i := range out {

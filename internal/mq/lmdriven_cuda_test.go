@@ -3,6 +3,7 @@ package mq_test
 import (
 	"bytes"
 	"encoding/hex"
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/lmcache-go/lmcache/internal/gpucheck"
+	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/kvcopy/kvcopytest"
 	"github.com/lmcache-go/lmcache/internal/kvcuda"
 	"github.com/lmcache-go/lmcache/internal/mq"
@@ -99,14 +101,18 @@ func TestLMDCUDAFakeDriver(t *testing.T) {
 	// POST /cache/checksums reads CPU caches only: 501 for this one.
 	if _, err := h.srv.KVLayers(7); err == nil || !strings.Contains(err.Error(), "CUDA KV cache") {
 		t.Fatalf("KVLayers of a CUDA context = %v", err)
-	} else if sc, ok := err.(interface{ HTTPStatus() int }); !ok || sc.HTTPStatus() != 501 {
-		t.Fatalf("KVLayers of a CUDA context: %v is not a 501", err)
+	} else if !errors.Is(err, httpapi.ErrUnsupported) {
+		t.Fatalf("KVLayers of a CUDA context: %v does not wrap httpapi.ErrUnsupported (501)", err)
 	}
 	if b, err := c.Call(wire.OpUnregisterKVCache, wire.EncodeInt(7)); err != nil || !bytes.Equal(b, wire.Nil) {
 		t.Fatalf("UNREGISTER_KV_CACHE = %x %v", b, err)
 	}
 	if got := f.Open(); got != "mem=0 events=0 streams=0 pinned=1 ctx=0" {
 		t.Fatalf("after UNREGISTER_KV_CACHE: %s", got)
+	}
+	// An instance with no registration is httpapi's not-found (404).
+	if _, err := h.srv.KVLayers(7); !errors.Is(err, httpapi.ErrNotFound) {
+		t.Fatalf("KVLayers after UNREGISTER_KV_CACHE = %v, want one wrapping httpapi.ErrNotFound", err)
 	}
 	h.stop()
 	if got := f.Open(); got != "mem=0 events=0 streams=0 pinned=0 ctx=0" {
