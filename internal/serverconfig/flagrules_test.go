@@ -122,8 +122,13 @@ func TestSingleDashFlags(t *testing.T) {
 // upstream's --p2p-* and --lookup-hash-log-* families.
 func TestUnsupportedUpstreamFlagsRejected(t *testing.T) {
 	for _, args := range [][]string{
-		{"--p2p-host", "x"}, {"--p2p-init-ports", "8200"}, {"--p2p-lookup-ports", "8201"}, {"--enable-p2p"},
-		{"--lookup-hash-log-dir", "x"}, {"--lookup-hash-log-interval", "1"},
+		// Upstream's P2P flags (its RDMA variant adds --p2p-rdma-*) and
+		// lookup-hash log flags, as its MP server defines them.
+		{"--p2p-advertise-url", "tcp://10.0.0.1:8200"}, {"--p2p-listen-url", "tcp://0.0.0.0:8200"},
+		{"--p2p-lookup-timeout", "30"}, {"--p2p-load-timeout", "30"}, {"--p2p-transfer-engine", "nixl"},
+		{"--p2p-rdma-device", "mlx5_0"}, {"--p2p-rdma-port", "1"},
+		{"--lookup-hash-log-dir", "/tmp/x"}, {"--lookup-hash-log-rotation-interval", "21600"},
+		{"--lookup-hash-log-rotation-max-size", "104857600"}, {"--lookup-hash-log-max-files", "100"},
 		{"--l1-manager", "x"}, {"--l1-devdax-path", "/dev/dax0.0"}, {"--gds-l1-path", "/mnt/x"},
 		{"--gds-l1-backend", "cufile"}, {"--gds-l1-use-direct-io"},
 	} {
