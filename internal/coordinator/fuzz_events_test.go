@@ -17,6 +17,10 @@ var eventSeeds = []string{
 	`{"instance_id":"mp-1","seq":2,"tier":"l2","events":[{"type":"lookup","key":{"chunk_hash_hex":"0b","model_name":"m","kv_rank":16777472,"object_group_id":0,"cache_salt":"t"},"bytes":0},{"type":"delete","key":{"chunk_hash_hex":"0b","model_name":"m","kv_rank":1},"bytes":0}]}`,
 	`{"instance_id":"i","seq":1,"events":[]}`,
 	`{"instance_id":"i","seq":0,"events":[]}`,
+	`{"instance_id":"i","seq":-0,"events":[{"type":"store","key":{"chunk_hash_hex":"0a","model_name":"m","kv_rank":0,"cache_salt":"a"},"bytes":100}]}`,
+	`{"instance_id":"i","seq":-9223372036854775808,"events":[]}`,
+	`{"instance_id":"i","seq":0,"seq":1,"events":[]}`,
+	`{"instance_id":"i","seq":1,"seq":0,"events":[]}`,
 	`{"instance_id":"i","seq":"3","events":[]}`,
 	`{"instance_id":"i","seq":4611686018427387905,"events":[]}`,
 	`{"instance_id":"i","seq":1.0,"events":[]}`,
@@ -114,8 +118,23 @@ func FuzzEventDecoders(f *testing.F) {
 			if errors.Is(fb.err, ErrValidation) != errors.Is(slowErr, ErrValidation) || errors.Is(fb.err, ErrBadRequest) != errors.Is(slowErr, ErrBadRequest) {
 				t.Fatalf("fast %v and slow %v differ in status: %s", fb.err, slowErr, body)
 			}
+			// The fast path words its one reject (seq < 1) itself, so the
+			// client must get the same answer either way: status and the
+			// whole detail body, byte for byte.
+			fastCode, fastBody := renderError(fb.err)
+			slowCode, slowBody := renderError(slowErr)
+			if fastCode != slowCode || fastBody != slowBody {
+				t.Fatalf("reply differs:\nfast %d %s\nslow %d %s\nbody %s", fastCode, fastBody, slowCode, slowBody, body)
+			}
 		}
 	})
+}
+
+// renderError is the status and body a handler returning err answers.
+func renderError(err error) (int, string) {
+	rec := httptest.NewRecorder()
+	writeError(rec, err)
+	return rec.Code, rec.Body.String()
 }
 
 var _ = ledger.Event{}
