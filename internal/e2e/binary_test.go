@@ -50,6 +50,39 @@ func TestServerStartsOnEmbeddedDefaults(t *testing.T) {
 	if code, _ := call(t, "GET", base+"/config/adapters", nil, nil, &adapters); code != 200 || len(adapters.Adapters) != 0 {
 		t.Fatalf("GET /config/adapters = %d %+v, want no L2", code, adapters)
 	}
+	// L1 is 1 GiB of DRAM, from the embedded default, and there is no L2.
+	var status struct {
+		StorageManager struct {
+			L1 struct {
+				Total      int64            `json:"memory_total_bytes"`
+				Configured int64            `json:"memory_configured_bytes"`
+				ByBackend  map[string]int64 `json:"capacity_bytes_by_backend"`
+			} `json:"l1_manager"`
+			NumL2 *int  `json:"num_l2_adapters"`
+			L2    []any `json:"l2_adapters"`
+		} `json:"storage_manager"`
+	}
+	if code, _ := call(t, "GET", base+"/status", nil, nil, &status); code != 200 {
+		t.Fatalf("GET /status = %d", code)
+	}
+	sm := status.StorageManager
+	if sm.L1.Total != 1<<30 || sm.L1.Configured != 1<<30 || len(sm.L1.ByBackend) != 1 || sm.L1.ByBackend["dram"] != 1<<30 ||
+		sm.NumL2 == nil || *sm.NumL2 != 0 || sm.L2 == nil || len(sm.L2) != 0 {
+		t.Fatalf("GET /status storage_manager = %+v, want L1 1073741824 bytes of dram and no L2 adapters", sm)
+	}
+	var cfg struct {
+		Sources struct {
+			SM map[string]string `json:"storage_manager"`
+		} `json:"_sources"`
+		SM struct {
+			L1SizeGB *float64 `json:"l1_size_gb"`
+		} `json:"storage_manager"`
+	}
+	if code, _ := call(t, "GET", base+"/config", nil, nil, &cfg); code != 200 || cfg.SM.L1SizeGB == nil || *cfg.SM.L1SizeGB != 1 ||
+		cfg.Sources.SM["l1_size_gb"] != "default" || cfg.Sources.SM["l2_adapter"] != "default" {
+		t.Fatalf("GET /config = %d, l1_size_gb %v from %q, l2_adapter from %q; want 1 GiB and both defaults",
+			code, cfg.SM.L1SizeGB, cfg.Sources.SM["l1_size_gb"], cfg.Sources.SM["l2_adapter"])
+	}
 }
 
 // TestBadFlagsExitTwoWithOneLine checks the CLI contract for both

@@ -21,7 +21,7 @@ type Config struct {
 	Region           string // s3_region (required)
 	NumIOThreads     int    // s3_num_io_threads: concurrent requests (64)
 	PreferHTTP2      bool   // s3_prefer_http2 (true; TLS only)
-	EnableS3Express  bool   // s3_enable_s3express (accepted; the SDK detects directory buckets)
+	EnableS3Express  bool   // s3_enable_s3express (accepted, unused: the SDK picks S3 Express auth for "--x-s3" buckets itself)
 	DisableTLS       bool   // disable_tls
 	AddressingStyle  string // s3_addressing_style: "virtual" (default) or "path"
 	Bucket           string // s3_bucket (required with path style)
