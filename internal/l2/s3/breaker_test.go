@@ -134,8 +134,8 @@ func TestBreakerOpensFailsFastAndRecovers(t *testing.T) {
 		t.Fatalf("probe = %v, want a transport error", err)
 	}
 	probeReqs := o.requests.Load() - before
-	if probeReqs < 1 || probeReqs > 2 { // 2 = SDK attempts of the one probe call
-		t.Fatalf("probe sent %d requests", probeReqs)
+	if probeReqs != 2 { // the one probe call's SDK attempts (s3_max_attempts 2)
+		t.Fatalf("probe sent %d requests, want 2", probeReqs)
 	}
 	before = o.requests.Load()
 	assertBroken(t, a, keys, objs)
