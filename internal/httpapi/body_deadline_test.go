@@ -58,3 +58,39 @@ func TestBodyReadDeadline(t *testing.T) {
 		t.Fatalf("%d body routes, want 9", n)
 	}
 }
+
+// TestBodyDeadlinePerRouteLimit: the body read deadline is
+// Options.BodyReadTimeout (default 30 s) per started 16 MiB of the route's
+// limit: the 1 MiB routes (quota, clear, reconfigure) and the run_script
+// form get 30 s, the 16 MiB JSON routes 30 s, the default 1 GiB KV store
+// 32 min; a configured timeout scales the same way.
+func TestBodyDeadlinePerRouteLimit(t *testing.T) {
+	def, err := httpapi.New(httpapi.Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := httpapi.MaxKVBodyBytes(def); got != 1<<30 {
+		t.Fatalf("default KV body limit %d, want 1 GiB", got)
+	}
+	for _, c := range []struct {
+		name  string
+		limit int64
+		want  time.Duration
+	}{
+		{"1 MiB routes", httpapi.MaxSmallBody, 30 * time.Second},
+		{"run_script form", httpapi.MaxScriptForm, 30 * time.Second},
+		{"16 MiB routes", httpapi.MaxJSONBody, 30 * time.Second},
+		{"KV store", httpapi.MaxKVBodyBytes(def), 32 * time.Minute},
+	} {
+		if got := httpapi.BodyDeadline(def, c.limit); got != c.want {
+			t.Errorf("%s (%d bytes): deadline %v, want %v", c.name, c.limit, got, c.want)
+		}
+	}
+	custom, err := httpapi.New(httpapi.Options{Logger: quietLogger(), BodyReadTimeout: 2 * time.Second, MaxKVBodyBytes: 40 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := httpapi.BodyDeadline(custom, httpapi.MaxKVBodyBytes(custom)); got != 6*time.Second {
+		t.Errorf("40 MiB at 2 s per 16 MiB: %v, want 6s", got)
+	}
+}

@@ -27,7 +27,7 @@ const (
 )
 
 // Body read deadline: Options.BodyReadTimeout (default 30 s) per started
-// 16 MiB the route allows (a 1 GiB KV store gets 64 of them), so a client
+// 16 MiB the route allows (a 1 GiB KV store gets 64 of them, 32 min), so a client
 // trickling a body cannot hold a connection (one of httplimit's capped
 // slots) for ever.
 const (
@@ -35,27 +35,33 @@ const (
 	bodyReadUnit           = 16 << 20
 )
 
+// bodyDeadline is the time a client has to send a body of up to limit
+// bytes: Options.BodyReadTimeout per started bodyReadUnit.
+func (s *Server) bodyDeadline(limit int64) time.Duration {
+	return httproute.ScaledDeadline(s.opts.BodyReadTimeout, bodyReadUnit, limit)
+}
+
 // readBody reads at most limit bytes of r's body, within a deadline that
 // grows with limit.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	// Not every ResponseWriter supports deadlines (httptest recorders);
 	// then only the size bound applies.
-	units := max(1, (limit+bodyReadUnit-1)/bodyReadUnit)
 	var buf bytes.Buffer
-	if err := httproute.ReadBody(&buf, w, r, limit, s.opts.BodyReadTimeout*time.Duration(units)); err != nil {
+	if err := httproute.ReadBody(&buf, w, r, limit, s.bodyDeadline(limit)); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil
 }
 
-// decodeStrict unmarshals one JSON value into v, mapping failures to
-// FastAPI-style 422s. strict rejects unknown fields.
-func decodeStrict(body []byte, v any, strict bool) error {
+// decodeStrict unmarshals exactly one JSON value into v, mapping failures
+// to FastAPI-style 422s. Unknown fields are ignored, as upstream's request
+// models do; a route that forbids them (DAX reconfigure) decodes to a map
+// and reports extra_forbidden per key itself, since encoding/json's
+// DisallowUnknownFields error has no type or sentinel to tell it apart
+// but its message text.
+func decodeStrict(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
-	if strict {
-		dec.DisallowUnknownFields()
-	}
 	if err := dec.Decode(v); err != nil {
 		return jsonErr(err)
 	}
@@ -82,9 +88,6 @@ func jsonErr(err error) error {
 		return &validationError{items: []fieldError{{Loc: loc, Msg: fmt.Sprintf("Input should be a valid %s", pyType(te.Type.String())), Type: pyType(te.Type.String()) + "_type"}}}
 	case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		return invalid("json_invalid", "JSON decode error: "+err.Error(), "body")
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return invalid("extra_forbidden", "Extra inputs are not permitted", "body", name)
 	}
 	return invalid("value_error", err.Error(), "body")
 }
@@ -157,7 +160,7 @@ func decodeDeleteObjects(body []byte) (deleteObjectsReq, error) {
 		Force   *bool    `json:"force"`
 		Adapter *string  `json:"adapter"`
 	}
-	if err := decodeStrict(body, &in, false); err != nil {
+	if err := decodeStrict(body, &in); err != nil {
 		return deleteObjectsReq{}, err
 	}
 	if in.Keys == nil {
@@ -214,7 +217,7 @@ func decodePrefetch(body []byte) (prefetchReq, error) {
 		SourceTier *string  `json:"source_tier"`
 		TargetTier *string  `json:"target_tier"`
 	}
-	if err := decodeStrict(body, &in, false); err != nil {
+	if err := decodeStrict(body, &in); err != nil {
 		return prefetchReq{}, err
 	}
 	switch {
@@ -266,7 +269,7 @@ func decodeClear(body []byte) (tier string, force bool, err error) {
 		Tier  *string `json:"tier"`
 		Force *bool   `json:"force"`
 	}
-	if err := decodeStrict(body, &in, false); err != nil {
+	if err := decodeStrict(body, &in); err != nil {
 		return "", false, err
 	}
 	if in.Force != nil {
@@ -301,7 +304,7 @@ func decodeChecksums(body []byte) (checksumReq, bool, error) {
 		InstanceID *int   `json:"instance_id"`
 		Layerwise  *bool  `json:"layerwise"`
 	}
-	if err := decodeStrict(body, &in, false); err != nil {
+	if err := decodeStrict(body, &in); err != nil {
 		return checksumReq{}, false, err
 	}
 	var out checksumReq

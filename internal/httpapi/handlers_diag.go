@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/loglevel"
 	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/script"
@@ -159,19 +160,38 @@ func (s *Server) handleEnv(w http.ResponseWriter, _ *http.Request) error {
 	return nil
 }
 
-// maxScriptBytes caps the uploaded script (multipart form included).
-const maxScriptBytes = 1 << 20
+// maxScriptBytes caps the uploaded script; maxScriptForm the whole
+// multipart form (the script plus room for its part headers and
+// boundaries).
+const (
+	maxScriptBytes = 1 << 20
+	maxScriptForm  = maxScriptBytes + 64<<10
+)
+
+// scriptBodyErr words a body limit error for /run_script (the limit the
+// client can act on is the script's); a timeout stays as it is.
+func scriptBodyErr(err error) error {
+	if errors.Is(err, httproute.ErrBodyTooLarge) {
+		return errf(httproute.ErrBodyTooLarge, "script exceeds %d bytes", maxScriptBytes)
+	}
+	return err
+}
 
 func (s *Server) handleRunScript(w http.ResponseWriter, r *http.Request) error {
 	if !s.opts.RunScriptEnabled {
 		return errf(ErrNotFound, "Not Found")
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxScriptBytes+64<<10)
+	// The form is parsed by net/http (multipart, spilling to disk past
+	// its memory bound), so the body is bounded with the toolkit's
+	// LimitBody rather than read whole by ReadBody; BodyError maps what
+	// the parse hit, and anything else is upstream's 400.
+	if err := httproute.LimitBody(w, r, maxScriptForm, s.bodyDeadline(maxScriptForm)); err != nil {
+		return scriptBodyErr(err)
+	}
 	f, hdr, err := r.FormFile("script")
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return errf(ErrTooLarge, "script exceeds %d bytes", maxScriptBytes)
+		if berr := httproute.BodyError(err); !errors.Is(berr, httproute.ErrBodyRead) {
+			return scriptBodyErr(berr)
 		}
 		return errf(ErrBadRequest, "No script file provided")
 	}

@@ -45,54 +45,59 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) error {
 		healthy = v
 	}
 	layouts := e.Layouts()
-	ctxMeta := map[string]any{}
+	ctxMeta := map[string]CacheContext{}
+	// Ours: every layout in force, static (--register-model) or from a
+	// worker's registration. The data path's StatusExtra replaces
+	// cache_context_meta with its workers' contexts, so without this a
+	// server serving a --register-model layout lists no model.
+	models := make([]ModelLayout, 0, len(layouts))
 	for i, l := range layouts {
 		meta := map[string]any{}
 		for k, v := range l.Meta {
 			meta[k] = v
 		}
-		ctxMeta[strconv.Itoa(i)] = map[string]any{
-			"model_name":      l.ModelName,
-			"world_size":      l.WorldSize,
-			"object_bytes":    l.ObjectBytes,
-			"kv_cache_layout": meta,
-		}
+		ctxMeta[strconv.Itoa(i)] = CacheContext{ModelName: l.ModelName, WorldSize: l.WorldSize, ObjectBytes: &l.ObjectBytes, KVCacheLayout: meta}
+		models = append(models, ModelLayout{ModelName: l.ModelName, WorldSize: l.WorldSize, ObjectBytes: l.ObjectBytes})
 	}
-	c := e.Counters()
-	out := map[string]any{
-		"is_healthy":           healthy,
-		"engine_type":          "MPCacheServer",
-		"chunk_size":           s.hasher.ChunkSize(),
-		"hash_algorithm":       s.hasher.Algorithm(),
-		"active_sessions":      0,
-		"registered_gpu_ids":   []int{},
-		"cache_context_meta":   ctxMeta,
-		"active_prefetch_jobs": c.ActivePrefetchJobs,
-		"storage_manager":      sm,
+	out := StatusResponse{
+		IsHealthy:          healthy,
+		EngineType:         "MPCacheServer",
+		ChunkSize:          s.hasher.ChunkSize(),
+		HashAlgorithm:      s.hasher.Algorithm(),
+		ActiveSessions:     0,
+		RegisteredGPUIDs:   []int64{},
+		CacheContextMeta:   ctxMeta,
+		ActivePrefetchJobs: e.Counters().ActivePrefetchJobs,
+		StorageManager:     sm,
+		ModelLayouts:       models,
 	}
 	if s.opts.StatusExtra != nil {
 		for k, v := range s.opts.StatusExtra() {
-			out[k] = v
+			typed := false
+			switch k {
+			case "active_sessions":
+				typed = decodeExact(v, &out.ActiveSessions)
+			case "registered_gpu_ids":
+				typed = decodeExact(v, &out.RegisteredGPUIDs)
+			case "cache_context_meta":
+				typed = decodeExact(v, &out.CacheContextMeta)
+			}
+			if !typed {
+				if out.Extra == nil {
+					out.Extra = map[string]any{}
+				}
+				out.Extra[k] = v
+			}
 		}
 	}
-	// Ours: every layout in force, static (--register-model) or from a
-	// worker's registration. The data path's StatusExtra replaces
-	// cache_context_meta with its workers' contexts, so without this a
-	// server serving a --register-model layout lists no model.
-	models := make([]map[string]any, 0, len(layouts))
-	for _, l := range layouts {
-		models = append(models, map[string]any{"model_name": l.ModelName, "world_size": l.WorldSize, "object_bytes": l.ObjectBytes})
-	}
-	out["model_layouts"] = models
-	writeRedactedJSON(w, http.StatusOK, out)
-	return nil
+	return writeRedactedJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) handleConfig(w http.ResponseWriter, _ *http.Request) error {
 	if s.opts.Config == nil {
 		return errf(ErrNotInitialized, "configs not initialized")
 	}
-	tree, err := redactedTree(s.opts.Config)
+	tree, err := redactedTree(newConfigResponse(s.opts.Config))
 	if err != nil {
 		return err
 	}
@@ -126,14 +131,16 @@ func redactedTree(v any) (any, error) {
 }
 
 // writeRedactedJSON is writeJSON for values that may carry configuration
-// (engine status, adapter descriptions).
-func writeRedactedJSON(w http.ResponseWriter, code int, v any) {
+// (engine status, adapter descriptions). A value that cannot be encoded is
+// returned (nothing written), so the route table answers the 500 in the
+// route's error shape.
+func writeRedactedJSON(w http.ResponseWriter, code int, v any) error {
 	tree, err := redactedTree(v)
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, map[string]any{"detail": err.Error()})
-		return
+		return fmt.Errorf("response: %w", err)
 	}
 	writeJSON(w, code, tree)
+	return nil
 }
 
 func (s *Server) handleConfigAdapters(w http.ResponseWriter, _ *http.Request) error {
@@ -148,8 +155,7 @@ func (s *Server) handleConfigAdapters(w http.ResponseWriter, _ *http.Request) er
 			Primary: i == 0, Reconfigurable: a.Reconfigurable, Shared: a.Shared,
 		})
 	}
-	writeRedactedJSON(w, http.StatusOK, AdaptersResponse{Adapters: out})
-	return nil
+	return writeRedactedJSON(w, http.StatusOK, AdaptersResponse{Adapters: out})
 }
 
 func (s *Server) handleVersion(w http.ResponseWriter, _ *http.Request) error {

@@ -105,7 +105,7 @@ func decodeKVBody(body []byte) (kvRequest, error) {
 		WorldSize *int     `json:"world_size"`
 		Protocol  *int64   `json:"protocol_version"`
 	}
-	if err := decodeStrict(body, &in, false); err != nil {
+	if err := decodeStrict(body, &in); err != nil {
 		return kvRequest{}, err
 	}
 	switch {

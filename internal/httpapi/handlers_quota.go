@@ -93,18 +93,13 @@ func (s *Server) handleReconfigureStatus(w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	adapters := []map[string]any{}
+	adapters := []ReconfigureAdapter{}
 	for _, a := range s.backendAdapters(e, backend) {
 		st, err := e.ReconfigureStatus(a.Index)
 		if err != nil {
 			return err
 		}
-		entry := map[string]any{}
-		for k, v := range st {
-			entry[k] = v
-		}
-		entry["adapter_index"] = len(adapters)
-		adapters = append(adapters, entry)
+		adapters = append(adapters, ReconfigureAdapter{AdapterIndex: len(adapters), Status: st})
 	}
 	writeJSON(w, http.StatusOK, ReconfigureStatusResponse{
 		Enabled: len(adapters) > 0, Backend: backend, NumAdapters: len(adapters), Adapters: adapters,
@@ -333,9 +328,6 @@ func (s *Server) handleReconfigure(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", backend, op, err)
 	}
-	if _, ok := res["adapter_index"]; ok {
-		res["adapter_index"] = req.AdapterIndex
-	}
-	writeJSON(w, http.StatusOK, res)
+	writeJSON(w, http.StatusOK, newReconfigureResponse(res, req.AdapterIndex))
 	return nil
 }

@@ -155,7 +155,7 @@ type env struct {
 }
 
 type envOpts struct {
-	noAdapters bool
+	noAdapters bool // no standard adapters (extraAdapt still apply)
 	noEngine   bool // server without an engine: routes answer 503
 	mutate     func(*httpapi.Options)
 	extraAdapt []l2.Adapter
@@ -196,8 +196,10 @@ func start(t *testing.T, o envOpts) *env {
 		t.Cleanup(func() { _ = dx.Close() })
 		e.dax = dx
 		adapters = []l2.Adapter{e.fsA, listlessAdapter{nl}, e.dax, e.gen}
-		adapters = append(adapters, o.extraAdapt...)
 	}
+	// extraAdapt follows the standard set, or is the whole set with
+	// noAdapters.
+	adapters = append(adapters, o.extraAdapt...)
 	layout, err := httpapi.ParseRegisterModel(registerJSON, testChunk)
 	if err != nil {
 		t.Fatal(err)
@@ -259,7 +261,7 @@ func start(t *testing.T, o envOpts) *env {
 			// it is cancelled with uploads still queued (the store worker
 			// re-queues the batch and retries it forever; reported to the
 			// engine owner).
-			drainWriteBehind(e.eng)
+			drainWriteBehind(t, e.eng)
 		}
 		cancel()
 		wg.Wait()
@@ -282,20 +284,34 @@ func start(t *testing.T, o envOpts) *env {
 	return e
 }
 
-func drainWriteBehind(eng *engine.Engine) {
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		busy := false
-		for _, a := range eng.Counters().L2 {
+// drainWriteBehind waits for every adapter's queued and in-flight
+// write-behind uploads to finish, and fails the test (naming what is still
+// pending per adapter) if they do not within 10 s: a cleanup that went on
+// with uploads queued would hang in engine.Run or report leaks that are
+// really a stuck upload.
+func drainWriteBehind(t testing.TB, eng *engine.Engine) {
+	t.Helper()
+	var pending []string
+	polltest.Until(pendingTB{t, &pending}, 10*time.Second, "write-behind to drain", func() bool {
+		pending = pending[:0]
+		for i, a := range eng.Counters().L2 {
 			if a.PendingStores > 0 || a.InflightStores > 0 {
-				busy = true
+				pending = append(pending, fmt.Sprintf("adapter %d: %d pending, %d in flight", i, a.PendingStores, a.InflightStores))
 			}
 		}
-		if !busy {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return len(pending) == 0
+	})
+}
+
+// pendingTB adds what was still pending to polltest's timeout failure.
+type pendingTB struct {
+	testing.TB
+	pending *[]string
+}
+
+func (p pendingTB) Fatalf(format string, args ...any) {
+	p.TB.Helper()
+	p.TB.Fatalf(format+"; still busy: %s", append(args, strings.Join(*p.pending, "; "))...)
 }
 
 func (e *env) waitReady() {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"mime"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -84,7 +83,7 @@ func (fr *frameReader) next(maxPayload int64) (kvFrame, error) {
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return kvFrame{}, errf(ErrBadRequest, "truncated KV frame stream")
 	case err != nil:
-		return kvFrame{}, bodyErr(err)
+		return kvFrame{}, httproute.BodyError(err)
 	}
 	fr.consumed = true
 	hlen := binary.BigEndian.Uint32(fr.prefix[:4])
@@ -113,8 +112,7 @@ func (fr *frameReader) next(maxPayload int64) (kvFrame, error) {
 
 func (fr *frameReader) deadline(n int64) {
 	if fr.timeout > 0 {
-		units := max(1, (n+bodyReadUnit-1)/bodyReadUnit)
-		_ = http.NewResponseController(fr.w).SetReadDeadline(time.Now().Add(fr.timeout * time.Duration(units)))
+		_ = http.NewResponseController(fr.w).SetReadDeadline(time.Now().Add(httproute.ScaledDeadline(fr.timeout, bodyReadUnit, n)))
 	}
 }
 
@@ -124,20 +122,7 @@ func frameReadErr(err error) error {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return errf(ErrBadRequest, "truncated KV frame stream")
 	}
-	return bodyErr(err)
-}
-
-// bodyErr maps a body read error to the statuses httproute.ReadBody uses.
-func bodyErr(err error) error {
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		return errf(ErrTooLarge, "request body exceeds %d bytes", mbe.Limit)
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return httproute.Errorf(httproute.ErrBodyTimeout, "request body not received within the read deadline")
-	}
-	return &httproute.Error{Kind: httproute.ErrBodyRead, Msg: "reading request body: " + err.Error()}
+	return httproute.BodyError(err)
 }
 
 // decodeFrameHeader checks a frame header as upstream's decoder does: a
@@ -386,10 +371,16 @@ func (s *Server) handleKVStoreStream(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	if r.ContentLength > s.opts.MaxKVBodyBytes {
-		return errf(ErrTooLarge, "store of %d bytes exceeds the %d-byte limit", r.ContentLength, s.opts.MaxKVBodyBytes)
+	// The stream is read frame by frame, never buffered whole, so
+	// httproute.ReadBody (which reads the body into one buffer) cannot
+	// apply; the toolkit's LimitBody bounds it instead (a declared length
+	// over the limit is refused before a byte is read) and its BodyError
+	// maps the read errors, so the statuses are ReadBody's. The deadline
+	// is set per frame by frameReader, not once for the whole body.
+	if err := httproute.LimitBody(w, r, s.opts.MaxKVBodyBytes, 0); err != nil {
+		return err
 	}
-	fr := &frameReader{r: http.MaxBytesReader(w, r.Body, s.opts.MaxKVBodyBytes), w: w, timeout: s.opts.BodyReadTimeout}
+	fr := &frameReader{r: r.Body, w: w, timeout: s.opts.BodyReadTimeout}
 	f, err := fr.next(kvMaxFrameHeader)
 	if errors.Is(err, errStreamEnd) {
 		return errf(ErrBadRequest, "KV store request body is missing a manifest frame")

@@ -13,3 +13,8 @@ func (s *Server) OpenAPI() (*openapi3.T, error) { return s.table.OpenAPI() }
 func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
 	return s.table.ServeOpenAPI(w, r)
 }
+
+// OpenAPIDocument is GET /openapi.json: the OpenAPI 3 document itself,
+// documented as a free-form object (its own schema is the OpenAPI
+// specification's, not one of this API's types).
+type OpenAPIDocument map[string]any

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -10,14 +11,59 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 
+	"github.com/lmcache-go/lmcache/internal/buildinfo"
 	"github.com/lmcache-go/lmcache/internal/httpapi"
 )
+
+// freeFormBodies are the only bodies documented as free-form objects (no
+// properties, any members), each with why: a new route with an untyped
+// body fails TestOpenAPIValidatesWithSchemas until it is typed or added
+// here.
+var freeFormBodies = map[string]string{
+	"GET /openapi.json 200": "the OpenAPI document itself; its schema is the OpenAPI specification",
+}
+
+// freeForm reports whether s is an object schema without properties whose
+// members may be anything (what map[string]any generates).
+func freeForm(s *openapi3.Schema) bool {
+	if s == nil || s.Type == nil || !s.Type.Is("object") || len(s.Properties) > 0 {
+		return false
+	}
+	ap := s.AdditionalProperties.Schema
+	return ap == nil || ap.Value == nil || ap.Value.Type == nil
+}
+
+// TestOpenAPIUnstampedVersion: a binary built without version stamping and
+// without VCS information (GOFLAGS=-buildvcs=false) has no version; the
+// document still validates, with upstream's "NA" as info.version, while
+// /lmc_version stays upstream's empty string.
+func TestOpenAPIUnstampedVersion(t *testing.T) {
+	saved := buildinfo.Version
+	buildinfo.Version = ""
+	t.Cleanup(func() { buildinfo.Version = saved })
+	e := start(t, envOpts{noEngine: true, mutate: func(o *httpapi.Options) { o.Version = "" }})
+	raw := e.expect(200, "GET", "/openapi.json", nil).body
+	doc, err := openapi3.NewLoader().LoadFromData(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := doc.Validate(context.Background()); err != nil {
+		t.Fatalf("/openapi.json of an unstamped build is not valid OpenAPI 3: %v", err)
+	}
+	if doc.Info.Version != "NA" {
+		t.Fatalf("info.version %q, want NA", doc.Info.Version)
+	}
+	if v := string(e.expect(200, "GET", "/lmc_version", nil).body); v != `""` {
+		t.Fatalf("/lmc_version = %s, want \"\"", v)
+	}
+}
 
 // TestOpenAPIValidatesWithSchemas: GET /openapi.json loads and validates
 // as OpenAPI 3 (kin-openapi), holds every registered route with every
 // documented status, each response with a schema (204 aside), and a
 // request-body schema on every route that reads a body, and a typed schema
-// on every query parameter (integers and booleans not as strings).
+// on every query parameter (integers and booleans not as strings). No body
+// is a free-form object except those freeFormBodies names.
 func TestOpenAPIValidatesWithSchemas(t *testing.T) {
 	e := start(t, envOpts{noEngine: true})
 	raw := e.expect(200, "GET", "/openapi.json", nil).body
@@ -28,8 +74,18 @@ func TestOpenAPIValidatesWithSchemas(t *testing.T) {
 	if err := doc.Validate(context.Background()); err != nil {
 		t.Fatalf("/openapi.json is not valid OpenAPI 3: %v", err)
 	}
-	if doc.OpenAPI != "3.0.3" || doc.Info.Title != "LMCache HTTP API" {
-		t.Fatalf("openapi %q title %q", doc.OpenAPI, doc.Info.Title)
+	if doc.OpenAPI != "3.0.3" || doc.Info.Title != "LMCache HTTP API" || doc.Info.Version != "0.3.1" {
+		t.Fatalf("openapi %q title %q version %q", doc.OpenAPI, doc.Info.Title, doc.Info.Version)
+	}
+	freeSeen := map[string]bool{}
+	checkFree := func(key string, s *openapi3.SchemaRef) {
+		if s == nil || !freeForm(s.Value) {
+			return
+		}
+		freeSeen[key] = true
+		if _, ok := freeFormBodies[key]; !ok {
+			t.Errorf("%s: free-form object schema (type the body, or name it in freeFormBodies)", key)
+		}
 	}
 	routes := httpapi.Routes()
 	ops := 0
@@ -59,11 +115,52 @@ func TestOpenAPIValidatesWithSchemas(t *testing.T) {
 				if mt.Schema == nil || mt.Schema.Value == nil || mt.Schema.Value.Type == nil {
 					t.Errorf("%s %s %d %s: untyped schema", r.Method, r.Path, code, ct)
 				}
+				checkFree(fmt.Sprintf("%s %s %d", r.Method, r.Path, code), mt.Schema)
 			}
 		}
 		if r.Body != "" {
 			if op.RequestBody == nil || op.RequestBody.Value.Content.Get(r.Body) == nil || op.RequestBody.Value.Content.Get(r.Body).Schema == nil {
 				t.Errorf("%s %s: no %s request schema", r.Method, r.Path, r.Body)
+			} else {
+				checkFree(fmt.Sprintf("%s %s request", r.Method, r.Path), op.RequestBody.Value.Content.Get(r.Body).Schema)
+			}
+		}
+	}
+	for key := range freeFormBodies {
+		if !freeSeen[key] {
+			t.Errorf("freeFormBodies names %s, which is not a free-form body (drop it from the list)", key)
+		}
+	}
+	// The bodies typed from map[string]any: their schemas list the fields.
+	props := func(method, path, code string) map[string]bool {
+		op := doc.Paths.Value(path).GetOperation(method)
+		var sc *openapi3.Schema
+		if code == "request" {
+			sc = op.RequestBody.Value.Content.Get("application/json").Schema.Value
+		} else {
+			sc = op.Responses.Value(code).Value.Content.Get("application/json").Schema.Value
+		}
+		out := map[string]bool{}
+		for k := range sc.Properties {
+			out[k] = true
+		}
+		return out
+	}
+	for _, c := range []struct {
+		method, path, code string
+		fields             []string
+	}{
+		{"GET", "/status", "200", []string{"is_healthy", "engine_type", "chunk_size", "hash_algorithm", "active_sessions", "registered_gpu_ids", "cache_context_meta", "active_prefetch_jobs", "storage_manager", "model_layouts"}},
+		{"GET", "/api/status", "200", []string{"is_healthy", "storage_manager", "model_layouts"}},
+		{"GET", "/config", "200", []string{"mp", "storage_manager", "observability"}},
+		{"POST", "/reconfigure/{backend}/{operation}", "request", []string{"adapter_index", "device_path", "size", "mode", "force"}},
+		{"POST", "/reconfigure/{backend}/{operation}", "200", []string{"adapter_index", "operation", "status"}},
+		{"GET", "/reconfigure/{backend}/status", "200", []string{"adapters", "backend", "enabled", "num_adapters"}},
+	} {
+		got := props(c.method, c.path, c.code)
+		for _, f := range c.fields {
+			if !got[f] {
+				t.Errorf("%s %s %s: schema lacks %q (has %v)", c.method, c.path, c.code, f, got)
 			}
 		}
 	}

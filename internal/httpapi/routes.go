@@ -77,9 +77,9 @@ func routes() []route {
 		{method: "GET", path: "/", tag: "info", summary: "Static liveness ping (does not touch the engine).", statuses: st(200, "alive"), resp: RootResponse{}, h: (*Server).handleRoot},
 		{method: "GET", path: "/healthcheck", tag: "info", summary: "Readiness probe; 503 until the engine is ready.", statuses: st(200, "healthy", 503, notInit), resp: HealthResponse{}, h: (*Server).handleHealth},
 		// Inspection.
-		{method: "GET", path: "/status", tag: "info", shape: shapeError, auth: authAlways, summary: "Engine snapshot: engine fields, storage manager, contexts, sessions, prefetch jobs.", statuses: st(200, "status", 503, notInit), resp: map[string]any{}, h: (*Server).handleStatus},
-		{method: "GET", path: "/api/status", tag: "info", shape: shapeError, auth: authAlways, summary: "GET /status under newer upstream's path (its KV SDK reads chunk_size here).", statuses: st(200, "status", 503, notInit), resp: map[string]any{}, h: (*Server).handleStatus},
-		{method: "GET", path: "/config", tag: "config", shape: shapeError, auth: authAlways, summary: "Merged server configuration (mp, storage_manager, observability).", statuses: st(200, "configuration", 503, "configs not initialized"), resp: map[string]map[string]any{}, h: (*Server).handleConfig},
+		{method: "GET", path: "/status", tag: "info", shape: shapeError, auth: authAlways, summary: "Engine snapshot: engine fields, storage manager, contexts, sessions, prefetch jobs.", statuses: st(200, "status", 503, notInit), resp: StatusResponse{}, h: (*Server).handleStatus},
+		{method: "GET", path: "/api/status", tag: "info", shape: shapeError, auth: authAlways, summary: "GET /status under newer upstream's path (its KV SDK reads chunk_size here).", statuses: st(200, "status", 503, notInit), resp: StatusResponse{}, h: (*Server).handleStatus},
+		{method: "GET", path: "/config", tag: "config", shape: shapeError, auth: authAlways, summary: "Merged server configuration (mp, storage_manager, observability).", statuses: st(200, "configuration", 503, "configs not initialized"), resp: ConfigResponse{}, h: (*Server).handleConfig},
 		{method: "GET", path: "/config/adapters", tag: "config", auth: authAlways, summary: "Live L2 adapters in configuration order.", statuses: st(200, "adapters", 503, notInit), resp: AdaptersResponse{}, h: (*Server).handleConfigAdapters},
 		{method: "GET", path: "/version", tag: "info", summary: "Combined version string \"<version>-<commit>\".", statuses: st(200, "version"), resp: "", h: (*Server).handleVersion},
 		{method: "GET", path: "/lmc_version", tag: "info", summary: "Package version string.", statuses: st(200, "version"), resp: "", h: (*Server).handleLMCVersion},
@@ -115,7 +115,7 @@ func routes() []route {
 		{method: "GET", path: "/reconfigure/{backend}/status", tag: "reconfigure", shape: shapeError, auth: authAlways, summary: "Runtime-manageable adapters of one backend type.",
 			statuses: st(200, "status (also for unknown backends)", 400, "empty backend", 503, notInit), resp: ReconfigureStatusResponse{}, h: (*Server).handleReconfigureStatus},
 		{method: "POST", path: "/reconfigure/{backend}/{operation}", tag: "reconfigure", shape: shapeError, auth: authAlways, body: ctJSON, summary: "Apply one reconfiguration (dax: add, remove, resize).",
-			statuses: st(200, "backend result", 400, "empty backend/operation, unsupported operation or invalid size", 404, "adapter_index out of range", 409, "operation conflicts with the adapter state", 422, val, 503, notInit), req: map[string]any{}, resp: map[string]any{}, h: (*Server).handleReconfigure},
+			statuses: st(200, "backend result", 400, "empty backend/operation, unsupported operation or invalid size", 404, "adapter_index out of range", 409, "operation conflicts with the adapter state", 422, val, 503, notInit), req: ReconfigureRequest{}, resp: ReconfigureResponse{}, h: (*Server).handleReconfigure},
 		// Observability.
 		{method: "GET", path: "/metrics", tag: "observability", auth: authMetrics, summary: "Prometheus exposition.", produces: ctText, statuses: st(200, "metrics"), h: (*Server).handleMetrics},
 		{method: "POST", path: "/metrics/reset", tag: "observability", auth: authAlways, summary: "Reset observability metrics.", produces: ctText, statuses: st(200, "ok"), h: (*Server).handleMetricsReset},
@@ -130,17 +130,17 @@ func routes() []route {
 		{method: "GET", path: "/periodic-threads-health", tag: "diagnostics", summary: "Health of critical and high loops (always 200).", statuses: st(200, "health"), resp: periodic.Health{}, h: loops(func(p httproute.PeriodicHandlers) handler { return p.Health })},
 		{method: "GET", path: "/env", tag: "diagnostics", auth: authAlways, summary: "Process environment (secret-looking values redacted).", produces: ctText, statuses: st(200, "environment"), h: (*Server).handleEnv},
 		{method: "POST", path: "/run_script", tag: "diagnostics", shape: shapeText, auth: authAlways, body: ctForm, summary: "Run a Starlark script (field script) in a bounded sandbox; off unless --run-script-api-enabled.", produces: ctText,
-			statuses: st(200, "result", 400, "no script file provided", 404, "run_script disabled", 500, "script failed"), req: ScriptForm{}, h: (*Server).handleRunScript},
-		{method: "GET", path: "/openapi.json", tag: "info", summary: "This document.", statuses: st(200, "OpenAPI 3 document"), resp: map[string]any{}, h: (*Server).handleOpenAPI},
+			statuses: st(200, "result", 400, "no script file provided", 404, "run_script disabled", 408, "request body not received within the read deadline", 413, "script over 1 MiB", 500, "script failed"), req: ScriptForm{}, h: (*Server).handleRunScript},
+		{method: "GET", path: "/openapi.json", tag: "info", summary: "This document.", statuses: st(200, "OpenAPI 3 document"), resp: OpenAPIDocument{}, h: (*Server).handleOpenAPI},
 		{method: "GET", path: "/docs", summary: "Swagger UI over /openapi.json.", hidden: true, produces: httproute.HTML, statuses: st(200, "page"),
 			h: docsPage(func() string { return docsui.Swagger("LMCache HTTP API", "/openapi.json") })},
 		{method: "GET", path: "/redoc", summary: "ReDoc over /openapi.json.", hidden: true, produces: httproute.HTML, statuses: st(200, "page"),
 			h: docsPage(func() string { return docsui.Redoc("LMCache HTTP API", "/openapi.json") })},
 		// The operator console (internal/webui), beyond upstream: static, so
 		// open; the data it fetches goes through the routes above with the token.
-		{method: "GET", path: "/ui", tag: "info", summary: "Web console page.", produces: httproute.HTML, statuses: st(200, "page"), h: serveStd(ui.ServeHTTP)},
+		{method: "GET", path: "/ui", tag: "info", summary: "Web console page.", produces: httproute.HTML, statuses: st(200, "page"), h: uiRoute(ui)},
 		{method: "GET", path: "/ui/{file}", tag: "info", summary: "Web console asset (script, style, the chart library and its licence).", produces: ctText,
-			statuses: st(200, "asset", 404, "unknown asset"), h: serveStd(ui.ServeHTTP)},
+			statuses: st(200, "asset", 404, "unknown asset"), h: uiRoute(ui)},
 	}
 	// Go profiling (net/http/pprof), beyond upstream: the route set both
 	// services share, which documents its own 403 (the loopback rule).
@@ -203,12 +203,10 @@ func pprofRoute(i int) func(*Server, http.ResponseWriter, *http.Request) error {
 	}
 }
 
-// serveStd adapts a standard handler to the route table.
-func serveStd(h http.HandlerFunc) func(*Server, http.ResponseWriter, *http.Request) error {
-	return func(_ *Server, w http.ResponseWriter, r *http.Request) error {
-		h(w, r)
-		return nil
-	}
+// uiRoute serves the web console; an unknown asset is returned as the
+// toolkit's ErrNoRoute, so the table writes FastAPI's JSON 404.
+func uiRoute(ui *webui.Handler) func(*Server, http.ResponseWriter, *http.Request) error {
+	return func(_ *Server, w http.ResponseWriter, r *http.Request) error { return ui.Serve(w, r) }
 }
 
 // docsPage serves an interactive docs page (docsui), built on first use.

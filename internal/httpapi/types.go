@@ -1,6 +1,11 @@
 package httpapi
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -212,13 +217,225 @@ type QuotaDeleteResponse struct {
 // ReconfigureStatusResponse is GET /reconfigure/{backend}/status; each
 // adapter entry is the backend's own status object plus adapter_index.
 type ReconfigureStatusResponse struct {
-	Adapters    []map[string]any `json:"adapters"`
-	Backend     string           `json:"backend"`
-	Enabled     bool             `json:"enabled"`
-	NumAdapters int              `json:"num_adapters"`
+	Adapters    []ReconfigureAdapter `json:"adapters"`
+	Backend     string               `json:"backend"`
+	Enabled     bool                 `json:"enabled"`
+	NumAdapters int                  `json:"num_adapters"`
 }
 
 // ScriptForm documents the POST /run_script multipart form.
 type ScriptForm struct {
 	Script string `json:"script" doc:"the Starlark source file"`
+}
+
+// StatusResponse is GET /status and GET /api/status: upstream's
+// engine-level fields, the storage manager's own status, the data path's
+// fields (Options.StatusExtra) and ours (model_layouts). A data-path field
+// that is not one of the typed ones here (pending_transfers,
+// pending_lookups, kv_events, a blend mode's fields), or whose value does
+// not have the typed field's shape, is kept in Extra and written beside
+// the typed fields, so the body is what the data path reported.
+type StatusResponse struct {
+	ActivePrefetchJobs int64                   `json:"active_prefetch_jobs"`
+	ActiveSessions     int                     `json:"active_sessions"`
+	CacheContextMeta   map[string]CacheContext `json:"cache_context_meta" doc:"registered KV cache contexts, keyed by instance id (or layout index without a data path)"`
+	ChunkSize          int                     `json:"chunk_size"`
+	EngineType         string                  `json:"engine_type"`
+	HashAlgorithm      string                  `json:"hash_algorithm"`
+	IsHealthy          bool                    `json:"is_healthy"`
+	ModelLayouts       []ModelLayout           `json:"model_layouts"`
+	RegisteredGPUIDs   []int64                 `json:"registered_gpu_ids"`
+	// StorageManager is free-form: the engine's snapshot, whose fields
+	// are backend-specific (upstream documents it as such).
+	StorageManager map[string]any `json:"storage_manager" doc:"storage manager status; backend-specific fields"`
+	// Extra are the data-path fields without a typed field above; they
+	// override a typed field of the same name except model_layouts.
+	Extra map[string]any `json:"-"`
+}
+
+// MarshalJSON writes the typed fields and Extra as one object.
+func (r StatusResponse) MarshalJSON() ([]byte, error) {
+	type plain StatusResponse
+	return mergeJSON(plain(r), r.Extra, "model_layouts")
+}
+
+// CacheContext is one entry of StatusResponse.CacheContextMeta.
+type CacheContext struct {
+	// KVCacheLayout is free-form: the worker's registered layout
+	// (num_layers, num_blocks, kernel_groups, ... as upstream's transfer
+	// module reports it, or a static layout's metadata).
+	KVCacheLayout map[string]any `json:"kv_cache_layout" doc:"the registered KV layout; fields depend on the registration"`
+	ModelName     string         `json:"model_name"`
+	// ObjectBytes comes with the engine's layouts, Transfer with the data
+	// path's lmcache-driven registrations.
+	ObjectBytes *int64  `json:"object_bytes,omitempty"`
+	Transfer    *string `json:"transfer,omitempty"`
+	WorldSize   int     `json:"world_size"`
+}
+
+// ModelLayout is one layout in force (ours): static (--register-model) or
+// from a worker's registration.
+type ModelLayout struct {
+	ModelName   string `json:"model_name"`
+	ObjectBytes int64  `json:"object_bytes"`
+	WorldSize   int    `json:"world_size"`
+}
+
+// ConfigResponse is GET /config: the resolved settings by group. Each group
+// is free-form (its keys are that group's settings, secrets redacted); the
+// three upstream names are typed so the document lists them, and a further
+// group goes to Others.
+type ConfigResponse struct {
+	MP             map[string]any `json:"mp,omitzero" doc:"MP server settings (free-form)"`
+	Observability  map[string]any `json:"observability,omitzero" doc:"observability settings (free-form)"`
+	StorageManager map[string]any `json:"storage_manager,omitzero" doc:"storage manager settings (free-form)"`
+	// Others are groups beyond the three, written beside them.
+	Others map[string]any `json:"-"`
+}
+
+// MarshalJSON writes the groups as one object.
+func (r ConfigResponse) MarshalJSON() ([]byte, error) {
+	type plain ConfigResponse
+	return mergeJSON(plain(r), r.Others)
+}
+
+// newConfigResponse splits the configured groups. A group present with a
+// nil value goes to Others, which writes it as null as the map did
+// (omitzero would drop it).
+func newConfigResponse(groups map[string]map[string]any) ConfigResponse {
+	var out ConfigResponse
+	for name, g := range groups {
+		var dst *map[string]any
+		switch name {
+		case "mp":
+			dst = &out.MP
+		case "observability":
+			dst = &out.Observability
+		case "storage_manager":
+			dst = &out.StorageManager
+		}
+		if dst == nil || g == nil {
+			if out.Others == nil {
+				out.Others = map[string]any{}
+			}
+			out.Others[name] = g
+			continue
+		}
+		*dst = g
+	}
+	return out
+}
+
+// ReconfigureAdapter is one adapter of GET /reconfigure/{backend}/status:
+// the backend's own status object (free-form, Status) plus adapter_index,
+// the adapter's position among the backend's adapters.
+type ReconfigureAdapter struct {
+	AdapterIndex int `json:"adapter_index"`
+	// Status is the backend's status object; its adapter_index, if any,
+	// is replaced by ours.
+	Status map[string]any `json:"-"`
+}
+
+// MarshalJSON writes the backend's status with adapter_index.
+func (r ReconfigureAdapter) MarshalJSON() ([]byte, error) {
+	type plain ReconfigureAdapter
+	return mergeJSON(plain(r), r.Status, "adapter_index")
+}
+
+// ReconfigureRequest documents the POST /reconfigure/{backend}/{operation}
+// body. The fields are DAX's (add: device_path, size; remove: device_path,
+// mode, force; resize: all four); other backends take an object of their
+// own fields, passed through verbatim but for adapter_index.
+type ReconfigureRequest struct {
+	AdapterIndex int    `json:"adapter_index,omitempty" doc:"position among the backend's adapters; default 0"`
+	DevicePath   string `json:"device_path,omitempty" doc:"dax: the device"`
+	Force        bool   `json:"force,omitempty" doc:"dax remove/resize"`
+	Mode         string `json:"mode,omitempty" enum:"migrate,evict,drain" doc:"dax remove/resize; default migrate (drain: remove only)"`
+	Size         any    `json:"size,omitempty" doc:"dax add/resize: a byte count or a string such as \"100GiB\""`
+}
+
+// ReconfigureResponse is POST /reconfigure/{backend}/{operation}: the
+// backend's own result object (Result, free-form); the typed fields are
+// those DAX's results carry, filled from it, and adapter_index is the
+// backend-local index the request named.
+type ReconfigureResponse struct {
+	AdapterIndex *int   `json:"adapter_index,omitempty"`
+	Operation    string `json:"operation,omitempty"`
+	Status       string `json:"status,omitempty"`
+	// Result is the backend's result, written as is (its adapter_index
+	// replaced by AdapterIndex).
+	Result map[string]any `json:"-"`
+}
+
+// MarshalJSON writes the backend's result with the typed fields.
+func (r ReconfigureResponse) MarshalJSON() ([]byte, error) {
+	type plain ReconfigureResponse
+	return mergeJSON(plain(r), r.Result, "adapter_index")
+}
+
+// newReconfigureResponse types a backend's result; adapter_index, where
+// the backend reports one, becomes idx.
+func newReconfigureResponse(res map[string]any, idx int) ReconfigureResponse {
+	out := ReconfigureResponse{Result: res}
+	if _, ok := res["adapter_index"]; ok {
+		out.AdapterIndex = &idx
+	}
+	out.Operation, _ = res["operation"].(string)
+	out.Status, _ = res["status"].(string)
+	return out
+}
+
+// mergeJSON marshals typed (a struct without a MarshalJSON of its own) and
+// writes extra's members over it, except the keys in keep, where typed's
+// value stands. The result is one JSON object with sorted keys, as the
+// map[string]any bodies these types replaced.
+func mergeJSON(typed any, extra map[string]any, keep ...string) ([]byte, error) {
+	b, err := json.Marshal(typed)
+	if err != nil {
+		return nil, fmt.Errorf("encode %T: %w", typed, err)
+	}
+	if len(extra) == 0 {
+		return b, nil
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("merge %T: %w", typed, err)
+	}
+	for k, v := range extra {
+		if slices.Contains(keep, k) {
+			if _, ok := m[k]; ok {
+				continue
+			}
+		}
+		vb, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("encode %q: %w", k, err)
+		}
+		m[k] = vb
+	}
+	return json.Marshal(m)
+}
+
+// decodeExact sets *dst to v converted to dst's type, only when the
+// conversion is exact: v re-encodes to the same JSON (no unknown field
+// dropped, no value changed). It reports whether it did; the caller keeps
+// v untyped otherwise.
+func decodeExact[T any](v any, dst *T) bool {
+	want, err := json.Marshal(v)
+	if err != nil {
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(want))
+	dec.UseNumber()
+	dec.DisallowUnknownFields()
+	var out T
+	if err := dec.Decode(&out); err != nil {
+		return false
+	}
+	got, err := json.Marshal(out)
+	if err != nil || !bytes.Equal(got, want) {
+		return false
+	}
+	*dst = out
+	return true
 }

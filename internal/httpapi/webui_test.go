@@ -7,7 +7,8 @@ import (
 
 // TestWebConsoleRoutes checks the console's two routes on the MP server:
 // the page, one embedded asset with its content type, and 404 for a name
-// that is not one of the listed assets. The routes are open even with a
+// that is not one of the listed assets (FastAPI's {"detail":"Not Found"},
+// as for any unknown path). The routes are open even with a
 // token (the data the page fetches goes through the guarded routes).
 func TestWebConsoleRoutes(t *testing.T) {
 	e := start(t, envOpts{noEngine: true})
@@ -19,5 +20,8 @@ func TestWebConsoleRoutes(t *testing.T) {
 	if ct := js.header.Get("Content-Type"); !strings.HasPrefix(ct, "text/javascript") || len(js.body) == 0 {
 		t.Fatalf("GET /ui/console.js: Content-Type %q, %d bytes", ct, len(js.body))
 	}
-	e.expect(404, "GET", "/ui/package.json", nil)
+	nf := e.expect(404, "GET", "/ui/package.json", nil)
+	if string(nf.body) != `{"detail":"Not Found"}` || nf.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("unknown asset: %q (%s), want FastAPI's JSON 404", nf.body, nf.header.Get("Content-Type"))
+	}
 }

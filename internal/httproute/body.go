@@ -8,34 +8,64 @@ import (
 	"time"
 )
 
-// ReadBody reads at most limit bytes of r's body into buf. With a
-// positive deadline the client must have sent the body by then (a client
-// trickling bytes cannot hold a connection slot for ever); writers that
-// do not support deadlines (httptest recorders) get only the size bound.
-// Errors wrap ErrBodyTooLarge, ErrBodyTimeout or ErrBodyRead.
-func ReadBody(buf *bytes.Buffer, w http.ResponseWriter, r *http.Request, limit int64, deadline time.Duration) error {
+// ScaledDeadline is the time a client has to send a body of up to limit
+// bytes: per for every started unit bytes (at least one unit), so a large
+// upload is not cut off by one fixed deadline while a trickling client
+// still cannot hold a connection slot for ever.
+func ScaledDeadline(per time.Duration, unit, limit int64) time.Duration {
+	if unit <= 0 {
+		return per
+	}
+	units := max(1, (limit+unit-1)/unit)
+	return per * time.Duration(units)
+}
+
+// LimitBody bounds r's body to limit bytes and, with a positive deadline,
+// sets the connection's read deadline (writers that do not support
+// deadlines, httptest recorders, get only the size bound). A declared
+// length over the limit is refused at once, with an error wrapping
+// ErrBodyTooLarge, so an oversized upload costs neither the transfer nor a
+// parse. Handlers that stream the body (and so cannot use ReadBody) call
+// this and map their read errors with BodyError.
+func LimitBody(w http.ResponseWriter, r *http.Request, limit int64, deadline time.Duration) error {
 	if deadline > 0 {
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(deadline))
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, limit)
-	// A declared length over the limit is refused before a byte is read,
-	// so an oversized upload costs neither the transfer nor a parse.
 	if r.ContentLength > limit {
 		return Errorf(ErrBodyTooLarge, "request body exceeds %d bytes", limit)
 	}
-	if r.ContentLength > 0 && r.ContentLength <= limit {
+	return nil
+}
+
+// BodyError maps an error from reading a body bounded by LimitBody to the
+// toolkit's sentinels: over the limit wraps ErrBodyTooLarge, a passed read
+// deadline ErrBodyTimeout, anything else ErrBodyRead. nil stays nil.
+func BodyError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return Errorf(ErrBodyTooLarge, "request body exceeds %d bytes", mbe.Limit)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return Errorf(ErrBodyTimeout, "request body not received within the read deadline")
+	}
+	return &Error{Kind: ErrBodyRead, Msg: "reading request body: " + err.Error()}
+}
+
+// ReadBody reads at most limit bytes of r's body into buf within deadline
+// (see LimitBody). Errors wrap ErrBodyTooLarge, ErrBodyTimeout or
+// ErrBodyRead.
+func ReadBody(buf *bytes.Buffer, w http.ResponseWriter, r *http.Request, limit int64, deadline time.Duration) error {
+	if err := LimitBody(w, r, limit, deadline); err != nil {
+		return err
+	}
+	if r.ContentLength > 0 {
 		buf.Grow(int(r.ContentLength))
 	}
-	if _, err := buf.ReadFrom(r.Body); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return Errorf(ErrBodyTooLarge, "request body exceeds %d bytes", limit)
-		}
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return Errorf(ErrBodyTimeout, "request body not received within the read deadline")
-		}
-		return &Error{Kind: ErrBodyRead, Msg: "reading request body: " + err.Error()}
-	}
-	return nil
+	_, err := buf.ReadFrom(r.Body)
+	return BodyError(err)
 }

@@ -16,6 +16,12 @@ import (
 // (kin-openapi's schema generator emits 3.0 nullable schemas).
 const OpenAPIVersion = "3.0.3"
 
+// UnknownVersion is info.version for a service that does not know its own
+// version (a binary built without version stamping or VCS information).
+// OpenAPI requires a non-empty info.version; "NA" is upstream's
+// placeholder for an unknown part of its version string ("NA-NA").
+const UnknownVersion = "NA"
+
 var pathParam = regexp.MustCompile(`\{([A-Za-z0-9_]+)\}`)
 
 // ValidationItem documents one entry of FastAPI's 422 list (the services'
@@ -35,9 +41,13 @@ type ValidationBody struct {
 // for each documented response (JSON from the Go type, strings for text and
 // binary bodies) and, where the route reads one, for its request body.
 func (t *Table) OpenAPI() (*openapi3.T, error) {
+	version := strings.TrimSpace(t.cfg.Version)
+	if version == "" {
+		version = UnknownVersion
+	}
 	doc := &openapi3.T{
 		OpenAPI: OpenAPIVersion,
-		Info:    &openapi3.Info{Title: t.cfg.Title, Version: t.cfg.Version},
+		Info:    &openapi3.Info{Title: t.cfg.Title, Version: version},
 		Paths:   openapi3.NewPaths(),
 		Components: &openapi3.Components{
 			SecuritySchemes: openapi3.SecuritySchemes{

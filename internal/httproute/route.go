@@ -120,7 +120,8 @@ func (rt *Route) NeedsToken(r *http.Request) bool {
 
 // Config is what a service supplies besides its routes.
 type Config struct {
-	// Title and Version head the OpenAPI document.
+	// Title and Version head the OpenAPI document; an empty Version is
+	// documented as UnknownVersion, since OpenAPI requires one.
 	Title, Version string
 	// Token, when non-empty, guards Bearer routes.
 	Token string

@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -185,10 +186,8 @@ func execute(req request) response {
 		out.WriteString(msg)
 		out.WriteByte('\n')
 	}
-	importErr := false
 	th.Load = func(_ *starlark.Thread, module string) (starlark.StringDict, error) {
 		if !allowed[module] {
-			importErr = true
 			return nil, importDenied(module)
 		}
 		m, ok := mods[module]
@@ -199,8 +198,14 @@ func execute(req request) response {
 	}
 	th.SetMaxExecutionSteps(req.MaxSteps)
 	// The timer is the only other goroutine; the process exits right after.
-	deadlineMsg := fmt.Sprintf("script ran past %v", req.Timeout)
-	timer := time.AfterFunc(req.Timeout, func() { th.Cancel(deadlineMsg) })
+	// Starlark reports a cancellation as a plain error (its text holds the
+	// reason), so the timer records that it fired: the kind comes from
+	// that, not from matching the message.
+	var expired atomic.Bool
+	timer := time.AfterFunc(req.Timeout, func() {
+		expired.Store(true)
+		th.Cancel(fmt.Sprintf("script ran past %v", req.Timeout))
+	})
 	defer timer.Stop()
 	opts := &syntax.FileOptions{Set: true, While: true, TopLevelControl: true, GlobalReassign: true, Recursion: true}
 	globals, err := starlark.ExecFileOptions(opts, th, req.Filename, req.Src, starlark.StringDict{"app": app})
@@ -215,10 +220,16 @@ func execute(req request) response {
 			msg = ee.Backtrace()
 		}
 		kind := ""
+		var denied importDenied
 		switch {
-		case importErr && strings.Contains(msg, "is not allowed"):
+		// The load error reaches here wrapped (EvalError, then Starlark's
+		// "cannot load" error), both unwrapping to importDenied.
+		case errors.As(err, &denied):
 			kind = "import"
-		case strings.Contains(msg, deadlineMsg):
+		// A script that failed otherwise just as the timer fired is at
+		// its deadline anyway; Thread.Cancel keeps only the first reason,
+		// and the output limit (checked above) cancels first when it does.
+		case expired.Load():
 			kind = "deadline"
 		}
 		return response{Printed: printed, Error: cut(msg, req.MaxOutput), Kind: kind}

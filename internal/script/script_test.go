@@ -123,3 +123,25 @@ func TestSandboxEnvironmentIsEmpty(t *testing.T) {
 		t.Fatal("request carries the environment")
 	}
 }
+
+// TestErrorKindsFromTypedErrors: the import and deadline kinds come from
+// the errors themselves (the denied load's importDenied through
+// Starlark's EvalError chain; the timer having fired), not from the
+// message: a script whose own failure text reads like either is a plain
+// script error, and the real ones are still told apart.
+func TestErrorKindsFromTypedErrors(t *testing.T) {
+	ctx := context.Background()
+	cfg := Config{MaxSteps: 1 << 40, Timeout: 50 * time.Millisecond}
+	for _, src := range []string{`fail("script ran past 50ms")`, `fail("Import of 'json' is not allowed")`} {
+		_, err := Run(ctx, cfg, "a.star", src)
+		if err == nil || errors.Is(err, ErrDeadline) || errors.Is(err, ErrImportNotAllowed) || !strings.Contains(err.Error(), "fail: ") {
+			t.Errorf("%s: %v, want a plain script error", src, err)
+		}
+	}
+	if _, err := Run(ctx, cfg, "a.star", "load(\"json\", \"json\")\nwhile True:\n  pass"); !errors.Is(err, ErrImportNotAllowed) || errors.Is(err, ErrDeadline) {
+		t.Errorf("denied load: %v, want ErrImportNotAllowed only", err)
+	}
+	if _, err := Run(ctx, cfg, "a.star", "while True:\n  pass"); !errors.Is(err, ErrDeadline) || errors.Is(err, ErrImportNotAllowed) {
+		t.Errorf("endless loop: %v, want ErrDeadline only", err)
+	}
+}

@@ -13,6 +13,8 @@ import (
 	"path"
 	"strings"
 	"time"
+
+	"github.com/lmcache-go/lmcache/internal/httproute"
 )
 
 // assets holds the page, its script and style, and uPlot's dist files with
@@ -67,8 +69,22 @@ func New(svc Service) *Handler {
 	return &Handler{page: bytes.ReplaceAll(indexHTML, []byte("{{SERVICE}}"), []byte(svc)), built: time.Now()}
 }
 
-// ServeHTTP serves the page at /ui and /ui/, and the named assets.
+// errNoAsset is an unknown name under /ui/: the toolkit's 404, so both
+// services answer it as any unknown path, FastAPI's {"detail": "Not Found"}.
+var errNoAsset = httproute.Errorf(httproute.ErrNoRoute, "Not Found")
+
+// ServeHTTP serves the page at /ui and /ui/, and the named assets; an
+// unknown name is a JSON 404 {"detail": "Not Found"}.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := h.Serve(w, r); err != nil {
+		httproute.WriteJSON(w, http.StatusNotFound, httproute.DetailBody{Detail: httproute.Message(err)})
+	}
+}
+
+// Serve is ServeHTTP for route tables whose handlers return an error: an
+// unknown name returns an error wrapping httproute.ErrNoRoute, which the
+// table writes as its 404 (nothing is written here then).
+func (h *Handler) Serve(w http.ResponseWriter, r *http.Request) error {
 	hd := w.Header()
 	hd.Set("Content-Security-Policy", csp)
 	hd.Set("X-Content-Type-Options", "nosniff")
@@ -77,25 +93,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if name == "" || name == "index.html" {
 		hd.Set("Content-Type", "text/html; charset=utf-8")
 		http.ServeContent(w, r, "index.html", h.built, bytes.NewReader(h.page))
-		return
+		return nil
 	}
 	f, ok := files[path.Clean(name)]
 	if !ok || path.Clean(name) != name {
-		http.Error(w, "not found", http.StatusNotFound)
-		return
+		return errNoAsset
 	}
 	b, err := assets.ReadFile(f.path)
 	if err != nil {
-		http.Error(w, "not found", http.StatusNotFound)
-		return
+		// Only a name listed in files but missing from the embed (a
+		// build mistake) gets here; to the client it is still unknown.
+		return errNoAsset
 	}
 	hd.Set("Content-Type", f.ctype)
 	http.ServeContent(w, r, name, h.built, bytes.NewReader(b))
-}
-
-// Serve adapts the handler to route tables whose handlers return an error
-// (it never fails).
-func (h *Handler) Serve(w http.ResponseWriter, r *http.Request) error {
-	h.ServeHTTP(w, r)
 	return nil
 }

@@ -2,6 +2,7 @@ package webui
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/lmcache-go/lmcache/internal/httproute"
 )
 
 func get(t *testing.T, h http.Handler, path string) (*http.Response, string) {
@@ -59,12 +62,20 @@ func TestServesPageAndAssets(t *testing.T) {
 }
 
 // TestUnknownNames404: only the listed assets are served; traversal and
-// the source tree (package.json, node_modules) are not.
+// the source tree (package.json, node_modules) are not, and the 404 is
+// the toolkit's FastAPI body {"detail":"Not Found"} (JSON, not text), from
+// ServeHTTP and, as an ErrNoRoute error for the route table, from Serve.
 func TestUnknownNames404(t *testing.T) {
 	h := New(Server)
 	for _, p := range []string{"/ui/package.json", "/ui/package-lock.json", "/ui/vendor/uplot/LICENSE", "/ui/../webui.go", "/ui/./console.js", "/ui/nope.js", "/ui/console.js/"} {
-		if res, _ := get(t, h, p); res.StatusCode != http.StatusNotFound {
-			t.Errorf("%s: %d, want 404", p, res.StatusCode)
+		res, body := get(t, h, p)
+		if res.StatusCode != http.StatusNotFound || body != `{"detail":"Not Found"}` || res.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s: %d %q (%s), want 404 {\"detail\":\"Not Found\"}", p, res.StatusCode, body, res.Header.Get("Content-Type"))
+		}
+		rec := httptest.NewRecorder()
+		err := h.Serve(rec, httptest.NewRequest("GET", p, nil))
+		if !errors.Is(err, httproute.ErrNoRoute) || err.Error() != "Not Found" || rec.Body.Len() != 0 {
+			t.Errorf("%s: Serve returned %v and wrote %q", p, err, rec.Body.String())
 		}
 	}
 	if res, body := get(t, h, "/ui/uPlot.LICENSE.txt"); res.StatusCode != 200 || !strings.Contains(body, "MIT License") {
