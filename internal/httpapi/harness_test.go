@@ -316,14 +316,7 @@ func (p pendingTB) Fatalf(format string, args ...any) {
 
 func (e *env) waitReady() {
 	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if e.eng.Ready() {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	e.t.Fatal("engine never became ready")
+	polltest.Until(e.t, 10*time.Second, "the engine to become ready", e.eng.Ready)
 }
 
 type resp struct {
@@ -428,18 +421,13 @@ func (e *env) store(toks string, salt string, data []byte) map[string]any {
 // the primary adapter (write-behind is asynchronous).
 func (e *env) waitListed(want int) []any {
 	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var ents []any
+	polltest.Until(e.t, 10*time.Second, fmt.Sprintf("%d entries listed", want), func() bool {
 		m := e.expect(200, "GET", "/cache/objects?page_size=5000", nil).json(e.t)
-		ents, _ := m["entries"].([]any)
-		if len(ents) == want {
-			return ents
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("listed %d entries, want %d", len(ents), want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		ents, _ = m["entries"].([]any)
+		return len(ents) == want
+	})
+	return ents
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
