@@ -161,7 +161,8 @@ func TestL2AdapterErrorKeepsChain(t *testing.T) {
 	for in, want := range map[string]string{
 		`{bad`:             "--l2-adapter: #1: invalid JSON: ",
 		`{"type":"bogus"}`: "--l2-adapter: #1: unknown adapter type 'bogus'",
-		`[]`:               "--l2-adapter: #1",
+		`[]`:               "--l2-adapter: #1: expected a JSON object",
+		`{"type":"fs"}`:    "--l2-adapter: #1 ('fs'): base_path is required",
 	} {
 		_, err := l2.ParseSpecs([]string{in})
 		if err == nil {

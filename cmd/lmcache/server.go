@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -310,21 +309,15 @@ func engineConfig(cfg *serverconfig.Config) engine.Config {
 }
 
 // l2AdapterError puts an l2.ParseSpecs error in the flag layer's shape,
-// "--l2-adapter: <reason>". l2's texts start with l2.ErrConfig ("invalid
-// --l2-adapter: ") and name the flag again ("invalid JSON for --l2-adapter
-// #1: ...", "--l2-adapter #1 ('fs'): ..."); both are dropped here so the
-// line names the flag once, as every other flag error does. The original
-// error stays in the chain (errors.Is(err, l2.ErrConfig)).
+// "--l2-adapter: <reason>", naming the flag once as every other flag error
+// does (l2's own text, upstream's, names it twice). The original error
+// stays in the chain (errors.Is(err, l2.ErrConfig)).
 func l2AdapterError(err error) error {
-	msg := strings.TrimPrefix(err.Error(), l2.ErrConfig.Error()+": ")
-	if rest, ok := strings.CutPrefix(msg, "invalid JSON for --l2-adapter "); ok {
-		if n, detail, ok := strings.Cut(rest, ": "); ok {
-			msg = n + ": invalid JSON: " + detail
-		}
-	} else {
-		msg = strings.TrimPrefix(msg, "--l2-adapter ")
+	var se *l2.SpecError
+	if !errors.As(err, &se) {
+		return err
 	}
-	return &rephrased{text: "--l2-adapter: " + msg, err: err}
+	return &rephrased{text: "--l2-adapter: " + se.Reason(), err: err}
 }
 
 // rephrased is err with another text, for errors of packages whose

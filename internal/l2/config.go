@@ -113,20 +113,51 @@ func ParseSpecs(values []string) ([]Spec, error) {
 	return specs, nil
 }
 
+// SpecError is a --l2-adapter value that does not parse. Its Error reads
+// like upstream's ("--l2-adapter #<i> ('<type>'): <msg>", after ErrConfig's
+// text), and Reason is the same without the flag's name, for a caller that
+// names the flag itself (the command line's "--l2-adapter: <reason>").
+type SpecError struct {
+	Index   int    // 1-based position among the --l2-adapter values
+	Type    string // the adapter type, when the value named one
+	Msg     string // what is wrong
+	BadJSON bool   // the value is not JSON at all
+}
+
+// Error is the upstream-style message, prefixed with ErrConfig's text.
+func (e *SpecError) Error() string {
+	switch {
+	case e.BadJSON:
+		return fmt.Sprintf("%v: invalid JSON for --l2-adapter #%d: %s", ErrConfig, e.Index, e.Msg)
+	case e.Type == "":
+		return fmt.Sprintf("%v: --l2-adapter #%d: %s", ErrConfig, e.Index, e.Msg)
+	default:
+		return fmt.Sprintf("%v: --l2-adapter #%d ('%s'): %s", ErrConfig, e.Index, e.Type, e.Msg)
+	}
+}
+
+// Reason is the message without the flag's name: "#<i>: invalid JSON:
+// <msg>", "#<i>: <msg>" or "#<i> ('<type>'): <msg>".
+func (e *SpecError) Reason() string {
+	switch {
+	case e.BadJSON:
+		return fmt.Sprintf("#%d: invalid JSON: %s", e.Index, e.Msg)
+	case e.Type == "":
+		return fmt.Sprintf("#%d: %s", e.Index, e.Msg)
+	default:
+		return fmt.Sprintf("#%d ('%s'): %s", e.Index, e.Type, e.Msg)
+	}
+}
+
+// Unwrap makes every SpecError an ErrConfig.
+func (e *SpecError) Unwrap() error { return ErrConfig }
+
 // ParseSpec parses one adapter JSON object; index is 1-based and only used
-// in messages. Errors read like upstream's: "--l2-adapter #<i> ('<type>'):
-// <msg>".
+// in messages. Its errors are *SpecError.
 func ParseSpec(index int, data []byte) (Spec, error) {
 	spec, err := parseSpec(data)
 	if err != nil {
-		switch {
-		case err.badJSON:
-			return Spec{}, fmt.Errorf("%w: invalid JSON for --l2-adapter #%d: %s", ErrConfig, index, err.msg)
-		case err.typ == "":
-			return Spec{}, fmt.Errorf("%w: --l2-adapter #%d: %s", ErrConfig, index, err.msg)
-		default:
-			return Spec{}, fmt.Errorf("%w: --l2-adapter #%d ('%s'): %s", ErrConfig, index, err.typ, err.msg)
-		}
+		return Spec{}, &SpecError{Index: index, Type: err.typ, Msg: err.msg, BadJSON: err.badJSON}
 	}
 	spec.Index = index
 	if len(spec.UnknownKeys) > 0 {

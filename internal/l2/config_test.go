@@ -94,6 +94,14 @@ func TestParseSpecErrors(t *testing.T) {
 		if !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s:\n got %q\nwant substring %q", c.in, err, c.want)
 		}
+		// Reason is the same text without ErrConfig and the flag's name.
+		var se *l2.SpecError
+		if !errors.As(err, &se) {
+			t.Errorf("%s: %T is not a *SpecError", c.in, err)
+		} else if full, reason := err.Error(), se.Reason(); strings.Contains(reason, "l2-adapter") ||
+			!strings.HasPrefix(reason, "#1") || !strings.HasSuffix(full, strings.TrimPrefix(reason, "#1: invalid JSON: ")) {
+			t.Errorf("%s: Reason %q does not match Error %q", c.in, reason, full)
+		}
 	}
 }
 
