@@ -77,12 +77,9 @@ const GiB = 1 << 30
 type Config struct {
 	// L1SizeBytes is the pool size: int(--l1-size-gb * 2^30). Required.
 	L1SizeBytes int64
-	// L1UseLazy (--l1-use-lazy, default true) and L1InitSizeBytes
-	// (--l1-init-size-gb, default 20) are accepted for compatibility. The
-	// pool is always committed lazily by the kernel on first touch, so the
-	// shared-memory pool works with lazy on (upstream turns SHM off then).
-	L1UseLazy       bool
-	L1InitSizeBytes int64
+	// (--l1-use-lazy and --l1-init-size-gb have no field: the pool is
+	// always committed lazily by the kernel on first touch, so the server
+	// accepts them and passes nothing on.)
 	// L1UseHugepages is --l1-use-hugepages: back the pool with reserved
 	// 2 MiB hugetlb pages. Requires ShmName "" and enough free huge pages
 	// (checked at New). Without it the pool still asks for transparent

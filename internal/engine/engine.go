@@ -31,7 +31,6 @@ const (
 	DefaultEvictionRatio    = 0.2
 	DefaultEvictionInterval = time.Second
 	DefaultMaxInFlight      = 8
-	DefaultInitSizeBytes    = 20 * GiB
 	// Ours: bounded write-behind retries (upstream does not retry).
 	DefaultStoreMaxAttempts = 8
 	DefaultStoreRetryBase   = 100 * time.Millisecond
@@ -85,9 +84,6 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.L1AlignBytes < 0 || c.L1AlignBytes&(c.L1AlignBytes-1) != 0 {
 		return c, fmt.Errorf("%w: --l1-align-bytes must be a power of two (got %d)", ErrInvalid, c.L1AlignBytes)
-	}
-	if c.L1InitSizeBytes == 0 {
-		c.L1InitSizeBytes = DefaultInitSizeBytes
 	}
 	c.L1ReadTTL = cmp.Or(c.L1ReadTTL, DefaultReadTTL)
 	c.L1WriteTTL = cmp.Or(c.L1WriteTTL, DefaultWriteTTL)
