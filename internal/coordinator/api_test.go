@@ -70,6 +70,19 @@ func TestOpenAPICoversEveryRoute(t *testing.T) {
 	}
 }
 
+// TestUndocumentedCacheDeleteNotServed: upstream's coordinator code has a
+// POST /cache/delete its API reference does not document; it is not
+// served here (the compatibility row says "missing"), so it is the plain
+// 404 of any unknown path, with or without a body.
+func TestUndocumentedCacheDeleteNotServed(t *testing.T) {
+	c := startCoord(t, nil)
+	for _, body := range []any{nil, map[string]any{"keys": []string{"k"}}} {
+		if code, raw := c.do("POST", "/cache/delete", body); code != 404 || string(raw) != `{"detail":"Not Found"}` {
+			t.Fatalf("POST /cache/delete (body %v) = %d %s, want 404 {\"detail\":\"Not Found\"}", body, code, raw)
+		}
+	}
+}
+
 func TestUnknownRouteMethodAndBodyLimit(t *testing.T) {
 	c := startCoord(t, nil)
 	if code, raw := c.do("GET", "/nope", nil); code != 404 || string(raw) != `{"detail":"Not Found"}` {
