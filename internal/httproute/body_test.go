@@ -112,3 +112,24 @@ func TestLimitBodyAndBodyError(t *testing.T) {
 		t.Fatalf("at the limit: %v %q", err, buf.String())
 	}
 }
+
+// TestFreeFormBodies: a map[string]any body (request or response) is
+// listed, typed ones (a struct, a map of typed values) are not.
+func TestFreeFormBodies(t *testing.T) {
+	h := func(http.ResponseWriter, *http.Request) error { return nil }
+	tb, err := httproute.New(httproute.Config{Title: "t", Version: "1"}, []httproute.Route{
+		{Method: "POST", Path: "/free", Request: map[string]any{}, Response: map[string]any{}, Statuses: map[int]string{200: "ok", 400: "bad"}, Handle: h},
+		{Method: "GET", Path: "/typed", Response: httproute.DetailBody{}, Statuses: map[int]string{200: "ok"}, Handle: h},
+		{Method: "GET", Path: "/map", Response: map[string]httproute.DetailBody{}, Statuses: map[int]string{200: "ok"}, Handle: h},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := tb.OpenAPI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(httproute.FreeFormBodies(doc), "|"), "POST /free 200|POST /free request"; got != want {
+		t.Fatalf("free-form bodies %q, want %q", got, want)
+	}
+}

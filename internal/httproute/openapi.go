@@ -251,3 +251,46 @@ func (t *Table) ServeOpenAPI(w http.ResponseWriter, _ *http.Request) error {
 	_, _ = w.Write(t.doc)
 	return nil
 }
+
+// FreeFormBodies lists the operations of doc whose JSON request or
+// response body is a free-form object (no properties, any members: what
+// map[string]any generates), as "METHOD /path request" or
+// "METHOD /path <status>", sorted. A service's test compares it with the
+// short list of bodies it means to leave untyped, so a new untyped route
+// fails until it is typed or named there.
+func FreeFormBodies(doc *openapi3.T) []string {
+	var out []string
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			if op.RequestBody != nil && op.RequestBody.Value != nil {
+				if mt := op.RequestBody.Value.Content.Get(JSON); mt != nil && freeForm(mt.Schema) {
+					out = append(out, method+" "+path+" request")
+				}
+			}
+			for code, resp := range op.Responses.Map() {
+				if resp.Value == nil {
+					continue
+				}
+				if mt := resp.Value.Content.Get(JSON); mt != nil && freeForm(mt.Schema) {
+					out = append(out, method+" "+path+" "+code)
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// freeForm reports whether s is an object schema without properties whose
+// members may be anything.
+func freeForm(s *openapi3.SchemaRef) bool {
+	if s == nil || s.Value == nil {
+		return false
+	}
+	v := s.Value
+	if v.Type == nil || !v.Type.Is(openapi3.TypeObject) || len(v.Properties) > 0 {
+		return false
+	}
+	ap := v.AdditionalProperties.Schema
+	return ap == nil || ap.Value == nil || ap.Value.Type == nil
+}
