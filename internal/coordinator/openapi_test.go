@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/httproute"
 )
 
 // TestOpenAPIValidatesWithSchemas: the coordinator's /openapi.json loads
@@ -65,6 +67,11 @@ func TestOpenAPIValidatesWithSchemas(t *testing.T) {
 	}
 	if public != 29 {
 		t.Errorf("%d public routes", public)
+	}
+	// Typed means typed: the only free-form object body is the document
+	// itself, so a route added with a map[string]any body fails here.
+	if got, want := httproute.FreeFormBodies(doc), []string{"GET /openapi.json 200"}; !slices.Equal(got, want) {
+		t.Errorf("free-form bodies %q, want %q (type the body)", got, want)
 	}
 	reg := doc.Paths.Value("/instances").Post.RequestBody.Value.Content.Get("application/json").Schema.Value
 	if len(reg.Required) != 2 || reg.Required[0] != "ip" || reg.Required[1] != "http_port" {
