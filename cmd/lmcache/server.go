@@ -48,7 +48,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "lmcache server: %v\n", err)
 		return 2
 	}
-	base, err := newHandler(stderr, cfg.LogFormat)
+	base, err := loglevel.NewHandler(stderr, cfg.LogFormat)
 	if err != nil {
 		fmt.Fprintf(stderr, "lmcache server: --log-format: %v\n", err)
 		return 2

@@ -112,7 +112,7 @@ type rawJSON struct{ b *[]byte }
 func (r *rawJSON) UnmarshalJSON(b []byte) error { *r.b = append([]byte(nil), b...); return nil }
 
 // TestServerLogFormatUpstream: `lmcache server --log-format upstream`
-// writes upstream's line shape (cmd/lmcache/logging.go):
+// writes upstream's line shape (internal/loglevel/upstream.go):
 // "<colour>[YYYY-MM-DD hh:mm:ss,mmm] LMCache INFO:<reset> msg k=v <italic>(file.go:N:logger)<reset>".
 func TestServerLogFormatUpstream(t *testing.T) {
 	httpPort := freePort(t)

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // LevelCritical is Python's CRITICAL, above slog's ERROR.
@@ -57,9 +58,15 @@ func Name(l slog.Level) string {
 	return "DEBUG"
 }
 
-// NewHandler returns the process's base handler writing to w in "text" or
-// "json" format. It lets every record through; levels are applied per logger
-// by the Registry.
+// Formats are the values of --log-format / LMCACHE_LOG_FORMAT, which both
+// flag tables (serverconfig, coordinator/config) check before a handler is
+// built: slog's text and JSON, and "upstream", the lines of upstream's
+// lmcache/logging.py (upstream.go).
+var Formats = []string{"text", "json", "upstream"}
+
+// NewHandler returns the process's base handler writing to w in one of
+// Formats (case ignored; "" is text). It lets every record through; levels
+// are applied per logger by the Registry.
 func NewHandler(w io.Writer, format string) (slog.Handler, error) {
 	opts := &slog.HandlerOptions{Level: slog.Level(-100), ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 		if a.Key == slog.LevelKey {
@@ -74,8 +81,10 @@ func NewHandler(w io.Writer, format string) (slog.Handler, error) {
 		return slog.NewTextHandler(w, opts), nil
 	case "json":
 		return slog.NewJSONHandler(w, opts), nil
+	case "upstream":
+		return newUpstreamHandler(w, time.Local), nil
 	}
-	return nil, fmt.Errorf("log format %q: want text or json", format)
+	return nil, fmt.Errorf("log format %q: want one of %s", format, strings.Join(Formats, ", "))
 }
 
 // Registry holds the named loggers and their levels. It is safe for

@@ -16,6 +16,8 @@ import (
 	"io"
 	"math"
 	"strings"
+
+	"github.com/lmcache-go/lmcache/internal/loglevel"
 )
 
 // GiB is what upstream means by GB in flags: 2^30 bytes.
@@ -281,7 +283,7 @@ func (c *Config) register() *registry {
 	r.secret(&c.HTTPAuthToken, "http-auth-token", "", h, "LMCACHE_HTTP_AUTH_TOKEN", "bearer token required by mutating and sensitive routes; empty: no auth")
 	r.boolFlag(&c.HTTPAuthProtectMetrics, "http-auth-protect-metrics", "http_auth_protect_metrics", h, EnvProtectMetrics, "also require --http-auth-token on GET /metrics (scrapers then need the token)")
 	r.list(&c.RegisterModel, "register-model", "register_model", h, `static model layout JSON {"model_name","world_size","num_layers","hidden_size","dtype"} (repeatable)`, false)
-	r.str(&c.LogFormat, "log-format", "log_format", h, "LMCACHE_LOG_FORMAT", "text", "log format: text, json or upstream (upstream's \"[time] LMCache LEVEL: message (file:line:logger)\" lines)").Validate = oneOf(&c.LogFormat, "text", "json", "upstream")
+	r.str(&c.LogFormat, "log-format", "log_format", h, "LMCACHE_LOG_FORMAT", "text", "log format: text, json or upstream (upstream's \"[time] LMCache LEVEL: message (file:line:logger)\" lines)").Validate = oneOf(&c.LogFormat, loglevel.Formats...)
 	r.str(&c.LogLevel, "log-level", "log_level", h, "LMCACHE_LOG_LEVEL", "INFO", "log level: DEBUG, INFO, WARNING, ERROR").Validate = func() error {
 		c.LogLevel = strings.ToUpper(c.LogLevel)
 		return oneOf(&c.LogLevel, "DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL")()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/cliflag"
+	"github.com/lmcache-go/lmcache/internal/loglevel"
 	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
@@ -178,9 +179,6 @@ func (fd field) key() string {
 	return strings.ToLower(fd.env)
 }
 
-// logFormats are the values of --log-format, the server's.
-var logFormats = []string{"text", "json", "upstream"}
-
 func fieldsTable() []field {
 	return append([]field{
 		{flag: "host", env: "HOST", kind: "string", usage: "host the HTTP server binds to", s: func(c *Config) *string { return &c.Host }},
@@ -255,12 +253,12 @@ func fieldsTable() []field {
 		// is ignored (LoadSources lowers it), as the coordinator always did.
 		{flag: "log-format", fullEnv: "LMCACHE_LOG_FORMAT", kind: "string", usage: "log format: text, json or upstream (upstream's \"[time] LMCache LEVEL: message (file:line:logger)\" lines)", s: func(c *Config) *string { return &c.LogFormat },
 			check: func(c Config) string {
-				for _, f := range logFormats {
+				for _, f := range loglevel.Formats {
 					if strings.EqualFold(c.LogFormat, f) {
 						return ""
 					}
 				}
-				return "must be one of " + strings.Join(logFormats, ", ")
+				return "must be one of " + strings.Join(loglevel.Formats, ", ")
 			}},
 	}, append(append(haFields(), ingestFields()...), tracingFields()...)...)
 }
