@@ -65,12 +65,8 @@ func serve(t *testing.T, l1 int64, chunk int) (endpoint, shmDir string) {
 // keys, if the bench's traffic left a read lease, pin or staged write.
 func closeEngine(t *testing.T, eng *engine.Engine) {
 	t.Helper()
-	leaks := eng.Leaks()
-	if err := eng.Close(); err != nil {
-		t.Errorf("engine close: %v", err)
-	}
-	if len(leaks) > 0 {
-		t.Errorf("%d engine references leaked at close:\n%s", len(leaks), strings.Join(leaks, "\n"))
+	if err := eng.CloseChecked(); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -234,12 +234,8 @@ func TestL2EventsReachCoordinator(t *testing.T) {
 		wg.Wait()
 		// Every read lease, upload pin and staged write the test took must
 		// be gone once Run returned; name the keys that are not.
-		leaks := eng.Leaks()
-		if err := eng.Close(); err != nil {
-			t.Errorf("engine close: %v", err)
-		}
-		if len(leaks) > 0 {
-			t.Errorf("%d engine references leaked at close:\n%s", len(leaks), strings.Join(leaks, "\n"))
+		if err := eng.CloseChecked(); err != nil {
+			t.Error(err)
 		}
 	}()
 	runClient(t, c)

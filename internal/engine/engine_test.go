@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -124,12 +123,8 @@ func (h *harness) stop(t *testing.T) {
 // forgets to drop shows in the test that took it.
 func closeChecked(tb testing.TB, e *Engine) {
 	tb.Helper()
-	leaks := e.Leaks()
-	if err := e.Close(); err != nil {
-		tb.Errorf("Close: %v", err)
-	}
-	if len(leaks) > 0 {
-		tb.Errorf("%d references leaked at Close:\n%s", len(leaks), strings.Join(leaks, "\n"))
+	if err := e.CloseChecked(); err != nil {
+		tb.Error(err)
 	}
 }
 

@@ -68,11 +68,7 @@ func TestRunOnFakeDriver(t *testing.T) {
 // keys, if a read lease, pin or staged write is left.
 func closeEngine(t *testing.T, eng *engine.Engine) {
 	t.Helper()
-	leaks := eng.Leaks()
-	if err := eng.Close(); err != nil {
-		t.Errorf("engine close: %v", err)
-	}
-	if len(leaks) > 0 {
-		t.Errorf("%d engine references leaked at close:\n%s", len(leaks), strings.Join(leaks, "\n"))
+	if err := eng.CloseChecked(); err != nil {
+		t.Error(err)
 	}
 }

@@ -269,12 +269,8 @@ func start(t *testing.T, o envOpts) *env {
 		if e.eng != nil {
 			// Every read lease, upload pin and staged write a test took must
 			// be gone once the server has stopped; name the keys that are not.
-			leaks := e.eng.Leaks()
-			if err := e.eng.Close(); err != nil {
-				t.Errorf("engine close: %v", err)
-			}
-			if len(leaks) > 0 {
-				t.Errorf("%d engine references leaked at close:\n%s", len(leaks), strings.Join(leaks, "\n"))
+			if err := e.eng.CloseChecked(); err != nil {
+				t.Error(err)
 			}
 		}
 	})

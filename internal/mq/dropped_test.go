@@ -1,7 +1,6 @@
 package mq
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -33,12 +32,8 @@ func unrunServer(t *testing.T, cfg Config) *Server {
 	}
 	t.Cleanup(func() {
 		s.closeSockets()
-		leaks := eng.Leaks()
-		if err := eng.Close(); err != nil {
-			t.Errorf("engine close: %v", err)
-		}
-		if len(leaks) > 0 {
-			t.Errorf("%d engine references leaked at close:\n%s", len(leaks), strings.Join(leaks, "\n"))
+		if err := eng.CloseChecked(); err != nil {
+			t.Error(err)
 		}
 	})
 	return s

@@ -97,12 +97,8 @@ func start(t testing.TB, o opts) *harness {
 		stop()
 		// Every read lease, upload pin and staged write a test took must be
 		// gone once the server has stopped; name the keys that are not.
-		leaks := eng.Leaks()
-		if err := eng.Close(); err != nil {
-			t.Errorf("engine close: %v", err)
-		}
-		if len(leaks) > 0 {
-			t.Errorf("%d engine references leaked at close:\n%s", len(leaks), strings.Join(leaks, "\n"))
+		if err := eng.CloseChecked(); err != nil {
+			t.Error(err)
 		}
 		if t.Failed() {
 			t.Logf("server log:\n%s", logs.String())
