@@ -117,13 +117,11 @@ func parseBenchFlags(args []string) (*benchFlags, error) {
 // noEnv is the bench's environment: none (see parseBenchFlags).
 func noEnv(string) (string, bool) { return "", false }
 
-// printBenchHelp lists the bench's flags in their order, each with its
-// default, in the shape of the server's --help.
+// printBenchHelp is the bench's title, then the flag layer's settings
+// list (its flags in their order, each with its default).
 func printBenchHelp(w io.Writer, set *cliflag.Set) {
-	fmt.Fprintf(w, "Usage: lmcache bench [flags]\n\nReplays vLLM's engine-driven data-path sequence against a running server.\n\nFlags:\n")
-	for _, e := range set.Entries() {
-		fmt.Fprintf(w, "  --%s\n      %s (default %s)\n", e.Name, e.Usage, e.Default)
-	}
+	fmt.Fprintf(w, "Usage: lmcache bench [flags]\n\nReplays vLLM's engine-driven data-path sequence against a running server.\n\n")
+	set.WriteHelp(w)
 }
 
 // runBench is `lmcache bench`. Exit status: 0 done or --help, 1 the run

@@ -364,3 +364,46 @@ func TestPort(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteHelp: the one --help shape of every subcommand, byte for byte:
+// groups sorted by name (entries in the order added), the --no- form of a
+// negatable flag, the env variable beside the default, hidden entries left
+// out, a secret's default (never its value), and the environment-only
+// settings last.
+func TestWriteHelp(t *testing.T) {
+	var port int
+	var lazy bool
+	var tok, name, only string
+	s := New("demo")
+	s.Add(&Entry{Name: "port", Group: "mp", Usage: "listen port", Value: Int(&port), Default: "5555", Env: "DEMO_PORT"})
+	s.Add(&Entry{Name: "lazy", Group: "l1", Usage: "lazy pool", Value: Bool(&lazy), Default: "true", Negatable: true})
+	s.Add(&Entry{Name: "token", Group: "mp", Usage: "bearer token", Value: String(&tok), Default: `""`, Env: "DEMO_TOKEN", Secret: true})
+	s.Add(&Entry{Name: "old-port", Group: "mp", Usage: "deprecated", Value: Int(&port), Default: "5555", Hidden: true})
+	s.Add(&Entry{Env: "DEMO_ONLY", Usage: "set only in the environment", Value: String(&only), Default: `"x"`})
+	s.Add(&Entry{Env: "DEMO_BARE", Value: String(&name), Default: "1"})
+	if err := s.Parse([]string{"--token", "s3cret"}, func(string) (string, bool) { return "", false }); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	s.WriteHelp(&b)
+	want := `Flags:
+
+  [l1]
+  --lazy / --no-lazy
+      lazy pool (default true)
+
+  [mp]
+  --port
+      listen port (default 5555; env DEMO_PORT)
+  --token
+      bearer token (default ""; env DEMO_TOKEN)
+
+Environment only:
+  DEMO_ONLY
+      set only in the environment (default "x")
+  DEMO_BARE (default 1)
+`
+	if got := b.String(); got != want {
+		t.Fatalf("help:\n%s\nwant:\n%s", got, want)
+	}
+}

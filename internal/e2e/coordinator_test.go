@@ -25,7 +25,7 @@ var noResync = []string{"LMCACHE_MP_COORDINATOR_ENABLE_STARTUP_RESYNC=False"}
 // 0. Bad values exiting 2 are in TestBadFlagsExitTwoWithOneLine.
 func TestCoordinatorHelpHealthzAndSignals(t *testing.T) {
 	code, stdout, _ := runBin(t, nil, "coordinator", "--help")
-	if code != 0 || !strings.Contains(stdout, "--timeout-keep-alive int") || !strings.Contains(stdout, "(default 0.2)") {
+	if code != 0 || !strings.Contains(stdout, "  --timeout-keep-alive\n") || !strings.Contains(stdout, "(default 0.2; env LMCACHE_MP_COORDINATOR_EVICTION_RATIO)") {
 		t.Fatalf("coordinator --help: exit %d\n%s", code, stdout)
 	}
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {

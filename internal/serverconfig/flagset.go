@@ -5,7 +5,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -100,30 +99,10 @@ func (r *registry) parse(args []string, lookupEnv func(string) (string, bool)) e
 	return r.set.Parse(args, lookupEnv)
 }
 
-// printHelp lists every non-hidden flag with its default and env variable.
+// printHelp is the title, then the flag layer's settings list.
 func (r *registry) printHelp(w io.Writer, title string) {
-	fmt.Fprintf(w, "%s\n\nFlags:\n", title)
-	es := append([]*cliflag.Entry(nil), r.set.Entries()...)
-	sort.SliceStable(es, func(i, j int) bool { return es[i].Group < es[j].Group })
-	group := ""
-	for _, e := range es {
-		if e.Hidden {
-			continue
-		}
-		if e.Group != group {
-			group = e.Group
-			fmt.Fprintf(w, "\n  [%s]\n", group)
-		}
-		line := "  --" + e.Name
-		if r.set.HasNegation(e) {
-			line += " / --no-" + e.Name
-		}
-		fmt.Fprintf(w, "%s\n      %s (default %s", line, e.Usage, e.Default)
-		if e.Env != "" {
-			fmt.Fprintf(w, "; env %s", e.Env)
-		}
-		fmt.Fprintln(w, ")")
-	}
+	fmt.Fprintf(w, "%s\n\n", title)
+	r.set.WriteHelp(w)
 }
 
 // groups is GET /config's view; sources says, key for key, where each

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -367,7 +366,7 @@ func LoadSources(args []string, getenv func(string) (string, bool), out io.Write
 	}
 	err := set.Parse(args, getenv)
 	if errors.Is(err, cliflag.ErrHelp) {
-		printHelp(out, set, table, def)
+		printHelp(out, set)
 		return cfg, nil, ErrHelp
 	}
 	if err != nil {
@@ -382,43 +381,11 @@ func LoadSources(args []string, getenv func(string) (string, bool), out io.Write
 	return cfg, sources, nil
 }
 
-// printHelp lists the flags sorted by name, each with its type, variable
-// and default, then the settings only the environment sets.
-func printHelp(out io.Writer, set *cliflag.Set, table []field, def Config) {
-	fmt.Fprintf(out, "Usage: lmcache coordinator [flags]\n\nRuns the LMCache MP fleet coordinator. Flags override LMCACHE_MP_COORDINATOR_* env vars, which override the config file.\n\nFlags:\n")
-	kinds := map[string]string{"config-file": "string"}
-	for _, fd := range table {
-		kind := fd.kind
-		switch kind {
-		case "secret":
-			kind = "string"
-		case "switch":
-			kind = "bool"
-		}
-		if fd.flag != "" {
-			kinds[fd.flag] = kind
-		}
-	}
-	var flags []*cliflag.Entry
-	for _, e := range set.Entries() {
-		if e.Name != "" {
-			flags = append(flags, e)
-		}
-	}
-	sort.Slice(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
-	for _, e := range flags {
-		env := "env " + e.Env
-		if e.Env == "" {
-			env = "no env var"
-		}
-		fmt.Fprintf(out, "  --%s %s\n      %s (%s) (default %s)\n", e.Name, kinds[e.Name], e.Usage, env, e.Default)
-	}
-	fmt.Fprintf(out, "\nEnvironment only:\n")
-	for _, fd := range table {
-		if fd.flag == "" {
-			fmt.Fprintf(out, "  %s (default %s)\n", fd.envVar(), valueString(def, fd))
-		}
-	}
+// printHelp is the coordinator's title, then the flag layer's settings
+// list (flags, then the settings only the environment sets).
+func printHelp(out io.Writer, set *cliflag.Set) {
+	fmt.Fprintf(out, "Usage: lmcache coordinator [flags]\n\nRuns the LMCache MP fleet coordinator. Flags override LMCACHE_MP_COORDINATOR_* env vars, which override the config file.\n\n")
+	set.WriteHelp(out)
 }
 
 func valueString(cfg Config, fd field) string {

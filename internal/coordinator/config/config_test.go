@@ -165,7 +165,7 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 	}
 	text := out.String()
 	for _, f := range flags {
-		i := strings.Index(text, "  "+f+" ")
+		i := strings.Index(text, "  "+f+"\n")
 		if i < 0 {
 			t.Errorf("help lacks %s", f)
 			continue
@@ -180,7 +180,7 @@ func TestHelpListsEveryFlagWithDefault(t *testing.T) {
 			t.Errorf("help lacks %s", e)
 		}
 	}
-	for _, d := range []string{"(default 0.2)", "(default 9300)", `(default "0.0.0.0")`, "(default 256)", `(default "blake3")`, "(default 10)", "(default 30)"} {
+	for _, d := range []string{"(default 0.2; env ", "(default 9300; env ", `(default "0.0.0.0"; env `, "(default 256; env ", `(default "blake3"; env `, "(default 10; env ", "(default 30; env "} {
 		if !strings.Contains(text, d) {
 			t.Errorf("help lacks %s", d)
 		}
@@ -236,7 +236,7 @@ func TestAuthTokens(t *testing.T) {
 		t.Fatalf("help: %v", err)
 	}
 	out := help.String()
-	if !strings.Contains(out, "--auth-token string") || !strings.Contains(out, "--mp-auth-token string") {
+	if !strings.Contains(out, "  --auth-token\n") || !strings.Contains(out, "  --mp-auth-token\n") {
 		t.Fatalf("help lacks the token flags:\n%s", out)
 	}
 	if strings.Contains(out, "secret\n") || strings.Contains(out, "env-coord-secret") || strings.Contains(out, "env-mp-secret") {
@@ -336,7 +336,7 @@ func TestLogFormat(t *testing.T) {
 	if _, err := Load([]string{"--help"}, env(nil), &help); !errors.Is(err, ErrHelp) {
 		t.Fatal(err)
 	}
-	if !strings.Contains(help.String(), "  --log-format string\n") || !strings.Contains(help.String(), `(env LMCACHE_LOG_FORMAT) (default "text")`) {
+	if !strings.Contains(help.String(), "  --log-format\n") || !strings.Contains(help.String(), `(default "text"; env LMCACHE_LOG_FORMAT)`) {
 		t.Errorf("help lacks --log-format with its variable and default:\n%s", help.String())
 	}
 }

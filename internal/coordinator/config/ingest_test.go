@@ -57,7 +57,7 @@ func TestEventTransportFlags(t *testing.T) {
 	if _, err := Load([]string{"--help"}, env(nil), &help); !errors.Is(err, ErrHelp) {
 		t.Fatal(err)
 	}
-	if !strings.Contains(help.String(), "--kafka-group-id string\n      this coordinator's Kafka consumer group (with --ha-etcd-endpoints the default becomes lmcache-coordinator-<host:port of the advertised URL>, one group per coordinator) (no env var) (default \"lmcache-coordinator\")") {
+	if !strings.Contains(help.String(), "  --kafka-group-id\n      this coordinator's Kafka consumer group (with --ha-etcd-endpoints the default becomes lmcache-coordinator-<host:port of the advertised URL>, one group per coordinator) (default \"lmcache-coordinator\")\n") {
 		t.Errorf("help lacks the kafka-group-id line:\n%s", help.String())
 	}
 }

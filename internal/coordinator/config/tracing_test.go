@@ -68,7 +68,7 @@ func TestTracingFlags(t *testing.T) {
 	if _, err := Load([]string{"--help"}, env(nil), &help); !errors.Is(err, ErrHelp) {
 		t.Fatal(err)
 	}
-	if !strings.Contains(help.String(), "  --enable-tracing bool\n") || !strings.Contains(help.String(), "(env "+EnvPrefix+"OTLP_ENDPOINT) (default \"\")") {
+	if !strings.Contains(help.String(), "  --enable-tracing\n") || !strings.Contains(help.String(), "(default \"\"; env "+EnvPrefix+"OTLP_ENDPOINT)") {
 		t.Errorf("help lacks the tracing flags:\n%s", help.String())
 	}
 }
