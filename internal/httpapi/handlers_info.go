@@ -81,6 +81,12 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) error {
 				typed = decodeExact(v, &out.RegisteredGPUIDs)
 			case "cache_context_meta":
 				typed = decodeExact(v, &out.CacheContextMeta)
+			case "pending_lookups":
+				typed = decodeExact(v, &out.PendingLookups)
+			case "pending_transfers":
+				typed = decodeExact(v, &out.PendingTransfers)
+			case "kv_events":
+				typed = decodeExact(v, &out.KVEvents)
 			}
 			if !typed {
 				if out.Extra == nil {

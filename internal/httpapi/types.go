@@ -231,10 +231,10 @@ type ScriptForm struct {
 // StatusResponse is GET /status and GET /api/status: upstream's
 // engine-level fields, the storage manager's own status, the data path's
 // fields (Options.StatusExtra) and ours (model_layouts). A data-path field
-// that is not one of the typed ones here (pending_transfers,
-// pending_lookups, kv_events, a blend mode's fields), or whose value does
-// not have the typed field's shape, is kept in Extra and written beside
-// the typed fields, so the body is what the data path reported.
+// that is not one of the typed ones here (a future data path's own), or
+// whose value does not have the typed field's shape, is kept in Extra and
+// written beside the typed fields, so the body is what the data path
+// reported.
 type StatusResponse struct {
 	ActivePrefetchJobs int64                   `json:"active_prefetch_jobs"`
 	ActiveSessions     int                     `json:"active_sessions"`
@@ -243,8 +243,13 @@ type StatusResponse struct {
 	EngineType         string                  `json:"engine_type"`
 	HashAlgorithm      string                  `json:"hash_algorithm"`
 	IsHealthy          bool                    `json:"is_healthy"`
-	ModelLayouts       []ModelLayout           `json:"model_layouts"`
-	RegisteredGPUIDs   []int64                 `json:"registered_gpu_ids"`
+	// KVEvents, PendingLookups and PendingTransfers come from the ZMQ
+	// data path; a server without one has none of them.
+	KVEvents         *KVEventsStatus `json:"kv_events,omitempty"`
+	ModelLayouts     []ModelLayout   `json:"model_layouts"`
+	PendingLookups   *int            `json:"pending_lookups,omitempty" doc:"LOOKUPs whose result no QUERY_PREFETCH_STATUS has taken yet"`
+	PendingTransfers *int            `json:"pending_transfers,omitempty" doc:"PREPARE_STORE/PREPARE_RETRIEVE awaiting their COMMIT"`
+	RegisteredGPUIDs []int64         `json:"registered_gpu_ids"`
 	// StorageManager is free-form: the engine's snapshot, whose fields
 	// are backend-specific (upstream documents it as such).
 	StorageManager map[string]any `json:"storage_manager" doc:"storage manager status; backend-specific fields"`
@@ -271,6 +276,23 @@ type CacheContext struct {
 	ObjectBytes *int64  `json:"object_bytes,omitempty"`
 	Transfer    *string `json:"transfer,omitempty"`
 	WorldSize   int     `json:"world_size"`
+}
+
+// KVEventsStatus is GET /status's kv_events: the POLL_KV_EVENTS log and
+// the vLLM-format publisher. Fields are in JSON-name order, so a data
+// path's map of the same members converts exactly (decodeExact); all but
+// enabled and incarnation are present only with the log on, the
+// endpoints only with the publisher.
+type KVEventsStatus struct {
+	Enabled           bool    `json:"enabled"`
+	Incarnation       int64   `json:"incarnation"`
+	LogCapacity       *int    `json:"log_capacity,omitempty"`
+	LogDepth          *int    `json:"log_depth,omitempty"`
+	LostMarkers       *int    `json:"lost_markers,omitempty"`
+	NextSeq           *int64  `json:"next_seq,omitempty"`
+	PublisherEndpoint *string `json:"publisher_endpoint,omitempty"`
+	ReplayEndpoint    *string `json:"replay_endpoint,omitempty"`
+	UnboundStores     *int64  `json:"unbound_stores,omitempty"`
 }
 
 // ModelLayout is one layout in force (ours): static (--register-model) or

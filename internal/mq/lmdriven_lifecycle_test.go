@@ -263,14 +263,32 @@ func TestLMDStatusAndChecksums(t *testing.T) {
 	if ids := fmt.Sprint(st["registered_gpu_ids"]); ids != "[7]" {
 		t.Fatalf("registered_gpu_ids = %s", ids)
 	}
-	// cache_size_per_token is present; its value is masked by the
-	// response redaction (internal/redact matches "_token"), reported to
-	// its owner.
+	// cache_size_per_token is one token's slice of a chunk object: K and
+	// V of every layer, fp16 (a size, which the response redaction leaves
+	// alone although its name ends in "_token").
 	meta, _ := st["cache_context_meta"].(map[string]any)["7"].(map[string]any)
 	layout, _ := meta["kv_cache_layout"].(map[string]any)
 	if meta["model_name"] != "m" || meta["world_size"] != 1.0 || layout["num_layers"] != float64(testLayers) ||
-		layout["num_blocks"] != float64(pcBlocks) || layout["cache_size_per_token"] == nil {
+		layout["num_blocks"] != float64(pcBlocks) || layout["cache_size_per_token"] != float64(2*testLayers*pcHeads*pcHS*2) {
 		t.Fatalf("cache_context_meta[7] = %v", meta)
+	}
+	// Every field the data path adds is a typed member of the documented
+	// response: the body decodes into httpapi.StatusResponse with unknown
+	// fields refused (its untyped Extra has no JSON name).
+	resp, err := hs.Client().Get(hs.URL + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	var typed httpapi.StatusResponse
+	if err := dec.Decode(&typed); err != nil {
+		t.Fatalf("/status has a field StatusResponse does not type: %v\n%s", err, raw)
+	}
+	if typed.KVEvents == nil || typed.PendingLookups == nil || typed.PendingTransfers == nil || typed.CacheContextMeta["7"].Transfer == nil {
+		t.Fatalf("data-path fields missing from /status: %s", raw)
 	}
 	groups, _ := layout["kernel_groups"].([]any)
 	if len(groups) != 1 || groups[0].(map[string]any)["tokens_per_block"] != float64(pcBS) || groups[0].(map[string]any)["dtype"] != "torch.float16" {
