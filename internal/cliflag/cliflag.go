@@ -1,10 +1,12 @@
 // Package cliflag is the one flag, environment and config-file layer of
 // lmcache's subcommands. `lmcache server`, `lmcache coordinator` and
-// `lmcache bench` declare their settings as entries of a Set; Parse resolves every entry with one
-// precedence (flag > deprecated flag > environment > deprecated environment
-// > config file > default), validates the result, and reports any problem
-// as one *Error whose text is "--<flag>: <reason>", which the binary prints
-// after "lmcache <command>: " before exiting 2.
+// `lmcache bench` declare their settings as entries of a Set; Parse
+// resolves every entry with one precedence (flag > deprecated flag >
+// environment > deprecated environment > config file > default),
+// validates the result, and reports any problem as one *Error whose text
+// is "--<flag>: <reason>", which the binary prints after
+// "lmcache <command>: " before exiting 2. WriteHelp is the one --help
+// listing.
 //
 // Each entry remembers where its value came from (Source, Provenance), so
 // GET /config can say so.

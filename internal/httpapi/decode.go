@@ -27,9 +27,9 @@ const (
 )
 
 // Body read deadline: Options.BodyReadTimeout (default 30 s) per started
-// 16 MiB the route allows (a 1 GiB KV store gets 64 of them, 32 min), so a client
-// trickling a body cannot hold a connection (one of httplimit's capped
-// slots) for ever.
+// 16 MiB the route allows (a 1 GiB KV store gets 64 of them, 32 min), so
+// a client trickling a body cannot hold a connection (one of httplimit's
+// capped slots) for ever.
 const (
 	defaultBodyReadTimeout = 30 * time.Second
 	bodyReadUnit           = 16 << 20
