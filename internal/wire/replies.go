@@ -183,6 +183,11 @@ func (k *Key) NullChunks() ([][]bool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("null_chunk_mask: %w", err)
 	}
+	// Each element takes at least one byte: a count beyond the bytes left
+	// is refused before it sizes an allocation.
+	if uint64(ng) > uint64(len(b)) {
+		return nil, fmt.Errorf("null_chunk_mask: %d groups in %d bytes: %w", ng, len(b), msgp.ErrShortBytes)
+	}
 	out := make([][]bool, ng)
 	for g := range out {
 		if msgp.IsNil(b) {
@@ -193,6 +198,9 @@ func (k *Key) NullChunks() ([][]bool, error) {
 		n, b, err = msgp.ReadArrayHeaderBytes(b)
 		if err != nil {
 			return nil, fmt.Errorf("null_chunk_mask[%d]: %w", g, err)
+		}
+		if uint64(n) > uint64(len(b)) {
+			return nil, fmt.Errorf("null_chunk_mask[%d]: %d flags in %d bytes: %w", g, n, len(b), msgp.ErrShortBytes)
 		}
 		out[g] = make([]bool, n)
 		for i := range out[g] {

@@ -1,6 +1,17 @@
 package wire
 
-//go:generate go run github.com/tinylib/msgp -file types.go -o types_gen.go -io=false -tests=false
+//go:generate go run github.com/tinylib/msgp@v1.6.5 -file types.go -o types_gen.go -io=false -tests=false
+
+// Every slice a request decodes is sized from the count its array header
+// claims, so without a bound a 20-byte frame claiming 2^32 elements would
+// make the server allocate gigabytes before the short input is noticed.
+// msgp's limit refuses such a header (msgp.ErrLimitExceeded) before the
+// allocation: 2^20 elements is far above any real request (a 1M-token
+// prompt has 62,500 blocks of 16), and bounds one frame's allocation to a
+// few tens of MiB. TokenIDs decodes itself and checks its count against
+// the bytes left instead.
+//
+//msgp:limit arrays:1048576 maps:1048576
 
 import "github.com/tinylib/msgp/msgp"
 

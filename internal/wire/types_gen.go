@@ -6,6 +6,12 @@ import (
 	"github.com/tinylib/msgp/msgp"
 )
 
+// Size limits for msgp deserialization
+const (
+	z94b1f360limitArrays = 1048576
+	z94b1f360limitMaps   = 1048576
+)
+
 // MarshalMsg implements msgp.Marshaler
 func (z *BlockAllocationRecord) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
@@ -46,6 +52,10 @@ func (z *BlockAllocationRecord) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z94b1f360limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -67,6 +77,10 @@ func (z *BlockAllocationRecord) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "NewBlockIDs")
 				return
 			}
+			if zb0002 > z94b1f360limitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
 			if cap(z.NewBlockIDs) >= int(zb0002) {
 				z.NewBlockIDs = (z.NewBlockIDs)[:zb0002]
 			} else {
@@ -84,6 +98,10 @@ func (z *BlockAllocationRecord) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0003, bts, err = msgp.ReadArrayHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "NewTokenIDs")
+				return
+			}
+			if zb0003 > z94b1f360limitArrays {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.NewTokenIDs) >= int(zb0003) {
@@ -203,6 +221,10 @@ func (z *Key) UnmarshalMsg(bts []byte) (o []byte, err error) {
 	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z94b1f360limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -327,6 +349,10 @@ func (z *PrepareRetrieveResponse) UnmarshalMsg(bts []byte) (o []byte, err error)
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z94b1f360limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -342,11 +368,27 @@ func (z *PrepareRetrieveResponse) UnmarshalMsg(bts []byte) (o []byte, err error)
 				return
 			}
 		case "data":
-			z.Data, bts, err = msgp.ReadBytesBytes(bts, z.Data)
+			var zb0002 uint32
+			zb0002, bts, err = msgp.ReadBytesHeader(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Data")
 				return
 			}
+			if zb0002 > z94b1f360limitArrays {
+				err = msgp.ErrLimitExceeded
+				return
+			}
+			if z.Data == nil || uint32(cap(z.Data)) < zb0002 {
+				z.Data = make([]byte, zb0002)
+			} else {
+				z.Data = z.Data[:zb0002]
+			}
+			if uint32(len(bts)) < zb0002 {
+				err = msgp.ErrShortBytes
+				return
+			}
+			copy(z.Data, bts[:zb0002])
+			bts = bts[zb0002:]
 		case "context":
 			bts, err = z.Context.UnmarshalMsg(bts)
 			if err != nil {
@@ -393,6 +435,10 @@ func (z *PrepareStoreResponse) UnmarshalMsg(bts []byte) (o []byte, err error) {
 	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z94b1f360limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -517,6 +563,10 @@ func (z *RegisterPayload) UnmarshalMsg(bts []byte) (o []byte, err error) {
 	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z94b1f360limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -671,6 +721,10 @@ func (z *RegisterResponse) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z94b1f360limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -754,6 +808,10 @@ func (z *RetrieveContext) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z94b1f360limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -767,6 +825,10 @@ func (z *RetrieveContext) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0002, bts, err = msgp.ReadArrayHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Slots")
+				return
+			}
+			if zb0002 > z94b1f360limitArrays {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.Slots) >= int(zb0002) {
@@ -827,6 +889,10 @@ func (z *SessionEndInfo) UnmarshalMsg(bts []byte) (o []byte, err error) {
 	zb0001, bts, err = msgp.ReadMapHeaderBytes(bts)
 	if err != nil {
 		err = msgp.WrapError(err)
+		return
+	}
+	if zb0001 > z94b1f360limitMaps {
+		err = msgp.ErrLimitExceeded
 		return
 	}
 	for zb0001 > 0 {
@@ -911,6 +977,10 @@ func (z *Slot) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z94b1f360limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -936,6 +1006,10 @@ func (z *Slot) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0002, bts, err = msgp.ReadArrayHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Shape")
+				return
+			}
+			if zb0002 > z94b1f360limitArrays {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.Shape) >= int(zb0002) {
@@ -1015,6 +1089,10 @@ func (z *StoreContext) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.WrapError(err)
 		return
 	}
+	if zb0001 > z94b1f360limitMaps {
+		err = msgp.ErrLimitExceeded
+		return
+	}
 	for zb0001 > 0 {
 		zb0001--
 		field, bts, err = msgp.ReadMapKeyZC(bts)
@@ -1028,6 +1106,10 @@ func (z *StoreContext) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0002, bts, err = msgp.ReadArrayHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "Slots")
+				return
+			}
+			if zb0002 > z94b1f360limitArrays {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.Slots) >= int(zb0002) {
@@ -1047,6 +1129,10 @@ func (z *StoreContext) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			zb0003, bts, err = msgp.ReadArrayHeaderBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "ChunkIndices")
+				return
+			}
+			if zb0003 > z94b1f360limitArrays {
+				err = msgp.ErrLimitExceeded
 				return
 			}
 			if cap(z.ChunkIndices) >= int(zb0003) {
@@ -1108,11 +1194,27 @@ func (z *TransferReply) UnmarshalMsg(bts []byte) (o []byte, err error) {
 		err = msgp.ArrayError{Wanted: 2, Got: zb0001}
 		return
 	}
-	z.Handle, bts, err = msgp.ReadBytesBytes(bts, z.Handle)
+	var zb0002 uint32
+	zb0002, bts, err = msgp.ReadBytesHeader(bts)
 	if err != nil {
 		err = msgp.WrapError(err, "Handle")
 		return
 	}
+	if zb0002 > z94b1f360limitArrays {
+		err = msgp.ErrLimitExceeded
+		return
+	}
+	if z.Handle == nil || uint32(cap(z.Handle)) < zb0002 {
+		z.Handle = make([]byte, zb0002)
+	} else {
+		z.Handle = z.Handle[:zb0002]
+	}
+	if uint32(len(bts)) < zb0002 {
+		err = msgp.ErrShortBytes
+		return
+	}
+	copy(z.Handle, bts[:zb0002])
+	bts = bts[zb0002:]
 	z.OK, bts, err = msgp.ReadBoolBytes(bts)
 	if err != nil {
 		err = msgp.WrapError(err, "OK")
