@@ -298,10 +298,19 @@ func (s *Set) applyEnv(e *Entry, lookupEnv func(string) (string, bool)) error {
 	return nil
 }
 
+// Rule is a Validate error that states a rule and never the value, so
+// Parse shows it even for a Secret entry, whose other errors read "invalid
+// value" (a parse or range error might quote the secret).
+type Rule string
+
+// Error is the rule's text.
+func (r Rule) Error() string { return string(r) }
+
 // reason is err's text, or a fixed text for a secret entry (whose value a
-// parse error might quote).
+// parse error might quote) unless err is a Rule itself: a wrapped one is
+// not shown, since the wrapping text could quote the value.
 func (s *Set) reason(e *Entry, err error) string {
-	if e.Secret {
+	if _, rule := err.(Rule); e.Secret && !rule {
 		return "invalid value"
 	}
 	return firstLine(err.Error())

@@ -2,6 +2,7 @@ package cliflag
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -405,5 +406,28 @@ Environment only:
 `
 	if got := b.String(); got != want {
 		t.Fatalf("help:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestSecretRuleShown: a secret entry's Validate error reads "invalid
+// value" (it might quote the secret) unless it is a Rule itself, which
+// states the rule without the value and is shown as it is; a wrapped Rule
+// is not, since its wrapping text may quote the value.
+func TestSecretRuleShown(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("%q is too short", "tok-s3cret"), "--token: invalid value"},
+		{Rule("needs --other"), "--token: needs --other"},
+		{fmt.Errorf("%s: %w", "tok-s3cret", Rule("needs --other")), "--token: invalid value"},
+	} {
+		var tok string
+		s := New("demo")
+		s.Add(&Entry{Name: "token", Value: String(&tok), Default: `""`, Secret: true}).Validate = func() error { return tc.err }
+		err := s.Parse([]string{"--token", "tok-s3cret"}, func(string) (string, bool) { return "", false })
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("Validate %v: Parse = %v, want %s", tc.err, err, tc.want)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -239,7 +240,8 @@ func fieldsTable() []field {
 		{flag: "inflight-ttl", env: "INFLIGHT_TTL", kind: "float", usage: "seconds dispatched eviction victims are not re-sent while their delete events are awaited", f: func(c *Config) *float64 { return &c.InflightTTL },
 			check: func(c Config) string { return ge0(c.InflightTTL) }},
 		{flag: "auth-token", env: "AUTH_TOKEN", kind: "secret", usage: "bearer token required on every mutating route (POST /quota/events included) and the prefetch relay (empty: no authentication, as upstream)", s: func(c *Config) *string { return &c.AuthToken }},
-		{flag: "mp-auth-token", env: "MP_AUTH_TOKEN", kind: "secret", usage: "bearer token sent to the MP servers (their --http-auth-token) on eviction, resync and prefetch calls", s: func(c *Config) *string { return &c.MPAuthToken }},
+		{flag: "mp-auth-token", env: "MP_AUTH_TOKEN", kind: "secret", usage: "bearer token sent to the MP servers (their --http-auth-token) on eviction, resync and prefetch calls; needs --auth-token unless --host is loopback", s: func(c *Config) *string { return &c.MPAuthToken },
+			validate: checkMPTokenGuarded},
 		{flag: "log-level", env: "LOG_LEVEL", kind: "string", usage: "log level: debug, info, warn or error", s: func(c *Config) *string { return &c.LogLevel },
 			check: func(c Config) string {
 				switch strings.ToLower(c.LogLevel) {
@@ -386,6 +388,28 @@ func LoadSources(args []string, getenv func(string) (string, bool), out io.Write
 func printHelp(out io.Writer, set *cliflag.Set) {
 	fmt.Fprintf(out, "Usage: lmcache coordinator [flags]\n\nRuns the LMCache MP fleet coordinator. Flags override LMCACHE_MP_COORDINATOR_* env vars, which override the config file.\n\n")
 	set.WriteHelp(out)
+}
+
+// checkMPTokenGuarded refuses --mp-auth-token on a coordinator others can
+// reach without --auth-token: POST /instances would then be open, and a
+// registered instance's address is where eviction, resync and prefetch
+// calls send the MP token, so anyone could register a host of theirs and
+// collect it.
+func checkMPTokenGuarded(c Config) error {
+	if c.MPAuthToken == "" || c.AuthToken != "" || loopbackHost(c.Host) {
+		return nil
+	}
+	return cliflag.Rule("needs --auth-token unless --host is a loopback address: without it anyone who reaches the coordinator can register an instance at an address of theirs and be sent this token")
+}
+
+// loopbackHost reports whether host (a --host value) binds loopback only:
+// "localhost" or a loopback IP literal.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
 }
 
 func valueString(cfg Config, fd field) string {

@@ -340,3 +340,40 @@ func TestLogFormat(t *testing.T) {
 		t.Errorf("help lacks --log-format with its variable and default:\n%s", help.String())
 	}
 }
+
+// TestMPTokenNeedsAuthToken: --mp-auth-token on a coordinator that others
+// can reach needs --auth-token (else an open POST /instances lets anyone
+// register an address and be sent the MP token); a loopback --host, or
+// both tokens, is accepted. The error never quotes the token.
+func TestMPTokenNeedsAuthToken(t *testing.T) {
+	const rule = "needs --auth-token unless --host is a loopback address: without it anyone who reaches the coordinator can register an instance at an address of theirs and be sent this token"
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		ok   bool
+	}{
+		{[]string{"--mp-auth-token", "mp-secret-1"}, nil, false}, // default --host 0.0.0.0
+		{[]string{"--mp-auth-token", "mp-secret-1", "--host", "10.0.0.5"}, nil, false},
+		{[]string{"--mp-auth-token", "mp-secret-1", "--host", "::"}, nil, false},
+		{nil, map[string]string{EnvPrefix + "MP_AUTH_TOKEN": "mp-secret-1"}, false},
+		{[]string{"--mp-auth-token", "mp-secret-1", "--host", "127.0.0.1"}, nil, true},
+		{[]string{"--mp-auth-token", "mp-secret-1", "--host", "::1"}, nil, true},
+		{[]string{"--mp-auth-token", "mp-secret-1", "--host", "localhost"}, nil, true},
+		{[]string{"--mp-auth-token", "mp-secret-1", "--auth-token", "coord-secret-2"}, nil, true},
+		{nil, nil, true},
+	} {
+		_, err := Load(tc.args, env(tc.env), &bytes.Buffer{})
+		want := "--mp-auth-token: " + rule
+		if tc.env != nil {
+			want = "--mp-auth-token: " + EnvPrefix + "MP_AUTH_TOKEN: " + rule
+		}
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%v %v: %v", tc.args, tc.env, err)
+		case !tc.ok && (err == nil || err.Error() != want || !errors.Is(err, ErrInvalid)):
+			t.Errorf("%v %v:\n got %v\nwant %s", tc.args, tc.env, err, want)
+		case err != nil && strings.Contains(err.Error(), "mp-secret-1"):
+			t.Errorf("%v: the error quotes the token: %v", tc.args, err)
+		}
+	}
+}
