@@ -10,6 +10,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/mpclient"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
 
@@ -129,8 +130,10 @@ func (s *Server) handlePrefetchStatus(w http.ResponseWriter, r *http.Request) er
 	if err != nil {
 		return withMsg(ErrUpstream, "prefetch status from '%s' failed: %s", id, s.scrub(err))
 	}
-	// Relay the server's status and body verbatim; a non-JSON body is
-	// wrapped the way upstream does.
+	// Relay the server's status and body verbatim (but for the configured
+	// tokens, should a server ever echo one); a non-JSON body is wrapped
+	// the way upstream does.
+	body = []byte(redact.Secrets(string(body), s.cfg.AuthToken, s.cfg.MPAuthToken))
 	if !json.Valid(body) {
 		writeJSON(w, code, map[string]string{"detail": string(body)})
 		return nil

@@ -17,6 +17,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
 	"github.com/lmcache-go/lmcache/internal/logtest"
+	"github.com/lmcache-go/lmcache/internal/redact"
 )
 
 const (
@@ -286,6 +287,15 @@ func TestEchoedTokenIsScrubbed(t *testing.T) {
 	}
 	if !c.logs.Has("prefetch submit failed") || strings.Contains(c.logs.String(), mpToken) {
 		t.Fatalf("log:\n%s", c.logs.String())
+	}
+	// The status poll relays the server's body verbatim, JSON or not, but
+	// for the token.
+	for _, body := range []string{`{"status":"pending","note":"Bearer ` + mpToken + `"}`, `bad header Bearer ` + mpToken} {
+		mp.statusCode, mp.statusBody = 200, body
+		code, raw = c.do("GET", "/cache/prefetches/mp-1/abc", nil)
+		if want := strings.ReplaceAll(body, mpToken, redact.Marker); code != 200 || strings.Contains(string(raw), mpToken) || !strings.Contains(string(raw), strings.Trim(want, "{}")) {
+			t.Fatalf("relayed status %q: %d %s", body, code, raw)
+		}
 	}
 }
 
