@@ -93,6 +93,11 @@ func (s *Server) routeTable() []route {
 			rts[i].Auth = httproute.Bearer
 			rts[i].Statuses[401] = "Bearer token missing or wrong (only with --auth-token)"
 		}
+		// Every route that reads a JSON body bounds the time the client
+		// has to send it (readInto); pprof's symbol lookup reads its own.
+		if rts[i].Request != nil && rts[i].RequestType == "" {
+			rts[i].Statuses[408] = "Request body not received within the read deadline"
+		}
 	}
 	if s.kafka != nil {
 		// Kafka is the event source: POST /events is not mounted (404, as

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/lmcache-go/lmcache/internal/httproute"
 )
@@ -45,8 +46,17 @@ func readPooledBody(w http.ResponseWriter, r *http.Request, limit int64) (*bytes
 	return buf, nil
 }
 
+// Body read deadline, as the MP server's: bodyReadTimeout per started
+// bodyReadUnit the route allows (the 64 MiB event routes get 2 min), so a
+// client trickling a body cannot hold one of httplimit's capped
+// connections for ever.
+const (
+	bodyReadTimeout = 30 * time.Second
+	bodyReadUnit    = 16 << 20
+)
+
 func readInto(buf *bytes.Buffer, w http.ResponseWriter, r *http.Request, limit int64) error {
-	return httproute.ReadBody(buf, w, r, limit, 0)
+	return httproute.ReadBody(buf, w, r, limit, httproute.ScaledDeadline(bodyReadTimeout, bodyReadUnit, limit))
 }
 
 // jsonContentType reports whether FastAPI would parse the body as JSON: an
