@@ -76,6 +76,10 @@ type Server struct {
 	ha      *haState // active/standby on etcd (ha.go); nil without --ha-etcd-endpoints
 
 	drainTimeout time.Duration
+	// beforeClose, when set (tests only), runs just before Run closes the
+	// MP client and the HA session, so a test can see that no handler is
+	// running by then.
+	beforeClose func()
 	// stateCorrupt records that the state file could not be parsed at
 	// startup and was moved aside (reported by /healthz and a gauge).
 	stateCorrupt bool
@@ -232,12 +236,12 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	case err = <-serveErr:
 	}
 	// Stop accepting and let in-flight requests finish first; the loops
-	// (and the dispatches they own) stop after.
-	shutCtx, shutCancel := context.WithTimeout(context.Background(), s.drainTimeout)
-	defer shutCancel()
-	if shutErr := srv.Shutdown(shutCtx); shutErr != nil {
-		s.log.Warn("drain deadline passed; closing remaining connections", "drain_timeout", s.drainTimeout)
-		_ = srv.Close()
+	// (and the dispatches they own) stop after. Stop returns only once
+	// every handler has returned, also past the drain deadline, so that
+	// nothing closed below (the MP client, the etcd session) is still in
+	// use by one, e.g. by an intent write of up to intentWriteTimeout.
+	if stopErr := srv.Stop(s.drainTimeout); stopErr != nil {
+		s.log.Warn("drain deadline passed; closed remaining connections", "drain_timeout", s.drainTimeout, "err", stopErr)
 	}
 	cancel()
 	if err == nil {
@@ -248,6 +252,9 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	// Ingest has stopped (HTTP drained, the Kafka worker committed and
 	// left its group): what the checkpoint captures now is final.
 	s.finalCheckpoint()
+	if s.beforeClose != nil {
+		s.beforeClose()
+	}
 	s.mp.Close()
 	s.closeHA()
 	s.log.Info("MP coordinator stopped")

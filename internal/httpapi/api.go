@@ -319,7 +319,9 @@ func (s *Server) engine() (Engine, error) {
 }
 
 // Serve serves on ln until ctx is cancelled, then shuts down gracefully
-// (in-flight requests get up to 5 s). It returns nil after a clean shutdown.
+// (in-flight requests get up to 5 s, then their connections are closed).
+// It returns only after every handler has returned, so the caller may
+// then close the engine. It returns nil after a clean shutdown.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := httplimit.NewServer(s.handler, s.opts.Limits, slog.NewLogLogger(s.log.Handler(), slog.LevelWarn))
 	ln = httplimit.Listener(ln, s.opts.Limits)
@@ -327,17 +329,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
+		// Serve failed on its own: its connections may still run
+		// handlers, which must end before the caller closes the engine.
+		_ = srv.Stop(5 * time.Second)
 		return err
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	err := srv.Shutdown(sctx)
+	err := srv.Stop(5 * time.Second)
 	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
 		return serr
 	}
 	if err != nil {
-		_ = srv.Close()
 		return fmt.Errorf("httpapi: shutdown: %w", err)
 	}
 	return nil
