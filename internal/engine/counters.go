@@ -96,7 +96,7 @@ type adapterStats struct {
 	storeSubmitted, storeCompleted, storeFailed, storeRetried, storeAbandoned atomic.Int64
 	storeObjects, storeBytes                                                  atomic.Int64
 	loadCompleted, loadObjects, loadBytes, loadFailed                         atomic.Int64
-	evicted, evictionTicks                                                    atomic.Int64
+	evicted, evictionTicks, evictionDeleteFailed                              atomic.Int64
 	inflightStores, inflightLoads, pendingStores                              atomic.Int64
 }
 

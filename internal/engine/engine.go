@@ -668,7 +668,7 @@ func (e *Engine) Counters() Counters {
 			StoreObjects: s.storeObjects.Load(), StoreBytes: s.storeBytes.Load(),
 			LoadCompleted: s.loadCompleted.Load(), LoadObjects: s.loadObjects.Load(), LoadBytes: s.loadBytes.Load(),
 			LoadFailed: s.loadFailed.Load(), EvictedObjects: s.evicted.Load(), EvictionTicks: s.evictionTicks.Load(),
-			InflightStores: s.inflightStores.Load(), InflightLoads: s.inflightLoads.Load(),
+			EvictionDeleteFailed: s.evictionDeleteFailed.Load(), InflightStores: s.inflightStores.Load(), InflightLoads: s.inflightLoads.Load(),
 			PendingStores: s.pendingStores.Load(), UsageBytes: a.Usage().TotalBytesUsed,
 			BreakerState: int64(l2.BreakerStateOf(a)),
 		})

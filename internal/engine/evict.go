@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -37,16 +38,27 @@ func (e *Engine) startEvictionLoops(ctx context.Context, wg *sync.WaitGroup) {
 	}
 	// Medium: one cycle may wait up to l2DeleteTimeout on a slow adapter,
 	// which is not a stalled loop.
-	l2 := e.cfg.Loops.Register(LoopL2Eviction, periodic.Medium, d, d, func(ctx context.Context) (periodic.Summary, error) {
-		n := 0
-		for i := range e.adapters {
-			if e.l2pol[i] != nil {
-				n += e.l2EvictOnce(ctx, i)
+	l2 := e.cfg.Loops.Register(LoopL2Eviction, periodic.Medium, d, d, e.l2EvictCycle)
+	wg.Go(func() { l2.Run(ctx) })
+}
+
+// l2EvictCycle is one cycle of the L2 eviction loop over every adapter with
+// an eviction policy. A failed Delete on any adapter fails the cycle (after
+// the other adapters had their turn), so the loop's failed_runs shows it
+// as well as the per-adapter counter.
+func (e *Engine) l2EvictCycle(ctx context.Context) (periodic.Summary, error) {
+	n := 0
+	var errs []error
+	for i := range e.adapters {
+		if e.l2pol[i] != nil {
+			k, err := e.l2EvictOnce(ctx, i)
+			n += k
+			if err != nil {
+				errs = append(errs, err)
 			}
 		}
-		return periodic.Summary{Message: fmt.Sprintf("evicted=%d", n)}, nil
-	})
-	wg.Go(func() { l2.Run(ctx) })
+	}
+	return periodic.Summary{Message: fmt.Sprintf("evicted=%d", n)}, errors.Join(errs...)
 }
 
 // l1EvictOnce is one cycle of the L1 eviction controller:
@@ -107,8 +119,10 @@ func (e *Engine) l1EvictOnce() int {
 // adapter's usage fraction reaches the watermark; an unbounded adapter
 // (fraction -1) is never evicted that way. Victims go to one Delete call;
 // the adapter skips keys it has locked and fires OnDeleted for the rest,
-// which removes them from the policy.
-func (e *Engine) l2EvictOnce(ctx context.Context, i int) int {
+// which removes them from the policy. A Delete error is counted in the
+// adapter's EvictionDeleteFailed and returned (wrapped); the keys the
+// adapter did delete before failing are still accounted for.
+func (e *Engine) l2EvictOnce(ctx context.Context, i int) (int, error) {
 	a, pol, ev := e.adapters[i], e.l2pol[i], e.cfg.L2[i].Eviction
 	e.st.adapters[i].evictionTicks.Add(1)
 	u := a.Usage()
@@ -136,13 +150,18 @@ func (e *Engine) l2EvictOnce(ctx context.Context, i int) int {
 		victims = p.Victims(ev.EvictionRatio, nil)
 	})
 	if len(victims) == 0 {
-		return 0
+		return 0, nil
 	}
 	dctx, cancel := context.WithTimeout(ctx, l2DeleteTimeout)
 	defer cancel()
 	deleted, err := a.Delete(dctx, victims)
 	if err != nil {
-		e.log.Warn("L2 eviction delete failed", "adapter", i, "keys", len(victims), "err", err)
+		// The victims stay on the tier and in the policy, so the next
+		// cycle retries them; one log per failed cycle is bounded by
+		// the eviction interval.
+		e.st.adapters[i].evictionDeleteFailed.Add(1)
+		e.log.Warn("L2 eviction delete failed (counted in lmcache_mp_l2_eviction_delete_failures_total)", "adapter", i, "keys", len(victims), "err", err)
+		err = fmt.Errorf("L2 adapter %d (%s): eviction delete of %d keys: %w", i, a.TypeName(), len(victims), err)
 	}
 	// Remove again in case the adapter does not notify listeners of its own
 	// deletions; Remove is idempotent.
@@ -151,5 +170,5 @@ func (e *Engine) l2EvictOnce(ctx context.Context, i int) int {
 	for _, k := range deleted {
 		e.st.l2EvictedObj.add(k.CacheSalt, 1)
 	}
-	return len(deleted)
+	return len(deleted), err
 }

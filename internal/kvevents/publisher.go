@@ -58,6 +58,29 @@ var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 // it looks at the queue again.
 const replayWait = 10 * time.Millisecond
 
+// publisherWarnEvery bounds each kind of publisher warning (a failed
+// send, a bad replay request) to one per interval; every occurrence is
+// still counted through the dropped hook.
+const publisherWarnEvery = 10 * time.Second
+
+// Reasons the publisher reports through the dropped hook (Config.Dropped,
+// lmcache_mp_kv_events_dropped_total{reason}).
+const (
+	// DropPublishFailed: the PUB socket refused a batch (a closed socket
+	// or context; PUB itself drops silently at its HWM). n is the batch's
+	// events: live subscribers never get them, the replay buffer keeps
+	// them.
+	DropPublishFailed = "publish_failed"
+	// DropReplayInvalid: a replay request that is not [identity, empty,
+	// 8-byte start sequence]; n is 1 per request, answered with nothing.
+	DropReplayInvalid = "replay_invalid_request"
+	// DropReplayAborted: a replay cut short because a send on the replay
+	// socket failed (the client is gone or not reading); n is 1 per
+	// replay. The client gets neither the remaining batches nor the end
+	// marker.
+	DropReplayAborted = "replay_aborted"
+)
+
 type sent struct {
 	seq     uint64
 	payload []byte
@@ -87,6 +110,13 @@ type Publisher struct {
 	endpoint, replayEndpoint string
 	// mode is "bind" or "connect" (vLLM's rule, see PublisherConfig).
 	mode string
+
+	// dropped counts lost work by reason (the Recorder's hook; never nil
+	// once New or NewPublisher returned). Set before Run starts.
+	dropped func(reason string, n int)
+	// lastWarn rate-limits warnings per kind; owned by the publishing
+	// goroutine.
+	lastWarn map[string]time.Time
 }
 
 // NewPublisher opens the sockets and registers the publishing loop in
@@ -102,7 +132,8 @@ func NewPublisher(cfg PublisherConfig, loops *periodic.Registry, logger *slog.Lo
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	p := &Publisher{cfg: cfg, log: logger, queue: make(chan []Record, cfg.MaxQueueSize), topic: []byte(cfg.Topic)}
+	p := &Publisher{cfg: cfg, log: logger, queue: make(chan []Record, cfg.MaxQueueSize), topic: []byte(cfg.Topic),
+		dropped: func(string, int) {}, lastWarn: map[string]time.Time{}}
 	if err := p.open(); err != nil {
 		p.close()
 		return nil, err
@@ -147,6 +178,12 @@ func (p *Publisher) open() error {
 		}
 		if err := p.replay.SetLinger(0); err != nil {
 			return fmt.Errorf("kvevents: replay linger: %w", err)
+		}
+		// Mandatory routing: a replay to a vanished client, or one whose
+		// queue is full, fails (and is counted as aborted) instead of
+		// losing batches silently in the middle of the stream.
+		if err := p.replay.SetRouterMandatory(1); err != nil {
+			return fmt.Errorf("kvevents: replay mandatory routing: %w", err)
 		}
 		// A replay answers with up to BufferSteps messages at once; the
 		// default HWM (1000) would cut a long one short.
@@ -251,7 +288,8 @@ func (p *Publisher) send(events []Record) {
 	if _, err := p.pub.SendMessage(p.topic, seqb[:], payload); err != nil {
 		// PUB never blocks (it drops at its HWM); an error here is a
 		// closed socket or context.
-		p.log.Warn("KV events publish failed", "seq", p.seq, "err", err)
+		p.dropped(DropPublishFailed, len(events))
+		p.warnEvery(DropPublishFailed, "KV events publish failed; batch lost to live subscribers, kept for replay (logged at most every 10 s; counted in lmcache_mp_kv_events_dropped_total{reason=\"publish_failed\"})", "seq", p.seq, "events", len(events), "err", err)
 	}
 	if len(p.buf) < p.cfg.BufferSteps {
 		p.buf = append(p.buf, sent{p.seq, payload})
@@ -272,7 +310,8 @@ func (p *Publisher) serveReplay() {
 			return
 		}
 		if len(msg) != 3 || len(msg[2]) != 8 {
-			p.log.Warn("invalid KV events replay request: want [identity, empty, 8-byte start sequence]", "frames", len(msg))
+			p.dropped(DropReplayInvalid, 1)
+			p.warnEvery(DropReplayInvalid, "invalid KV events replay request: want [identity, empty, 8-byte start sequence]; ignored (logged at most every 10 s; counted in lmcache_mp_kv_events_dropped_total{reason=\"replay_invalid_request\"})", "frames", len(msg))
 			continue
 		}
 		start := binary.BigEndian.Uint64(msg[2])
@@ -285,12 +324,30 @@ func (p *Publisher) serveReplay() {
 			var seqb [8]byte
 			binary.BigEndian.PutUint64(seqb[:], s.seq)
 			if _, err := p.replay.SendMessageDontwait(msg[0], []byte{}, seqb[:], s.payload); err != nil {
-				p.log.Warn("KV events replay send failed", "err", err)
+				p.replayAborted("batch", s.seq, err)
 				return
 			}
 		}
 		if _, err := p.replay.SendMessageDontwait(msg[0], []byte{}, endSeq, []byte{}); err != nil {
-			p.log.Warn("KV events replay end marker failed", "err", err)
+			p.replayAborted("end marker", 0, err)
 		}
 	}
+}
+
+// replayAborted counts a replay cut short by a failed send of what (a
+// batch with its sequence, or the end marker).
+func (p *Publisher) replayAborted(what string, seq uint64, err error) {
+	p.dropped(DropReplayAborted, 1)
+	p.warnEvery(DropReplayAborted, "KV events replay aborted: send failed (logged at most every 10 s; counted in lmcache_mp_kv_events_dropped_total{reason=\"replay_aborted\"})", "sending", what, "seq", seq, "err", err)
+}
+
+// warnEvery logs msg at most once per publisherWarnEvery per key. Only the
+// publishing goroutine calls it, so lastWarn needs no lock.
+func (p *Publisher) warnEvery(key, msg string, args ...any) {
+	now := time.Now()
+	if last, seen := p.lastWarn[key]; seen && now.Sub(last) < publisherWarnEvery {
+		return
+	}
+	p.lastWarn[key] = now
+	p.log.Warn(msg, args...)
 }

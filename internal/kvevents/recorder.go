@@ -64,10 +64,16 @@ type Recorder struct {
 
 // NewRecorder builds a recorder feeding log and pub (either may be nil).
 // blockSize is the chunk size in tokens; dropped counts dropped events by
-// reason (nil: not counted).
+// reason (nil: not counted), the publisher's included, so pub must not be
+// running yet.
 func NewRecorder(log *Log, pub *Publisher, blockSize int, dropped func(reason string, n int)) *Recorder {
 	if dropped == nil {
 		dropped = func(string, int) {}
+	} else if pub != nil {
+		// The publisher's own losses (failed sends, bad or aborted
+		// replays) go to the same counter. pub's Run has not started:
+		// the Recorder's Run starts it.
+		pub.dropped = dropped
 	}
 	return &Recorder{log: log, pub: pub, blockSize: blockSize, dropped: dropped, binds: map[string]binding{}}
 }
@@ -280,6 +286,7 @@ func New(cfg Config) (*Recorder, error) {
 		if pub, err = NewPublisher(cfg.Publisher, cfg.Loops, cfg.Logger); err != nil {
 			return nil, err
 		}
+
 	}
 	return NewRecorder(lg, pub, cfg.BlockSize, cfg.Dropped), nil
 }

@@ -62,7 +62,8 @@ type Metrics struct {
 	// "Data path"). Refused is labelled {reason}: control_queue_full,
 	// transfer_queue_full, wrong_wire_profile; DroppedReplies {reason}:
 	// peer_gone, peer_not_reading, send_failed, handoff_failed; Malformed
-	// {kind}: frames, op_frame, unknown_op, payload_count, payload.
+	// {kind}: frames, op_frame, unknown_op, payload_count, payload,
+	// receive_failed (the ROUTER socket's receive failed: a message lost).
 	ZMQRefused             *prometheus.CounterVec
 	ZMQDroppedReplies      *prometheus.CounterVec
 	ZMQMalformed           *prometheus.CounterVec
@@ -92,7 +93,8 @@ type Metrics struct {
 
 	// KV events for KV-aware routers (internal/kvevents): events dropped,
 	// labelled {reason}: unbound_store, salted, publisher_queue_full,
-	// log_overflow.
+	// log_overflow, publish_failed (in events), replay_invalid_request and
+	// replay_aborted (one per request or replay).
 	KVEventsDropped *prometheus.CounterVec
 
 	// TraceSpansDropped counts spans the OTLP exporter lost, by {reason}.
@@ -144,10 +146,10 @@ func New(instanceID string, src Source) *Metrics {
 	m.CoordRegistrations = c(Namespace+"_coordinator_registrations_total", "Successful (re-)registrations with the coordinator.")
 	m.ZMQRefused = cv(Namespace+"_zmq_refused_requests_total", "ZMQ requests refused without being executed (answered with their negative reply, or not at all for a refused peer).", "reason")
 	m.ZMQDroppedReplies = cv(Namespace+"_zmq_dropped_replies_total", "ZMQ replies that never reached their client.", "reason")
-	m.ZMQMalformed = cv(Namespace+"_zmq_malformed_messages_total", "ZMQ messages that could not be parsed as a request.", "kind")
+	m.ZMQMalformed = cv(Namespace+"_zmq_malformed_messages_total", "ZMQ messages that could not be parsed as a request, or were lost to a failed ROUTER receive (kind receive_failed).", "kind")
 	m.ZMQBusyPollSeconds = c(Namespace+"_zmq_busy_poll_seconds_total", "Time the ZMQ socket goroutine spent polling without blocking after a message (--zmq-busy-poll-us), CPU spent to answer the next request without a wake-up.")
 	m.ZMQReapedWorkers = c(Namespace+"_zmq_reaped_workers_total", "Worker registrations dropped by the reaper after going silent.")
-	m.ZMQAbandonedTransfers = c(Namespace+"_zmq_abandoned_transfers_total", "PREPARE_STORE/PREPARE_RETRIEVE whose COMMIT never came, dropped (staged writes aborted, read locks released).")
+	m.ZMQAbandonedTransfers = c(Namespace+"_zmq_abandoned_transfers_total", "PREPARE_STORE/PREPARE_RETRIEVE whose COMMIT never came, dropped (staged writes aborted, read locks released): by the reaper, or still open when the data path stopped.")
 	m.ZMQProfileRefusedPeers = c(Namespace+"_zmq_wire_profile_refused_peers_total", "Client connections refused because their first request fingerprints a wire profile other than the forced --wire-profile.")
 
 	m.TransferBytes = cv(Namespace+"_transfer_bytes_total", "KV cache bytes moved between workers and L1, by direction (store, retrieve) and path (engine_driven: the worker copies; lmcache_driven_cpu, lmcache_driven_cuda: the server copies).", "direction", "path")
@@ -155,7 +157,7 @@ func New(instanceID string, src Source) *Metrics {
 	m.TransferCommitWaits = cv(Namespace+"_transfer_commit_waits_total", "LOOKUPs and RETRIEVEs that waited for the commit of an answered lmcache-driven CUDA STORE of their chunks, by op (lookup, retrieve) and outcome (committed; deadline: went on without them; shutdown; not_waited: a LOOKUP answered on the socket goroutine, which never blocks, because the store began after it was handed there).", "op", "outcome")
 	m.TransferCopySeconds = cv(Namespace+"_transfer_copy_seconds_total", "Time the server spent copying KV cache on the lmcache-driven path (CUDA: from submission to completion), by direction and path.", "direction", "path")
 
-	m.KVEventsDropped = cv(Namespace+"_kv_events_dropped_total", "KV events for KV-aware routers that were not published or not kept: stored chunks without known tokens (unbound_store), salted chunks (salted), events the publisher queue had no room for (publisher_queue_full), the oldest POLL_KV_EVENTS records the full log discarded to make room (log_overflow; a poller that had not read them is told lost).", "reason")
+	m.KVEventsDropped = cv(Namespace+"_kv_events_dropped_total", "KV events for KV-aware routers that were not published or not kept: stored chunks without known tokens (unbound_store), salted chunks (salted), events the publisher queue had no room for (publisher_queue_full), the oldest POLL_KV_EVENTS records the full log discarded to make room (log_overflow; a poller that had not read them is told lost), events of batches the PUB socket refused (publish_failed; still kept for replay); and, counted once each rather than in events, replay requests ignored as malformed (replay_invalid_request) and replays cut short by a failed send (replay_aborted).", "reason")
 
 	m.engine = &engineCollector{src: src}
 	m.reg.MustRegister(m.engine)
@@ -300,6 +302,8 @@ var (
 	dStoreSub     = desc{"l2_store_submitted_requests_total", "L2 store tasks submitted.", []string{"l2_name"}}
 	dStoreDone    = desc{"l2_store_completed_requests_total", "L2 store tasks completed.", []string{"l2_name"}}
 	dLoadDone     = desc{"l2_load_completed_requests_total", "L2 load tasks completed.", []string{"l2_name"}}
+	// A Go addition: upstream only logs a failed eviction delete.
+	dEvictDelFail = desc{"l2_eviction_delete_failures_total", "L2 eviction cycles whose Delete call on the adapter failed (the victims stay on the tier and are retried next cycle).", []string{"l2_name"}}
 	dL2Usage      = desc{"l2_usage_bytes", "L2 bytes in use.", []string{"l2_name"}}
 	dInflightSt   = desc{"num_inflight_l2_stores", "L2 store tasks in flight.", []string{"l2_name", "adapter_index"}}
 	dInflightLd   = desc{"num_inflight_l2_loads", "L2 load tasks in flight.", []string{"l2_name", "adapter_index"}}
@@ -385,6 +389,7 @@ func (e *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(dStoreSub, a.StoreSubmitted, ob.StoreSubmitted, name)
 		counter(dStoreDone, a.StoreCompleted, ob.StoreCompleted, name)
 		counter(dLoadDone, a.LoadCompleted, ob.LoadCompleted, name)
+		counter(dEvictDelFail, a.EvictionDeleteFailed, ob.EvictionDeleteFailed, name)
 		gauge(dL2Usage, float64(a.UsageBytes), name)
 		gauge(dInflightSt, float64(a.InflightStores), name, idx)
 		gauge(dInflightLd, float64(a.InflightLoads), name, idx)

@@ -25,6 +25,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -84,6 +85,60 @@ type Server struct {
 	peers map[string]*peer
 	// handlerCtx is cancelled when Run starts shutting down.
 	handlerCtx context.Context
+	// watch makes the socket goroutine's progress visible as a periodic
+	// loop (socketLoopName).
+	watch socketWatch
+}
+
+// socketLoopName is the periodic-registry name of the socket goroutine's
+// watch.
+const socketLoopName = "mq-socket-loop"
+
+// socketWatchEvery is the watch's interval: the socket goroutine iterates
+// at least every pollInterval when idle, so a cycle that sees no iteration
+// for this long (and the loop inactive after three of them) means it is
+// wedged in a handler or in libzmq.
+const socketWatchEvery = time.Second
+
+// socketWatch reports the router loop to the periodic registry. The loop
+// itself cannot be a periodic.Loop without a registry call per iteration
+// (a mutex, two clock reads and an allocation on the request path), so it
+// only stores its iteration count; the watch is a worker loop whose cycle
+// waits until that count moves. A wedged socket goroutine leaves the cycle
+// waiting, the loop's last run ages, and /periodic-threads-health lists it
+// (level high) after three intervals.
+type socketWatch struct {
+	beats atomic.Uint64 // router loop iterations so far
+	every time.Duration // 0: socketWatchEvery
+}
+
+// register adds the watch to reg as socketLoopName.
+func (w *socketWatch) register(reg *periodic.Registry) *periodic.Loop {
+	every := w.every
+	if every <= 0 {
+		every = socketWatchEvery
+	}
+	return reg.RegisterWorker(socketLoopName, periodic.High, every, func(ctx context.Context) (periodic.Summary, error) {
+		return w.cycle(ctx, every)
+	})
+}
+
+// cycle returns at the first check, every interval, that finds the router
+// loop has iterated since the cycle began; it waits as long as it has not.
+func (w *socketWatch) cycle(ctx context.Context, every time.Duration) (periodic.Summary, error) {
+	base := w.beats.Load()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return periodic.Summary{Message: "stopping"}, nil
+		case <-t.C:
+			if n := w.beats.Load(); n != base {
+				return periodic.Summary{Message: fmt.Sprintf("iterations=%d", n)}, nil
+			}
+		}
+	}
 }
 
 // peer is one ZMQ identity (one client DEALER socket).
@@ -256,8 +311,11 @@ func (s *Server) run(ctx context.Context) error {
 		// Transfers whose COMMIT will never come now: abort their staged
 		// writes and release their read locks, so the engine holds nothing
 		// for this server once Run returns.
+		// They share lmcache_mp_zmq_abandoned_transfers_total with the
+		// reaper's drops: either way a PREPARE's COMMIT never came.
 		if n := s.st.dropTransfers(func(pendingKey, time.Time) bool { return true }); n > 0 {
-			s.log.Info("dropped transfers still open at stop", "count", n)
+			s.metrics.ZMQAbandonedTransfers.Add(float64(n))
+			s.log.Info("dropped transfers still open at stop (counted in lmcache_mp_zmq_abandoned_transfers_total)", "count", n)
 		}
 		// No handler runs any more: unmap the lmcache-driven KV caches.
 		if err := s.st.lmd.closeAll(); err != nil {
@@ -265,7 +323,7 @@ func (s *Server) run(ctx context.Context) error {
 		}
 		s.closeSockets()
 	}()
-	for _, l := range s.st.loops() {
+	for _, l := range append(s.st.loops(), s.watch.register(s.loops)) {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -285,7 +343,12 @@ func (s *Server) run(ctx context.Context) error {
 	// added to the metric when the spin ends.
 	var spinUntil time.Time
 	var spun time.Duration
+	var iter uint64
 	for ctx.Err() == nil {
+		// One atomic store per iteration tells the socket-loop watch
+		// (a periodic loop) that this goroutine is not wedged.
+		iter++
+		s.watch.beats.Store(iter)
 		wait := pollInterval
 		var t0 time.Time
 		if s.cfg.BusyPoll > 0 {
@@ -336,7 +399,10 @@ func (s *Server) drainRequests() {
 		msg, err := s.router.RecvMessageBytes(zmq.DONTWAIT)
 		if err != nil {
 			if zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
-				s.log.Warn("receive failed", "err", err)
+				// Whatever the message was, it is lost: count it with the
+				// messages that never became a request.
+				s.metrics.ZMQMalformed.WithLabelValues("receive_failed").Inc()
+				s.st.warnEvery("recvfail", protocolWarnEvery, "ROUTER receive failed; message lost (logged at most every 10 s; counted in lmcache_mp_zmq_malformed_messages_total{kind=\"receive_failed\"})", "err", err)
 			}
 			return
 		}

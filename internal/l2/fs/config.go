@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 
@@ -34,6 +35,9 @@ type Config struct {
 	Fsync bool
 	// PersistEnabled keeps files at Close (common key persist_enabled).
 	PersistEnabled bool
+	// Logger receives the adapter's warnings (nil: slog.Default()); not
+	// a JSON key.
+	Logger *slog.Logger
 }
 
 func init() {

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -51,6 +52,10 @@ type Adapter struct {
 
 	recoveredKeys  []objkey.Key
 	recoveredSizes []int64
+	// recoverSkipped counts the regular files recover could not adopt (a
+	// name that is no object's, or an unreadable Info): they stay on disk
+	// outside usage and eviction, so /status reports them.
+	recoverSkipped int
 }
 
 var _ l2.Adapter = (*Adapter)(nil)
@@ -87,23 +92,50 @@ func (a *Adapter) recover() error {
 	if err != nil {
 		return fmt.Errorf("fs: scan base_path: %w", err)
 	}
+	var example string
+	var exampleErr error
+	skip := func(name string, err error) {
+		if a.recoverSkipped == 0 {
+			example, exampleErr = name, err
+		}
+		a.recoverSkipped++
+	}
 	for _, e := range ents {
-		if !e.Type().IsRegular() {
+		// Our temp files are not objects; removeStaleTemps owns them.
+		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), tmpPrefix) {
 			continue
 		}
 		k, err := objkey.ParseFSName(e.Name())
 		if err != nil {
+			skip(e.Name(), err)
 			continue
 		}
 		info, err := e.Info()
 		if err != nil {
+			skip(e.Name(), err)
 			continue
 		}
 		a.recoveredKeys = append(a.recoveredKeys, k)
 		a.recoveredSizes = append(a.recoveredSizes, info.Size())
 	}
 	a.book.Stored(a.recoveredKeys, a.recoveredSizes)
+	if a.recoverSkipped > 0 {
+		// One line for the whole scan: a directory shared with other
+		// files could otherwise flood the log at every start.
+		a.log().Warn("fs L2: recover_on_start skipped files it cannot adopt; they stay on disk, outside usage and eviction (count in /status recover_skipped_files)",
+			"base_path", a.cfg.BasePath, "count", a.recoverSkipped, "example", example, "err", exampleErr)
+	}
 	return nil
+}
+
+// RecoverSkipped is how many files recover_on_start skipped.
+func (a *Adapter) RecoverSkipped() int { return a.recoverSkipped }
+
+func (a *Adapter) log() *slog.Logger {
+	if a.cfg.Logger != nil {
+		return a.cfg.Logger
+	}
+	return slog.Default()
 }
 
 // tmpOwner is this process's part of its temp file names.
@@ -370,6 +402,8 @@ func (a *Adapter) Status() map[string]any {
 		"max_capacity_bytes": u.TotalCapacityBytes,
 		"num_objects":        a.book.Known(),
 		"locked_key_count":   a.book.LockedKeys(),
+		// A Go addition: files recover_on_start could not adopt.
+		"recover_skipped_files": a.recoverSkipped,
 	}
 }
 

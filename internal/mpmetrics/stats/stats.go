@@ -96,6 +96,9 @@ type L2Counters struct {
 	LoadFailed     int64
 	EvictedObjects int64
 	EvictionTicks  int64
+	// EvictionDeleteFailed counts eviction cycles whose Delete call on
+	// this adapter failed: the victims stay on the tier (a Go addition).
+	EvictionDeleteFailed int64
 
 	InflightStores int64 // num_inflight_l2_stores
 	InflightLoads  int64 // num_inflight_l2_loads
