@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"mime/multipart"
 	"regexp"
 	"runtime/pprof"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/httpapi"
+	"github.com/lmcache-go/lmcache/internal/loglevel"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
@@ -299,3 +301,24 @@ result = json.encode({"v": app.version, "engine": st["is_healthy"] != None, "ada
 
 // TestAuthToken checks that mutating and sensitive routes require the
 // bearer token and probes stay open.
+
+// TestLogLevelBoundsNewLoggers: setting levels of ever new logger names
+// stops at loglevel.MaxLoggers with a 400 (plain text, as the route's
+// other errors), while a known logger's level can still be set.
+func TestLogLevelBoundsNewLoggers(t *testing.T) {
+	e := start(t, envOpts{})
+	for i := 0; ; i++ {
+		r := e.do("GET", fmt.Sprintf("/loglevel?logger_name=bound.%d&level=debug", i), nil, nil)
+		if r.code == 200 {
+			if i > loglevel.MaxLoggers {
+				t.Fatalf("logger %d accepted, past the bound %d", i, loglevel.MaxLoggers)
+			}
+			continue
+		}
+		if want := fmt.Sprintf("Too many loggers: %d are known; set the level of an existing one", loglevel.MaxLoggers); r.code != 400 || string(r.body) != want {
+			t.Fatalf("logger %d: %d %s, want 400 %s", i, r.code, r.body, want)
+		}
+		break
+	}
+	e.expect(200, "GET", "/loglevel?logger_name=bound.0&level=error", nil)
+}

@@ -39,6 +39,9 @@ func (s *Server) handleLogLevel(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case hasName && hasLevel:
 		l, err := s.levels.Set(name, level)
+		if errors.Is(err, loglevel.ErrTooManyLoggers) {
+			return errf(ErrBadRequest, "Too many loggers: %d are known; set the level of an existing one", loglevel.MaxLoggers)
+		}
 		if err != nil {
 			return errf(ErrBadRequest, "Invalid log level: %s", level)
 		}

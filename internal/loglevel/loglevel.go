@@ -140,6 +140,15 @@ func (r *Registry) effectiveLocked(name string) slog.Level {
 	return r.levels[RootName].Level()
 }
 
+// MaxLoggers bounds the loggers a Registry holds: Set refuses to create
+// one past it (ErrTooManyLoggers), so GET /loglevel?logger_name=...&level=
+// with ever new names cannot grow the process without bound. The binary's
+// own loggers are a few dozen.
+const MaxLoggers = 1024
+
+// ErrTooManyLoggers is Set's error for a new logger past MaxLoggers.
+var ErrTooManyLoggers = fmt.Errorf("more than %d loggers", MaxLoggers)
+
 // Set gives name its own level (creating the logger if needed) and returns
 // the parsed level.
 func (r *Registry) Set(name, level string) (slog.Level, error) {
@@ -150,6 +159,10 @@ func (r *Registry) Set(name, level string) (slog.Level, error) {
 	r.mu.Lock()
 	v, ok := r.levels[name]
 	if !ok {
+		if len(r.levels) >= MaxLoggers {
+			r.mu.Unlock()
+			return 0, ErrTooManyLoggers
+		}
 		v = new(slog.LevelVar)
 		r.levels[name] = v
 	}

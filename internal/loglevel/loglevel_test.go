@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -62,5 +63,31 @@ func TestPerLoggerLevels(t *testing.T) {
 	New(th, slog.LevelWarn).Logger("a").Warn("w")
 	if !strings.Contains(buf.String(), "level=WARNING") || !strings.Contains(buf.String(), "logger=a") {
 		t.Fatalf("text record = %q", buf.String())
+	}
+}
+
+// TestSetBoundsNewLoggers: Set creates loggers up to MaxLoggers in all;
+// past that a new name is ErrTooManyLoggers (and not created) while a
+// known one still changes level, so a client sending ever new names to
+// GET /loglevel cannot grow the registry without bound.
+func TestSetBoundsNewLoggers(t *testing.T) {
+	h, err := NewHandler(&bytes.Buffer{}, "text")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := New(h, slog.LevelInfo)
+	for i := len(r.List()); i < MaxLoggers; i++ {
+		if _, err := r.Set("x"+strconv.Itoa(i), "debug"); err != nil {
+			t.Fatalf("logger %d of %d: %v", i+1, MaxLoggers, err)
+		}
+	}
+	if _, err := r.Set("one-too-many", "debug"); !errors.Is(err, ErrTooManyLoggers) {
+		t.Fatalf("logger %d: %v, want ErrTooManyLoggers", MaxLoggers+1, err)
+	}
+	if n := len(r.List()); n != MaxLoggers {
+		t.Fatalf("%d loggers, want %d", n, MaxLoggers)
+	}
+	if l, err := r.Set("x"+strconv.Itoa(MaxLoggers-1), "error"); err != nil || l != slog.LevelError {
+		t.Fatalf("known logger: %v %v", l, err)
 	}
 }
