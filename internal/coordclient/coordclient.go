@@ -314,8 +314,9 @@ func (c *Client) InstanceID() string { return *c.id.Load() }
 // Registered reports whether the last registration or heartbeat succeeded.
 func (c *Client) Registered() bool { return c.registered.Load() }
 
-// Dropped is the number of events dropped (queue full or batch rejected
-// with no room to retry).
+// Dropped is the number of events dropped: queue full, a failed batch with
+// no room to requeue it, or batches the coordinator answered stale (a
+// newer incarnation of this instance id reports there).
 func (c *Client) Dropped() int64 { return c.dropped.Load() }
 
 // SentBatches is the number of batches the coordinator accepted.
@@ -395,30 +396,49 @@ func (c *Client) reportCycle(ctx context.Context) (periodic.Summary, error) {
 	return sum, nil
 }
 
-func (c *Client) advertiseIP() string {
+// advertiseIP is the configured address, else the outbound IP toward the
+// coordinator, else 127.0.0.1.
+func (c *Client) advertiseIP(ctx context.Context) string {
 	if c.cfg.AdvertiseIP != "" {
 		return c.cfg.AdvertiseIP
 	}
-	u, err := url.Parse(c.base)
-	if err == nil {
-		host := u.Host
-		if u.Port() == "" {
-			host = net.JoinHostPort(u.Hostname(), "80")
-		}
-		if conn, err := net.Dial("udp", host); err == nil {
-			defer conn.Close()
-			if a, ok := conn.LocalAddr().(*net.UDPAddr); ok {
-				return a.IP.String()
-			}
-		}
+	ip, err := outboundIP(ctx, c.base)
+	if err != nil {
+		c.log.Warn("cannot find the outbound IP toward the coordinator; advertising 127.0.0.1 (set --coordinator-advertise-ip)", "url", c.logURL, "err", err)
+		return "127.0.0.1"
 	}
-	return "127.0.0.1"
+	return ip
+}
+
+// outboundIP is the local address a UDP socket toward base's host gets (no
+// packet is sent). The dial takes ctx, so resolving a hostname is bounded
+// by the registrar cycle's deadline and ends when it is cancelled.
+func outboundIP(ctx context.Context, base string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", fmt.Errorf("coordinator url: %w", err)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "80")
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "udp", host)
+	if err != nil {
+		return "", fmt.Errorf("dial udp %s: %w", host, err)
+	}
+	defer conn.Close()
+	a, ok := conn.LocalAddr().(*net.UDPAddr)
+	if !ok {
+		return "", fmt.Errorf("dial udp %s: local address %v is not UDP", host, conn.LocalAddr())
+	}
+	return a.IP.String(), nil
 }
 
 func (c *Client) register(ctx context.Context) error {
 	body := map[string]any{
 		"instance_id":        c.InstanceID(),
-		"ip":                 c.advertiseIP(),
+		"ip":                 c.advertiseIP(ctx),
 		"http_port":          c.cfg.HTTPPort,
 		"metadata":           map[string]string{},
 		"p2p_advertised_url": c.cfg.P2PAdvertisedURL,

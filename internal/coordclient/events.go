@@ -107,14 +107,33 @@ func (c *Client) sendEvents(ctx context.Context, req *eventsRequest) error {
 	if resp.Stale > 0 {
 		// The coordinator has seen a newer incarnation of this instance id
 		// (another process under the same --instance-id, or a clock that
-		// went back): these events were dropped there.
-		c.log.Warn("coordinator dropped event batches as a stale incarnation", "instance_id", c.InstanceID(), "incarnation", c.cfg.Incarnation, "stale", resp.Stale)
+		// went back): these events were dropped there, so they count as
+		// dropped here too (resending cannot help: the verdict stands).
+		n := staleEvents(req.body.Batches, resp.Stale)
+		c.dropped.Add(int64(n))
+		if c.cfg.Metrics != nil {
+			c.cfg.Metrics.CoordEventsDropped.Add(float64(n))
+		}
+		c.log.Warn("coordinator dropped event batches as a stale incarnation", "instance_id", c.InstanceID(), "incarnation", c.cfg.Incarnation, "stale_batches", resp.Stale, "dropped_events", n)
 	}
 	c.sent.Add(1)
 	if c.cfg.Metrics != nil {
 		c.cfg.Metrics.CoordBatchesSent.Inc()
 	}
 	return nil
+}
+
+// staleEvents is the number of events in the batches the coordinator
+// answered stale. The reply counts batches, not which ones; they are the
+// last stale ones of the request: every batch carries this incarnation,
+// and once the coordinator has seen a newer one it stays newer, so a stale
+// verdict holds for every later batch of the request.
+func staleEvents(batches []kafkaevents.Batch, stale int) int {
+	n := 0
+	for i := max(len(batches)-stale, 0); i < len(batches); i++ {
+		n += len(batches[i].Entries)
+	}
+	return n
 }
 
 // setRetry keeps (or clears) the failed /events request; flushMu held.

@@ -17,6 +17,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordclient"
 	"github.com/lmcache-go/lmcache/internal/coordtest"
 	"github.com/lmcache-go/lmcache/internal/kafkaevents"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -284,5 +285,47 @@ func TestLostReplyResendIsDuplicateOnRealCoordinator(t *testing.T) {
 	getJSON(t, base+"/quota", &q)
 	if u := q.TotalGB * (1 << 30); math.Abs(u-24) > 0.5 {
 		t.Fatalf("usage %v bytes, want 24", u)
+	}
+}
+
+// TestStaleIncarnationEventsCountedDropped: the real coordinator has seen
+// incarnation 200 of instance mp-st, so a client still on incarnation 100
+// under that id gets its two batches (three events) answered stale. They
+// were dropped there, so the client counts them as dropped (Dropped and
+// lmcache_mp_coordinator_events_dropped_total, 3 each), keeps nothing to
+// resend, and the coordinator's gate counted the two batches stale.
+func TestStaleIncarnationEventsCountedDropped(t *testing.T) {
+	base := coordtest.Start(t, listen(t), nil)
+	newer, err := coordclient.New(coordclient.Config{URL: base, HTTPPort: 8080, InstanceID: "mp-st", EventReporting: true, EventEndpoint: coordclient.EndpointEvents, Incarnation: 200, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer.Listener("fs", false).OnStored([]objkey.Key{key(t, 9)}, []int64{10})
+	if err := newer.Flush(context.Background()); err != nil || newer.Dropped() != 0 {
+		t.Fatalf("newer incarnation flush: %v, dropped %d", err, newer.Dropped())
+	}
+	m := mpmetrics.New("mp-st", nil)
+	older, err := coordclient.New(coordclient.Config{URL: base, HTTPPort: 8080, InstanceID: "mp-st", EventReporting: true, EventEndpoint: coordclient.EndpointEvents, Incarnation: 100, Metrics: m, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := older.Listener("fs", false)
+	l.OnStored([]objkey.Key{key(t, 1), key(t, 2)}, []int64{100, 200})
+	l.OnDeleted([]objkey.Key{key(t, 1)})
+	if err := older.Flush(context.Background()); err != nil {
+		t.Fatalf("a stale verdict is an answer, not a failure: %v", err)
+	}
+	if older.Dropped() != 3 || m.CoordEventsDropped.Value() != 3 || older.Pending() != 0 || older.SentBatches() != 1 || m.CoordBatchesFailed.Value() != 0 {
+		t.Fatalf("dropped %d, metric %v, pending %d, sent %d, failed %v; want 3, 3, 0, 1, 0",
+			older.Dropped(), m.CoordEventsDropped.Value(), older.Pending(), older.SentBatches(), m.CoordBatchesFailed.Value())
+	}
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := `lmcache_coordinator_event_gate_batches_total{door="events",result="stale"} 2`; !strings.Contains(string(raw), want) {
+		t.Fatalf("coordinator metrics lack %s", want)
 	}
 }

@@ -37,6 +37,10 @@ import (
 const (
 	LoopHAElection = "coordinator-ha-election"
 	LoopHAIntent   = "coordinator-ha-intent-mirror"
+	// LoopHALease is the elector's lease-renewal loop: it runs while this
+	// coordinator holds a lease (leading or queued), one cycle per renewal;
+	// its failed runs are lmcache_coordinator_leader_renewal_failures_total.
+	LoopHALease = "coordinator-ha-lease-renewal"
 )
 
 // haStepWait is how long one HA worker cycle waits for something to happen.
@@ -104,7 +108,7 @@ func (s *Server) initHA() error {
 	h := &haState{id: id, election: hc.EtcdPrefix + "leader", cli: cli, store: intentstore.New(cli, hc.EtcdPrefix+"intent/")}
 	h.mirror.init()
 	h.el, err = leader.New(leader.Config{Client: cli, ID: id, Prefix: h.election, TTL: time.Duration(hc.LeaseTTL) * time.Second,
-		Logger: s.log, OnChange: s.onLeaderChange})
+		Logger: s.log, OnChange: s.onLeaderChange, Loops: s.loops, RenewLoopName: LoopHALease})
 	if err != nil {
 		_ = cli.Close()
 		return err

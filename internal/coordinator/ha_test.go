@@ -212,12 +212,18 @@ func TestHAStandbyRedirectsAndFailover(t *testing.T) {
 	if got := b.metric("lmcache_coordinator_leader_elections_total"); got != 1 {
 		t.Errorf("B elections %v", got)
 	}
+	// B renewed its lease as a standby and as leader; the renewals are
+	// exported next to the election metrics.
+	if got := b.metric("lmcache_coordinator_leader_renewals_total"); got < 1 {
+		t.Errorf("B renewals_total %v, want at least 1", got)
+	}
 	// Now B accepts writes itself, and unpins.
 	b.must("DELETE", "/cache/pins", pin, 200)
 	if got := b.metric("lmcache_coordinator_active_pins"); got != 0 {
 		t.Errorf("B active pins after unpin %v", got)
 	}
-	if _, raw := b.do("GET", "/periodic-threads", nil); !strings.Contains(string(raw), coordinator.LoopHAElection) || !strings.Contains(string(raw), coordinator.LoopHAIntent) {
+	if _, raw := b.do("GET", "/periodic-threads", nil); !strings.Contains(string(raw), coordinator.LoopHAElection) || !strings.Contains(string(raw), coordinator.LoopHAIntent) ||
+		!strings.Contains(string(raw), coordinator.LoopHALease) {
 		t.Errorf("/periodic-threads lacks the HA loops: %s", raw)
 	}
 }

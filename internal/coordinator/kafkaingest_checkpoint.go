@@ -215,12 +215,17 @@ func (s *Server) checkpointLoop(ctx context.Context) func() {
 }
 
 // finalCheckpoint is the save at a clean stop, after ingest has stopped.
+// SaveCheckpoint counts a failure in checkpoint_save_failures_total, as
+// for the loop's saves; the process is about to exit, so nothing may
+// scrape that count, and the ERROR line is the record an operator sees
+// (the next start restores the previous artifact and replays from its
+// position).
 func (s *Server) finalCheckpoint() {
 	if s.ckpt == nil {
 		return
 	}
 	if err := s.SaveCheckpoint(); err != nil {
-		s.log.Error("final checkpoint failed; the previous one stays", "path", s.ckpt.path, "err", err)
+		s.log.Error("final checkpoint failed; the previous one stays (counted in lmcache_coordinator_checkpoint_save_failures_total)", "path", s.ckpt.path, "err", err)
 		return
 	}
 	s.log.Info("checkpoint saved at stop", "path", s.ckpt.path, "bytes", s.ckpt.lastSize.Load())

@@ -27,6 +27,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
+
+	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
 // Defaults.
@@ -40,6 +42,20 @@ const (
 	MinTTL = 2 * time.Second
 	// DefaultDialTimeout bounds NewClient's first connection.
 	DefaultDialTimeout = 5 * time.Second
+	// DefaultRenewLoopName is the lease-renewal loop's name in the
+	// periodic registry when Config.RenewLoopName is empty.
+	DefaultRenewLoopName = "leader-lease-renewal"
+)
+
+// Reasons of lmcache_coordinator_leader_renewal_failures_total.
+const (
+	// RenewFailError is a renewal that did not get an answer (etcd
+	// unreachable, timeout); the next tick retries, and the term ends at
+	// its renew deadline if none succeeds.
+	RenewFailError = "error"
+	// RenewFailLeaseGone is a renewal etcd answered with the lease
+	// unknown (expired or revoked): the term ends at once.
+	RenewFailLeaseGone = "lease_gone"
 )
 
 // Config configures an Elector.
@@ -62,6 +78,13 @@ type Config struct {
 	OnChange func(Status)
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Loops, if set, lists the lease-renewal loop in this registry (the
+	// coordinator's /periodic-threads and periodic_thread_* metrics), so a
+	// stuck or failing renewal is visible there; nil uses a private one.
+	Loops *periodic.Registry
+	// RenewLoopName is the renewal loop's name; DefaultRenewLoopName if
+	// empty.
+	RenewLoopName string
 }
 
 // Status is a leadership change.
@@ -88,7 +111,16 @@ type Elector struct {
 	key        string
 	validUntil time.Time // last renewal sent + RenewDeadline
 
-	renewals    atomic.Int64
+	renewals atomic.Int64
+	// renewFailures counts failed renewals by reason (RenewFail*): a
+	// failure is work the elector could not do, so it is a metric, not
+	// only a log line.
+	renewFailures *prometheus.CounterVec
+	// renewLoop runs each term's renewals (one Run per term, on the term's
+	// renew goroutine). cur is that term's lease, set by renew before
+	// the loop runs and read only by the loop's cycles on that goroutine.
+	renewLoop   *periodic.Loop
+	cur         *renewTerm
 	transitions atomic.Int64
 	elections   atomic.Int64 // terms won
 	lost        atomic.Int64 // terms ended other than by resigning
@@ -165,7 +197,23 @@ func New(cfg Config) (*Elector, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Elector{cfg: cfg, log: cfg.Logger}, nil
+	if cfg.Loops == nil {
+		cfg.Loops = periodic.NewRegistry()
+	}
+	if cfg.RenewLoopName == "" {
+		cfg.RenewLoopName = DefaultRenewLoopName
+	}
+	e := &Elector{cfg: cfg, log: cfg.Logger}
+	e.renewFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lmcache_coordinator_leader_renewal_failures_total",
+		Help: "Lease renewals that failed, by reason: error (no answer from etcd; retried at the next tick, the term ends at its renew deadline if none succeeds) or lease_gone (etcd no longer knows the lease: the term ends at once)."},
+		[]string{"reason"})
+	e.renewFailures.WithLabelValues(RenewFailError)
+	e.renewFailures.WithLabelValues(RenewFailLeaseGone)
+	// A worker loop: its cycle waits for the term's ticker itself, so a
+	// slow renewal is followed at once by the next tick (a sleep after
+	// each cycle would push the next send past the renew deadline).
+	e.renewLoop = cfg.Loops.RegisterWorker(cfg.RenewLoopName, periodic.High, cfg.RenewDeadline/3, e.renewCycle)
+	return e, nil
 }
 
 // Leading reports whether this elector may act as leader now. It turns false
@@ -247,6 +295,10 @@ func (e *Elector) Collectors() []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lmcache_coordinator_leader_lost_total",
 			Help: "Leadership terms that ended other than by resigning at shutdown (lease lost, renew deadline passed, key deleted)."},
 			func() float64 { return float64(e.lost.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lmcache_coordinator_leader_renewals_total",
+			Help: "Successful lease renewals (a leader's and a queued standby's lease alike)."},
+			func() float64 { return float64(e.renewals.Load()) }),
+		e.renewFailures,
 	}
 }
 
@@ -443,39 +495,63 @@ func hasDelete(wr clientv3.WatchResponse) bool {
 	return false
 }
 
-// renew sends a renewal every RenewDeadline/3; each success extends
-// validity to its send time + RenewDeadline. A lease etcd no longer knows is
+// renewTerm is one term's lease as the renewal loop sees it.
+type renewTerm struct {
+	lease clientv3.LeaseID
+	lost  chan<- error
+	abort func()
+	tick  <-chan time.Time
+}
+
+// renew runs the renewal loop for one term until ctx ends or the lease is
+// gone: a renewal every RenewDeadline/3, each success extending validity
+// to its send time + RenewDeadline. A lease etcd no longer knows is
 // reported on lost, and abort is called (it ends a pending campaign).
 func (e *Elector) renew(ctx context.Context, lease clientv3.LeaseID, lost chan<- error, abort func()) {
-	every := e.cfg.RenewDeadline / 3
-	t := time.NewTicker(every)
+	t := time.NewTicker(e.cfg.RenewDeadline / 3)
 	defer t.Stop()
-	for {
+	e.cur = &renewTerm{lease: lease, lost: lost, abort: abort, tick: t.C}
+	e.renewLoop.Run(ctx)
+}
+
+// renewCycle is one cycle of the renewal loop: wait for the tick, renew.
+func (e *Elector) renewCycle(ctx context.Context) (periodic.Summary, error) {
+	rt := e.cur
+	select {
+	case <-ctx.Done():
+		return periodic.Summary{Message: "stopping"}, nil
+	case <-rt.tick:
+	}
+	return e.renewOnce(ctx, rt)
+}
+
+// renewOnce sends one renewal and counts its outcome. A lease etcd no
+// longer knows ends the loop (periodic.ErrIrrecoverable): the term is over.
+func (e *Elector) renewOnce(ctx context.Context, rt *renewTerm) (periodic.Summary, error) {
+	sent := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.RenewDeadline/3)
+	resp, err := e.cfg.Client.KeepAliveOnce(rctx, rt.lease)
+	cancel()
+	switch {
+	case err == nil && resp.TTL > 0:
+		e.setValid(sent)
+		e.renewals.Add(1)
+		return periodic.Summary{Message: fmt.Sprintf("lease %x renewed (ttl %ds)", rt.lease, resp.TTL)}, nil
+	case err == nil || errors.Is(err, rpcLeaseNotFound):
+		e.renewFailures.WithLabelValues(RenewFailLeaseGone).Inc()
 		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		sent := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, every)
-		resp, err := e.cfg.Client.KeepAliveOnce(rctx, lease)
-		cancel()
-		switch {
-		case err == nil && resp.TTL > 0:
-			e.setValid(sent)
-			e.renewals.Add(1)
-		case err == nil || errors.Is(err, rpcLeaseNotFound):
-			select {
-			case lost <- fmt.Errorf("lease %x expired: %w", lease, errLost):
-			default:
-			}
-			abort()
-			return
-		case ctx.Err() != nil:
-			return
+		case rt.lost <- fmt.Errorf("lease %x expired: %w", rt.lease, errLost):
 		default:
-			e.log.Warn("lease renewal failed", "id", e.cfg.ID, "err", err)
 		}
+		rt.abort()
+		return periodic.Summary{}, fmt.Errorf("lease %x gone (%w): %w", rt.lease, errLost, periodic.ErrIrrecoverable)
+	case ctx.Err() != nil:
+		// The term ended while the renewal was in flight: nothing failed.
+		return periodic.Summary{Message: "stopping"}, nil
+	default:
+		e.renewFailures.WithLabelValues(RenewFailError).Inc()
+		e.log.Warn("lease renewal failed", "id", e.cfg.ID, "err", err)
+		return periodic.Summary{}, fmt.Errorf("renew lease %x: %w", rt.lease, err)
 	}
 }
 

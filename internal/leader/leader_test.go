@@ -2,15 +2,19 @@ package leader_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/etcdtest"
 	"github.com/lmcache-go/lmcache/internal/leader"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
@@ -331,15 +335,21 @@ func survivesMemberLoss(t *testing.T, p pair, victim *etcdtest.Member, raftLeade
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		m := mf.GetMetric()[0]
-		got[mf.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
-	}
+	got := gathered(mfs)
+	renewed := got["lmcache_coordinator_leader_renewals_total"]
+	// Renewals through the dead member may have failed and been retried
+	// (reason error, a count that depends on which member the client
+	// used); the lease itself never went.
+	delete(got, "lmcache_coordinator_leader_renewals_total")
+	delete(got, `lmcache_coordinator_leader_renewal_failures_total{reason="error"}`)
 	want := map[string]float64{"lmcache_coordinator_leader": 1, "lmcache_coordinator_leader_revision": float64(gainA.Revision),
-		"lmcache_coordinator_leader_transitions_total": 1, "lmcache_coordinator_leader_elections_total": 1, "lmcache_coordinator_leader_lost_total": 0}
+		"lmcache_coordinator_leader_transitions_total": 1, "lmcache_coordinator_leader_elections_total": 1, "lmcache_coordinator_leader_lost_total": 0,
+		`lmcache_coordinator_leader_renewal_failures_total{reason="lease_gone"}`: 0}
 	if !maps.Equal(got, want) {
 		t.Errorf("metrics %v, want %v", got, want)
+	}
+	if renewed < float64(before+3) {
+		t.Errorf("renewals_total %v, want at least %d", renewed, before+3)
 	}
 	t.Logf("killed etcd %s; A renewed %d times since, still leader at revision %d", victim.Name, a.e.Renewals()-before, gainA.Revision)
 }
@@ -379,5 +389,96 @@ func TestConfigValidation(t *testing.T) {
 		if _, err := leader.ParseEndpoints(bad); err == nil {
 			t.Errorf("ParseEndpoints(%q) accepted", bad)
 		}
+	}
+}
+
+// gathered flattens gathered families to name{label="value"} -> value.
+func gathered(mfs []*dto.MetricFamily) map[string]float64 {
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, l := range m.GetLabel() {
+				name += fmt.Sprintf("{%s=%q}", l.GetName(), l.GetValue())
+			}
+			got[name] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return got
+}
+
+// TestRenewalLoopInRegistryCountsFailures: the renewal loop is listed in
+// the registry given as Config.Loops under Config.RenewLoopName (high
+// level, running while the elector holds a lease). When etcd is cut off,
+// every failed renewal is one failed run of that loop and one
+// renewal_failures_total{reason="error"}: the two agree exactly once the
+// term has ended and the loop stopped, and the lease was never reported
+// gone (etcd was unreachable, not forgetful).
+func TestRenewalLoopInRegistryCountsFailures(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	proxies, viaProxy := etcdtest.ProxyAll(t, c)
+	reg := periodic.NewRegistry()
+	changes := make(chan leader.Status, 64)
+	e, err := leader.New(leader.Config{Client: newClient(t, viaProxy), ID: "coord-a", Prefix: prefix, TTL: ttl,
+		Loops: reg, RenewLoopName: "test-renewal", OnChange: func(s leader.Status) { changes <- s }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	el := &elector{e: e, changes: changes}
+	el.next(t, true)
+	loop := func() periodic.Status {
+		for _, st := range reg.All() {
+			if st.Name == "test-renewal" {
+				return st
+			}
+		}
+		t.Fatalf("registry lacks the renewal loop: %+v", reg.All())
+		return periodic.Status{}
+	}
+	deadline := time.Now().Add(waitFor)
+	for e.Renewals() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("renewals %d, want 2", e.Renewals())
+		}
+		time.Sleep(50 * time.Millisecond) // polling interval
+	}
+	if st := loop(); !st.IsRunning || st.Level != periodic.High || st.FailedRuns != 0 || st.TotalRuns < 2 {
+		t.Fatalf("renewal loop while renewing: %+v", st)
+	}
+	for _, p := range proxies {
+		p.Cut()
+	}
+	el.next(t, false)
+	deadline = time.Now().Add(waitFor)
+	for loop().IsRunning { // the term's loop stops once the term is over
+		if time.Now().After(deadline) {
+			t.Fatal("renewal loop still running after the term ended")
+		}
+		time.Sleep(50 * time.Millisecond) // polling interval
+	}
+	reg2 := prometheus.NewPedanticRegistry()
+	reg2.MustRegister(e.Collectors()...)
+	mfs, err := reg2.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := gathered(mfs)
+	st := loop()
+	if st.FailedRuns < 1 || got[`lmcache_coordinator_leader_renewal_failures_total{reason="error"}`] != float64(st.FailedRuns) {
+		t.Errorf("failed runs %d, renewal_failures_total{error} %v: want equal and at least 1", st.FailedRuns,
+			got[`lmcache_coordinator_leader_renewal_failures_total{reason="error"}`])
+	}
+	if g := got[`lmcache_coordinator_leader_renewal_failures_total{reason="lease_gone"}`]; g != 0 {
+		t.Errorf("lease_gone %v, want 0", g)
+	}
+	if g := got["lmcache_coordinator_leader_renewals_total"]; g != float64(e.Renewals()) || g < 2 {
+		t.Errorf("renewals_total %v, Renewals() %d", g, e.Renewals())
+	}
+	if msg, _ := st.LastSummary["message"].(string); !strings.Contains(msg, "renew lease") && msg != "stopping" {
+		t.Errorf("last summary %q", msg)
 	}
 }
