@@ -2,16 +2,13 @@ package coordinator_test
 
 import (
 	"bufio"
-	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/lmcache-go/lmcache/internal/coordinator"
 )
 
 // TestBodyReadDeadline: a client that sends a body's headers and then
@@ -31,21 +28,9 @@ func TestBodyReadDeadline(t *testing.T) {
 	} {
 		t.Run(tc.path, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				srv, err := coordinator.New(testConfig(), coordinator.WithLogger(slog.New(slog.DiscardHandler)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				ln := newPipeListener()
-				ctx, cancel := context.WithCancel(context.Background())
-				ran := make(chan error, 1)
-				go func() { ran <- srv.Run(ctx, ln) }()
-				defer func() {
-					cancel()
-					if err := <-ran; err != nil {
-						t.Errorf("Run: %v", err)
-					}
-				}()
-				conn := ln.dial()
+				ln, stop := runPiped(t, testConfig())
+				defer stop()
+				conn := ln.Dial()
 				defer conn.Close()
 				head := tc.method + " " + tc.path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"default_"
 				if _, err := conn.Write([]byte(head)); err != nil {

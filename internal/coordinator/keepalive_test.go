@@ -7,48 +7,36 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator"
+	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/pipenet"
 )
 
-// pipeListener hands out in-memory connections (net.Pipe): a server
-// blocked on one is durably blocked, so it can run inside a synctest
-// bubble, where its idle deadlines fire on the bubble's fake clock.
-type pipeListener struct {
-	conns  chan net.Conn
-	closed chan struct{}
-	once   sync.Once
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{conns: make(chan net.Conn), closed: make(chan struct{})}
-}
-
-// dial returns the client end of a new connection the server accepts.
-func (l *pipeListener) dial() net.Conn {
-	client, server := net.Pipe()
-	l.conns <- server
-	return client
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.closed:
-		return nil, net.ErrClosed
+// runPiped runs a coordinator with cfg on an in-memory listener (meant for
+// a synctest bubble, where its deadlines pass on the fake clock); stop
+// cancels it and checks Run's clean return.
+func runPiped(t *testing.T, cfg config.Config) (*pipenet.Listener, func()) {
+	t.Helper()
+	srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := pipenet.New()
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(ctx, ln) }()
+	return ln, func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("Run: %v", err)
+		}
 	}
 }
-
-func (l *pipeListener) Close() error { l.once.Do(func() { close(l.closed) }); return nil }
-
-func (l *pipeListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
 
 // TestKeepAliveIdleTimeoutIsConfigured: --timeout-keep-alive is the idle
 // time after which the server closes a kept-alive connection, to the
@@ -64,22 +52,10 @@ func TestKeepAliveIdleTimeoutIsConfigured(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				cfg := testConfig()
 				cfg.TimeoutKeepAlive = idle
-				srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.DiscardHandler)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				ln := newPipeListener()
-				ctx, cancel := context.WithCancel(context.Background())
-				ran := make(chan error, 1)
-				go func() { ran <- srv.Run(ctx, ln) }()
-				defer func() {
-					cancel()
-					if err := <-ran; err != nil {
-						t.Errorf("Run: %v", err)
-					}
-				}()
+				ln, stop := runPiped(t, cfg)
+				defer stop()
 
-				conn := ln.dial()
+				conn := ln.Dial()
 				defer conn.Close()
 				br := bufio.NewReader(conn)
 				get := func(what string) {

@@ -1,44 +1,18 @@
 package coordinator_test
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator"
+	"github.com/lmcache-go/lmcache/internal/pipenet"
 )
-
-// shutdownListener hands Run the server ends of net.Pipe connections, so
-// every blocking step is a channel operation a synctest bubble can see.
-type shutdownListener struct {
-	conns  chan net.Conn
-	closed chan struct{}
-	once   sync.Once
-}
-
-func (l *shutdownListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.closed:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *shutdownListener) Close() error {
-	l.once.Do(func() { close(l.closed) })
-	return nil
-}
-
-func (l *shutdownListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
 
 // TestRunClosesDepsAfterHandlerPastDrain: a request whose handler outlives
 // the drain deadline and ignores its cancelled context has its connection
@@ -70,29 +44,13 @@ func TestRunClosesDepsAfterHandlerPastDrain(t *testing.T) {
 				returned.Store(true)
 			})
 		})
-		ln := &shutdownListener{conns: make(chan net.Conn, 1), closed: make(chan struct{})}
+		ln := pipenet.New()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		ran := make(chan error, 1)
 		go func() { ran <- srv.Run(ctx, ln) }()
 
-		cli, end := net.Pipe()
-		ln.conns <- end
-		code := make(chan int, 1)
-		go func() {
-			defer cli.Close()
-			if _, err := io.WriteString(cli, "GET /block HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-				code <- -1
-				return
-			}
-			resp, err := http.ReadResponse(bufio.NewReader(cli), nil)
-			if err != nil {
-				code <- -1
-				return
-			}
-			resp.Body.Close()
-			code <- resp.StatusCode
-		}()
+		code := ln.Get("/block")
 		<-entered
 		cancel()
 		<-cancelled

@@ -1,19 +1,15 @@
 package httpapi_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"io"
-	"net"
-	"net/http"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/httpapi"
+	"github.com/lmcache-go/lmcache/internal/pipenet"
 )
 
 // blockingEngine is ready and answers GET /status only once release is
@@ -35,30 +31,6 @@ func (e *blockingEngine) Status() map[string]any {
 	return map[string]any{}
 }
 
-// shutdownListener hands Serve the server ends of net.Pipe connections, so
-// every blocking step is a channel operation a synctest bubble can see.
-type shutdownListener struct {
-	conns  chan net.Conn
-	closed chan struct{}
-	once   sync.Once
-}
-
-func (l *shutdownListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.closed:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *shutdownListener) Close() error {
-	l.once.Do(func() { close(l.closed) })
-	return nil
-}
-
-func (l *shutdownListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
-
 // TestServeReturnsAfterHandlerPastDrain: a /status handler that outlives
 // Serve's 5 s drain deadline has its connection closed, and Serve returns
 // only after the handler has returned, so the data path's release (the
@@ -74,7 +46,7 @@ func TestServeReturnsAfterHandlerPastDrain(t *testing.T) {
 		if err := srv.SetEngine(eng); err != nil {
 			t.Fatal(err)
 		}
-		ln := &shutdownListener{conns: make(chan net.Conn, 1), closed: make(chan struct{})}
+		ln := pipenet.New()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		type result struct {
@@ -87,23 +59,7 @@ func TestServeReturnsAfterHandlerPastDrain(t *testing.T) {
 			served <- result{err, eng.returned.Load()}
 		}()
 
-		cli, end := net.Pipe()
-		ln.conns <- end
-		code := make(chan int, 1)
-		go func() {
-			defer cli.Close()
-			if _, err := io.WriteString(cli, "GET /status HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-				code <- -1
-				return
-			}
-			resp, err := http.ReadResponse(bufio.NewReader(cli), nil)
-			if err != nil {
-				code <- -1
-				return
-			}
-			resp.Body.Close()
-			code <- resp.StatusCode
-		}()
+		code := ln.Get("/status")
 		<-eng.entered
 		cancel()
 		// The connection ends without a response once the drain deadline

@@ -1,12 +1,10 @@
 package httplimit_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -14,35 +12,13 @@ import (
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/httplimit"
+	"github.com/lmcache-go/lmcache/internal/pipenet"
 )
 
 // lineWriter hands each log line to a channel, so a test can wait for it.
 type lineWriter chan string
 
 func (w lineWriter) Write(p []byte) (int, error) { w <- string(p); return len(p), nil }
-
-// get sends one GET for path on a fresh pipe connection to ln and reports
-// the status (or -1 when the connection ends without a response).
-func get(ln *pipeListener, path string) <-chan int {
-	code := make(chan int, 1)
-	cli, end := net.Pipe()
-	ln.conns <- end
-	go func() {
-		defer cli.Close()
-		if _, err := io.WriteString(cli, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-			code <- -1
-			return
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(cli), nil)
-		if err != nil {
-			code <- -1
-			return
-		}
-		resp.Body.Close()
-		code <- resp.StatusCode
-	}()
-	return code
-}
 
 // TestStopWaitsForHandlerPastDrain: a handler that outlives the drain
 // deadline and ignores its cancelled context keeps Stop from returning
@@ -61,11 +37,11 @@ func TestStopWaitsForHandlerPastDrain(t *testing.T) {
 			returned.Store(true)
 		})
 		logs := make(lineWriter, 4)
-		ln := &pipeListener{conns: make(chan net.Conn, 1), closed: make(chan struct{})}
+		ln := pipenet.New()
 		srv := httplimit.NewServer(h, httplimit.Limits{}, log.New(logs, "", 0))
 		served := make(chan error, 1)
 		go func() { served <- srv.Serve(ln) }()
-		code := get(ln, "/stuck")
+		code := ln.Get("/stuck")
 		<-started
 
 		// What the caller would close after Stop: it records whether the
@@ -126,11 +102,11 @@ func TestStopDrainsInTime(t *testing.T) {
 			<-release
 			returned.Store(true)
 		})
-		ln := &pipeListener{conns: make(chan net.Conn, 1), closed: make(chan struct{})}
+		ln := pipenet.New()
 		srv := httplimit.NewServer(h, httplimit.Limits{}, log.New(io.Discard, "", 0))
 		served := make(chan error, 1)
 		go func() { served <- srv.Serve(ln) }()
-		code := get(ln, "/slow")
+		code := ln.Get("/slow")
 		<-started
 		stopped := make(chan bool, 1)
 		go func() {
