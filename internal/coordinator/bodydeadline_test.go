@@ -8,7 +8,6 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
-
 )
 
 // TestBodyReadDeadline: a client that sends a body's headers and then
