@@ -57,12 +57,23 @@ func testConfig() config.Config {
 
 func startCoord(t testing.TB, mutate func(*config.Config)) *coord {
 	t.Helper()
+	return startCoordLogging(t, mutate, nil)
+}
+
+// startCoordLogging is startCoord whose logger also hands every record to
+// also (nil: none); the text log in c.logs is kept either way.
+func startCoordLogging(t testing.TB, mutate func(*config.Config), also slog.Handler) *coord {
+	t.Helper()
 	cfg := testConfig()
 	if mutate != nil {
 		mutate(&cfg)
 	}
 	logs := &logtest.Buffer{}
-	srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	var h slog.Handler = slog.NewTextHandler(logs, nil)
+	if also != nil {
+		h = slog.NewMultiHandler(h, also)
+	}
+	srv, err := coordinator.New(cfg, coordinator.WithLogger(slog.New(h)))
 	if err != nil {
 		t.Fatal(err)
 	}

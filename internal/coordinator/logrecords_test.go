@@ -7,9 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
-	"github.com/lmcache-go/lmcache/internal/logtest"
 )
 
 // logRecord is one slog record as a test sees it: level, message and the
@@ -75,20 +73,6 @@ func (h recordHandler) WithGroup(string) slog.Handler { return h }
 // the returned collector (the text log in c.logs is kept as well).
 func startCoordRecorded(t testing.TB, mutate func(*config.Config)) (*coord, *logRecords) {
 	t.Helper()
-	cfg := testConfig()
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	logs, recs := &logtest.Buffer{}, &logRecords{}
-	log := slog.New(slog.NewMultiHandler(slog.NewTextHandler(logs, nil), recordHandler{l: recs}))
-	srv, err := coordinator.New(cfg, coordinator.WithLogger(log))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := runOn(t, srv)
-	c.logs = logs
-	if cfg.AuthToken != "" {
-		c.token = "Bearer " + cfg.AuthToken
-	}
-	return c, recs
+	recs := &logRecords{}
+	return startCoordLogging(t, mutate, recordHandler{l: recs}), recs
 }
