@@ -22,17 +22,7 @@ import (
 // so only the test drives cycles and the counts are exact.
 func TestL2EvictionDeleteFailureCounted(t *testing.T) {
 	dir := t.TempDir()
-	earlier, err := openFS(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := flat(chunks("", 0, 10, 1))
-	if err := earlier.Store(context.Background(), old, payloads(old)); err != nil {
-		t.Fatal(err)
-	}
-	if err := earlier.Close(); err != nil {
-		t.Fatal(err)
-	}
+	storeEarlier(t, dir, 10)
 	inner, err := fs.New(fs.Config{BasePath: dir, PersistEnabled: true, RecoverOnStart: true, MaxCapacityBytes: 10 * objSize})
 	if err != nil {
 		t.Fatal(err)

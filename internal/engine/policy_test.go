@@ -385,22 +385,29 @@ func TestReconfigurePassThrough(t *testing.T) {
 	}
 }
 
-// TestL2EvictionSeesRecoveredFiles: files an fs adapter recovered at start
-// (left by an earlier run) count in its usage, so its eviction policy must
-// know them: over the watermark they are evicted like the rest.
-func TestL2EvictionSeesRecoveredFiles(t *testing.T) {
-	dir := t.TempDir()
+// storeEarlier leaves n one-chunk objects in dir as an earlier run's fs
+// adapter would.
+func storeEarlier(t *testing.T, dir string, n int) {
+	t.Helper()
 	earlier, err := openFS(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := flat(chunks("", 0, 10, 1))
+	old := flat(chunks("", 0, n, 1))
 	if err := earlier.Store(context.Background(), old, payloads(old)); err != nil {
 		t.Fatal(err)
 	}
 	if err := earlier.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestL2EvictionSeesRecoveredFiles: files an fs adapter recovered at start
+// (left by an earlier run) count in its usage, so its eviction policy must
+// know them: over the watermark they are evicted like the rest.
+func TestL2EvictionSeesRecoveredFiles(t *testing.T) {
+	dir := t.TempDir()
+	storeEarlier(t, dir, 10)
 	a, err := fs.New(fs.Config{BasePath: dir, PersistEnabled: true, RecoverOnStart: true, MaxCapacityBytes: 10 * objSize})
 	if err != nil {
 		t.Fatal(err)
