@@ -9,7 +9,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -314,33 +313,16 @@ func TestKVLookupObservesDuration(t *testing.T) {
 	}
 }
 
-// fatalRecorder is a testing.TB whose Fatalf records the message and ends
-// the goroutine, as the real one does.
-type fatalRecorder struct {
-	testing.TB
-	msg string
-}
-
-func (f *fatalRecorder) Helper() {}
-func (f *fatalRecorder) Fatalf(format string, args ...any) {
-	f.msg = fmt.Sprintf(format, args...)
-	runtime.Goexit()
-}
-
 // TestDrainTimeoutNamesPending: the write-behind drain of the harness
 // fails the test on timeout, naming what was still pending (it used to
 // return silently).
 func TestDrainTimeoutNamesPending(t *testing.T) {
-	rec := &fatalRecorder{TB: t}
 	pending := []string{"adapter 2: 3 pending, 1 in flight"}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		polltest.Until(pendingTB{rec, &pending}, time.Millisecond, "write-behind to drain", func() bool { return false })
-	}()
-	<-done
-	if want := "timed out after 1ms waiting for write-behind to drain; still busy: adapter 2: 3 pending, 1 in flight"; rec.msg != want {
-		t.Fatalf("failure %q, want %q", rec.msg, want)
+	msg := polltest.FailureOf(t, func(tb testing.TB) {
+		polltest.Until(pendingTB{tb, &pending}, time.Millisecond, "write-behind to drain", func() bool { return false })
+	})
+	if want := "timed out after 1ms waiting for write-behind to drain; still busy: adapter 2: 3 pending, 1 in flight"; msg != want {
+		t.Fatalf("failure %q, want %q", msg, want)
 	}
 }
 

@@ -10,6 +10,8 @@
 package polltest
 
 import (
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -34,4 +36,33 @@ func Until(t testing.TB, within time.Duration, what string, cond func() bool) {
 		time.Sleep(wait)
 		wait = min(2*wait, maxPoll)
 	}
+}
+
+// FailureOf runs f on a goroutine of its own with a testing.TB whose
+// Fatalf records the message and ends that goroutine, as t.Fatalf does,
+// and returns the message ("" when f returned without failing). It tests
+// helpers that fail their test, such as Until; the recorder's other
+// methods are t's.
+func FailureOf(t testing.TB, f func(testing.TB)) string {
+	rec := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(rec)
+	}()
+	<-done
+	return rec.msg
+}
+
+// fatalRecorder is FailureOf's testing.TB.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalRecorder) Helper() {}
+
+func (f *fatalRecorder) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
 }

@@ -1,8 +1,6 @@
 package polltest
 
 import (
-	"fmt"
-	"runtime"
 	"testing"
 	"time"
 
@@ -11,31 +9,10 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fatalRecorder stands in for a test that Until fails: it keeps the
-// message and ends the goroutine, as t.Fatalf does.
-type fatalRecorder struct {
-	testing.TB
-	msg string
-}
-
-func (f *fatalRecorder) Helper() {}
-
-func (f *fatalRecorder) Fatalf(format string, args ...any) {
-	f.msg = fmt.Sprintf(format, args...)
-	runtime.Goexit()
-}
-
 // run calls Until on its own goroutine (Fatalf ends it) and returns the
 // failure message, empty when Until returned.
 func run(t *testing.T, within time.Duration, cond func() bool) string {
-	f := &fatalRecorder{TB: t}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		Until(f, within, "the condition", cond)
-	}()
-	<-done
-	return f.msg
+	return FailureOf(t, func(tb testing.TB) { Until(tb, within, "the condition", cond) })
 }
 
 func TestUntilReturnsOnceTheConditionHolds(t *testing.T) {
