@@ -44,6 +44,10 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("timeout-keep-alive %d, metrics-top-salts %d, inflight-ttl %v, log-level %q, log-format %q; want 10, 20, 30, info, text",
 			c.TimeoutKeepAlive, c.MetricsTopSalts, c.InflightTTL, c.LogLevel, c.LogFormat)
 	}
+	if c.AuthToken != "" || c.MPAuthToken != "" || c.StateFile != "" || c.BlendProbeStride != 1 {
+		t.Errorf("auth-token %q, mp-auth-token %q, state-file %q, blend-probe-stride %d; want \"\", \"\", \"\", 1",
+			c.AuthToken, c.MPAuthToken, c.StateFile, c.BlendProbeStride)
+	}
 }
 
 // TestPrecedence: defaults < env < flags, for every flag and env var.
