@@ -81,7 +81,10 @@ func TestTwelveNewFlags(t *testing.T) {
 		{"--log-level", []string{"--log-level", "debug"}, func(c *Config) bool { return c.LogLevel == "DEBUG" },
 			func(c *Config) bool { return c.LogLevel == "INFO" }, []string{"--log-level", "loud"}, `--log-level: must be one of`},
 		{"--shm-mode", []string{"--shm-mode", "0660"}, func(c *Config) bool { b, err := c.SHMModeBits(); return err == nil && b == 0o660 },
-			func(c *Config) bool { b, err := c.SHMModeBits(); return c.SHMMode == "0600" && err == nil && b == 0o600 }, []string{"--shm-mode", "999"}, "--shm-mode:"},
+			func(c *Config) bool {
+				b, err := c.SHMModeBits()
+				return c.SHMMode == "0600" && err == nil && b == 0o600
+			}, []string{"--shm-mode", "999"}, "--shm-mode:"},
 		{"--session-ttl-seconds", []string{"--session-ttl-seconds", "30"}, func(c *Config) bool { return c.SessionTTLSeconds == 30 },
 			func(c *Config) bool { return c.SessionTTLSeconds == 600 }, []string{"--session-ttl-seconds", "0"}, "--session-ttl-seconds: must be finite and > 0 (got 0)"},
 		{"--env-show-secrets", []string{"--env-show-secrets"}, func(c *Config) bool { return c.EnvShowSecret },
