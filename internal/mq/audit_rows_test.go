@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,9 +13,12 @@ import (
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/l2/fs"
 	"github.com/lmcache-go/lmcache/internal/logtest"
 	"github.com/lmcache-go/lmcache/internal/mq"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
+	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
@@ -199,4 +203,134 @@ func TestInlineLookupBytesThreshold(t *testing.T) {
 		}
 		close(g.release)
 	})
+}
+
+// TestFreeLookupLocksNoOverRelease: a second FREE_LOOKUP_LOCKS of one
+// request takes no lock another request's LOOKUP holds on the same chunks.
+func TestFreeLookupLocksNoOverRelease(t *testing.T) {
+	h := start(t, opts{})
+	w := h.worker(1, "m", 1, 0)
+	sched := h.dial(mqclient.Options{})
+	tokens := prompt(21, 4*testChunk)
+	w.store(tokens, 0, 4*testChunk, "s", chunkData{}.of(21, 0))
+	ka, kb := key("m", 1, -1, tokens, 0, 4*testChunk, "a"), key("m", 1, -1, tokens, 0, 4*testChunk, "b")
+	lookupUntil(t, sched, ka, 4)
+	if n := lookupOnce(t, sched, kb); n != 4 {
+		t.Fatalf("LOOKUP b hit %d, want 4", n)
+	}
+	both := len(h.eng.Leaks())
+	freeLocks(t, sched, ka)
+	afterA := h.eng.Leaks()
+	freeLocks(t, sched, ka) // duplicate: must not release b's locks
+	freeLocks(t, sched, ka)
+	if got := h.eng.Leaks(); !slices.Equal(got, afterA) || len(got) == 0 {
+		t.Fatalf("duplicate FREE_LOOKUP_LOCKS of a changed the held references:\n before %v\n after %v (with both: %d)", afterA, got, both)
+	}
+	if both != 4 || len(afterA) != 4 {
+		t.Fatalf("%d chunks referenced with both lookups, %d after a's free; want 4 and 4", both, len(afterA))
+	}
+	for _, l := range afterA {
+		if !strings.HasSuffix(l, ": 1 readers, holders [{b 1}]") {
+			t.Fatalf("after a's free: %q, want only b's one lock", l)
+		}
+	}
+	freeLocks(t, sched, kb)
+	if got := h.eng.Leaks(); len(got) != 0 {
+		t.Fatalf("references left after b's free: %v", got)
+	}
+}
+
+// heldL2 is an fs adapter whose LookupAndLock waits until release is
+// closed (or its context ends), signalling entered first: it keeps a
+// LOOKUP's prefetch job running.
+type heldL2 struct {
+	l2.Adapter
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (a *heldL2) LookupAndLock(ctx context.Context, keys []objkey.Key) ([]bool, error) {
+	select {
+	case a.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-a.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return a.Adapter.LookupAndLock(ctx, keys)
+}
+
+// TestWaitPrefetchStatusTimeoutAndConsume: WAIT_PREFETCH_STATUS answers
+// nil (c0) when its timeout passes while the job still runs (the L2 tier
+// is held), the hit count once it is done, and consumes the job: the next
+// QUERY_PREFETCH_STATUS and QUERY_PREFETCH_LOOKUP_HITS answer 0.
+func TestWaitPrefetchStatusTimeoutAndConsume(t *testing.T) {
+	inner, err := fs.New(fs.Config{BasePath: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = inner.Close() })
+	a := &heldL2{Adapter: inner, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	h := start(t, opts{l2: []l2.Adapter{a}})
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(a.release)
+		}
+	})
+	w := h.worker(1, "m", 1, 0)
+	sched := h.dial(mqclient.Options{})
+	tokens := prompt(31, 6*testChunk)
+	w.store(tokens, 0, 4*testChunk, "s", chunkData{}.of(31, 0))
+	k := key("m", 1, -1, tokens, 0, 6*testChunk, "w")
+	if err := sched.Lookup(k, 1); err != nil {
+		t.Fatal(err)
+	}
+	<-a.entered // the job asks L2 for chunks 4 and 5 and is held there
+	b, err := sched.Call(wire.OpWaitPrefetchStatus, msgp.AppendString(nil, "w"), msgp.AppendFloat64(nil, 0.01))
+	if err != nil || !bytes.Equal(b, msgpackNil) {
+		t.Fatalf("WAIT_PREFETCH_STATUS while running = %x %v, want c0", b, err)
+	}
+	close(a.release)
+	released = true
+	b, err = sched.Call(wire.OpWaitPrefetchStatus, msgp.AppendString(nil, "w"), msgp.AppendFloat64(nil, 10))
+	if err != nil || !bytes.Equal(b, wire.EncodeInt(4)) {
+		t.Fatalf("WAIT_PREFETCH_STATUS when done = %x %v, want 04", b, err)
+	}
+	for _, op := range []wire.Op{wire.OpQueryPrefetchStatus, wire.OpQueryPrefetchLookupHits} {
+		if b, err := sched.Call(op, msgp.AppendString(nil, "w")); err != nil || !bytes.Equal(b, []byte{0x00}) {
+			t.Errorf("%s after WAIT consumed the job = %x %v, want 00", op.EnumName(), b, err)
+		}
+	}
+	freeLocks(t, sched, k)
+}
+
+// TestEndSessionKeepsLocks: END_SESSION leaves the read locks its LOOKUP
+// took; FREE_LOOKUP_LOCKS still releases them afterwards.
+func TestEndSessionKeepsLocks(t *testing.T) {
+	h := start(t, opts{})
+	w := h.worker(1, "m", 1, 0)
+	sched := h.dial(mqclient.Options{})
+	tokens := prompt(41, 3*testChunk)
+	w.store(tokens, 0, 3*testChunk, "s", chunkData{}.of(41, 0))
+	k := key("m", 1, -1, tokens, 0, 3*testChunk, "e")
+	lookupUntil(t, sched, k, 3)
+	if err := sched.EndSession("e"); err != nil {
+		t.Fatal(err)
+	}
+	got := h.eng.Leaks()
+	if len(got) != 3 {
+		t.Fatalf("%d references after END_SESSION, want the lookup's 3: %v", len(got), got)
+	}
+	for _, l := range got {
+		if !strings.HasSuffix(l, ": 1 readers, holders [{e 1}]") {
+			t.Fatalf("after END_SESSION: %q, want e's lock kept", l)
+		}
+	}
+	freeLocks(t, sched, k)
+	if got := h.eng.Leaks(); len(got) != 0 {
+		t.Fatalf("references left after FREE_LOOKUP_LOCKS: %v", got)
+	}
 }
