@@ -334,3 +334,77 @@ func TestEndSessionKeepsLocks(t *testing.T) {
 		t.Fatalf("references left after FREE_LOOKUP_LOCKS: %v", got)
 	}
 }
+
+// TestRegisterEngineDrivenReplyAndReplace: the reply map has exactly
+// shm_name, pool_size, scratch_offset 0, scratch_size 0 and error nil; a
+// worker whose layout differs from the one already there (--register-model)
+// is warned about; the same registration again is a refresh (same reply,
+// no second "worker registered" line, the layout kept).
+func TestRegisterEngineDrivenReplyAndReplace(t *testing.T) {
+	h := start(t, opts{})
+	if err := h.eng.RegisterLayout(engine.Layout{ModelName: "m", WorldSize: 1, ObjectBytes: 1234}); err != nil {
+		t.Fatal(err)
+	}
+	c := h.dial(mqclient.Options{})
+	first, err := c.Call(wire.OpRegisterEngineDriven, wire.Marshal(regPayload(5, "m", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, rest, err := msgp.ReadMapStrIntfBytes(first, nil)
+	if err != nil || len(rest) != 0 {
+		t.Fatalf("reply %x: %v", first, err)
+	}
+	pool := h.eng.Pool()
+	if len(v) != 5 || v["shm_name"] != pool.Name || fmt.Sprint(v["pool_size"]) != fmt.Sprint(pool.Size) || fmt.Sprint(v["scratch_offset"]) != "0" || fmt.Sprint(v["scratch_size"]) != "0" || v["error"] != nil {
+		t.Fatalf("registration reply %#v, want shm_name %q pool_size %d scratch_offset 0 scratch_size 0 error nil", v, pool.Name, pool.Size)
+	}
+	if n := strings.Count(h.logs.String(), `msg="a worker's layout replaces a different one`); n != 1 ||
+		!strings.Contains(h.logs.String(), fmt.Sprintf("old_object_bytes=1234 object_bytes=%d", testObj)) {
+		t.Fatalf("%d replace warnings, want 1 naming old_object_bytes=1234 object_bytes=%d:\n%s", n, testObj, h.logs.String())
+	}
+	again, err := c.Call(wire.OpRegisterEngineDriven, wire.Marshal(regPayload(5, "m", 1)))
+	if err != nil || !bytes.Equal(again, first) {
+		t.Fatalf("re-registration reply %x %v, want %x", again, err, first)
+	}
+	if n := strings.Count(h.logs.String(), `msg="worker registered (engine-driven, shared memory)"`); n != 1 {
+		t.Fatalf("%d registration lines after a re-registration, want 1 (a refresh)", n)
+	}
+	if n := strings.Count(h.logs.String(), `msg="a worker's layout replaces a different one`); n != 1 {
+		t.Fatalf("%d replace warnings after the refresh, want 1", n)
+	}
+	if l, err := h.eng.Layout("m", 1); err != nil || l.ObjectBytes != testObj {
+		t.Fatalf("layout after refresh %+v %v, want %d-byte objects", l, err, testObj)
+	}
+	if err := c.Unregister(5); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUnregisterReleasesOpenTransfers: UNREGISTER of an instance with a
+// PREPARE_STORE and a PREPARE_RETRIEVE open (no COMMIT) aborts the staged
+// write and releases the pending read: no engine reference is left.
+func TestUnregisterReleasesOpenTransfers(t *testing.T) {
+	h := start(t, opts{})
+	w := h.worker(1, "m", 1, 0)
+	sched := h.dial(mqclient.Options{})
+	data := chunkData{}
+	stored := prompt(51, 2*testChunk)
+	w.store(stored, 0, 2*testChunk, "s", data.of(51, 0))
+	lookupUntil(t, sched, key("m", 1, -1, stored, 0, 2*testChunk, "r"), 2)
+	if ok, slots, err := w.c.PrepareRetrieve(key("m", 1, 0, stored, 0, 2*testChunk, "r"), w.inst); err != nil || !ok || len(slots) != 2 {
+		t.Fatalf("PREPARE_RETRIEVE = %v, %d slots, %v", ok, len(slots), err)
+	}
+	plan, err := w.c.PrepareStore(key("m", 1, 0, prompt(52, 3*testChunk), 0, 3*testChunk, "w"), w.inst)
+	if err != nil || len(plan.Slots) != 3 {
+		t.Fatalf("PREPARE_STORE = %+v, %v; want 3 slots", plan, err)
+	}
+	if got := h.eng.Leaks(); len(got) != 5 {
+		t.Fatalf("%d engine references with the transfers open, want 5 (2 reads, 3 staged writes): %v", len(got), got)
+	}
+	if err := w.c.Unregister(w.inst); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.eng.Leaks(); len(got) != 0 {
+		t.Fatalf("references left after UNREGISTER: %v", got)
+	}
+}
