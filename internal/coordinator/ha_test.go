@@ -140,6 +140,16 @@ func TestHAStandbyRedirectsAndFailover(t *testing.T) {
 			t.Errorf("standby %s %s: %d %q", rt[0], rt[1], code, hdr.Get("Location"))
 		}
 	}
+	// A 307 names where to go; it carries no Retry-After (the 503 does).
+	if hdr.Get("Retry-After") != "" {
+		t.Errorf("307 Retry-After %q, want none", hdr.Get("Retry-After"))
+	}
+	if got := b.metric(`lmcache_coordinator_standby_redirects_total{result="redirect"}`); got != 7 {
+		t.Errorf("standby_redirects_total{redirect} %v, want 7", got)
+	}
+	if got := b.metric(`lmcache_coordinator_standby_redirects_total{result="no_leader"}`); got != 0 {
+		t.Errorf("standby_redirects_total{no_leader} %v, want 0", got)
+	}
 	// A client that follows the redirect lands on the leader (307 keeps
 	// the method and body); the quota is committed to etcd and mirrored.
 	b.must("PUT", "/quota/t1", map[string]any{"limit_gb": 0.0009765625}, 200)
@@ -212,6 +222,9 @@ func TestHAStandbyRedirectsAndFailover(t *testing.T) {
 	if got := b.metric("lmcache_coordinator_leader_elections_total"); got != 1 {
 		t.Errorf("B elections %v", got)
 	}
+	if got := b.metric("lmcache_coordinator_leader_transitions_total"); got != 1 {
+		t.Errorf("B transitions %v, want 1", got)
+	}
 	// B renewed its lease as a standby and as leader; the renewals are
 	// exported next to the election metrics.
 	if got := b.metric("lmcache_coordinator_leader_renewals_total"); got < 1 {
@@ -250,6 +263,15 @@ func TestHANoEtcdRefusesWithClearStatus(t *testing.T) {
 	code, hdr, body := c.noFollow("PUT", "/quota/t1", `{"limit_gb": 1}`)
 	if code != 503 || hdr.Get("Location") != "" || body["leader"] != nil || !strings.Contains(body["detail"].(string), "no leader") {
 		t.Fatalf("PUT without a leader: %d %v %v", code, hdr, body)
+	}
+	if got := hdr.Get("Retry-After"); got != "1" {
+		t.Errorf("503 Retry-After %q, want 1", got)
+	}
+	if got := c.metric(`lmcache_coordinator_standby_redirects_total{result="no_leader"}`); got != 1 {
+		t.Errorf("standby_redirects_total{no_leader} %v, want 1", got)
+	}
+	if got := c.metric(`lmcache_coordinator_standby_redirects_total{result="redirect"}`); got != 0 {
+		t.Errorf("standby_redirects_total{redirect} %v, want 0", got)
 	}
 	if q := c.must("GET", "/quota/t1", nil, 200); q["quota_exists"] != false {
 		t.Fatalf("quota %v", q)
