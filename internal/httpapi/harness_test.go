@@ -159,6 +159,7 @@ type envOpts struct {
 	noEngine   bool // server without an engine: routes answer 503
 	mutate     func(*httpapi.Options)
 	extraAdapt []l2.Adapter
+	shared     []int // adapter indices configured with "shared": true
 }
 
 func newFS(t *testing.T) (*fs.Adapter, string) {
@@ -227,6 +228,9 @@ func start(t *testing.T, o envOpts) *env {
 	var wg sync.WaitGroup
 	if !o.noEngine {
 		cfgs := make([]engine.AdapterConfig, len(adapters))
+		for _, i := range o.shared {
+			cfgs[i].Shared = true
+		}
 		eng, err := engine.New(engine.Config{L1SizeBytes: 16 << 20, L2: cfgs}, adapters, logger)
 		if err != nil {
 			cancel()
