@@ -339,6 +339,26 @@ func TestSourceSkipsUndecodableAndRetriesTransient(t *testing.T) {
 	if calls[2] != 3 || calls[3] != 1 {
 		t.Errorf("Apply calls %v, want seq 2 three times and seq 3 once", calls)
 	}
+	// The same counts as exported metrics (the coordinator registers
+	// Collectors on its /metrics).
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(src.Collectors()...)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotMetrics := map[string]float64{}
+	for _, mf := range mfs {
+		if len(mf.GetMetric()) == 1 && mf.GetMetric()[0].GetCounter() != nil {
+			gotMetrics[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	wantMetrics := map[string]float64{"lmcache_coordinator_kafka_apply_retries_total": 2, "lmcache_coordinator_kafka_records_applied_total": 2,
+		"lmcache_coordinator_kafka_records_rejected_total": 1, "lmcache_coordinator_kafka_records_undecodable_total": 2,
+		"lmcache_coordinator_kafka_consumer_errors_total": 0, "lmcache_coordinator_kafka_commit_errors_total": 0}
+	if diff := cmp.Diff(wantMetrics, gotMetrics); diff != "" {
+		t.Errorf("exported counters (-want +got):\n%s", diff)
+	}
 }
 
 func upstreamStoreBatch() kafkaevents.Batch {
