@@ -19,6 +19,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/mq"
 	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/objkey"
+	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
@@ -406,5 +407,51 @@ func TestUnregisterReleasesOpenTransfers(t *testing.T) {
 	}
 	if got := h.eng.Leaks(); len(got) != 0 {
 		t.Fatalf("references left after UNREGISTER: %v", got)
+	}
+}
+
+// TestReaperIntervalAndSummary: the reaper runs every min(1 s, reap
+// timeout / 4) (1 s when reaping is disabled) and its run summary is
+// "reaped=<n> abandoned_transfers=<n>": a silent worker with one staged
+// write gives "reaped=1 abandoned_transfers=1".
+func TestReaperIntervalAndSummary(t *testing.T) {
+	for _, tc := range []struct {
+		reap time.Duration
+		want float64
+	}{{120 * time.Second, 1}, {8 * time.Second, 1}, {2 * time.Second, 0.5}, {0, 1}} {
+		loops := periodic.NewRegistry()
+		h := start(t, opts{mq: func(c *mq.Config) { c.WorkerReapTimeout, c.Periodic = tc.reap, loops }})
+		h.dial(mqclient.Options{}) // answered once Run has registered its loops
+		st, ok := loops.Get("lmcache-mp-worker-reaper")
+		if !ok || st.Interval != tc.want || st.Level != periodic.High {
+			t.Errorf("reap timeout %v: reaper %+v %v, want interval %v s, level high", tc.reap, st, ok, tc.want)
+		}
+		h.stop()
+	}
+	loops := periodic.NewRegistry()
+	h := start(t, opts{mq: func(c *mq.Config) {
+		c.WorkerReapTimeout, c.WorkerRegistrationGrace, c.Periodic = 2*time.Second, time.Hour, loops
+	}})
+	w := h.worker(5, "m", 1, 0)
+	if ok, err := w.c.Ping(wire.SomeInt(5)); err != nil || !ok {
+		t.Fatalf("PING = %v %v", ok, err)
+	}
+	if plan, err := w.c.PrepareStore(key("m", 1, 0, prompt(1, testChunk), 0, testChunk, "r"), 5); err != nil || len(plan.Slots) != 1 {
+		t.Fatalf("PREPARE_STORE = %+v %v", plan, err)
+	}
+	idle := "reaped=0 abandoned_transfers=0"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, _ := loops.Get("lmcache-mp-worker-reaper")
+		if msg, _ := st.LastSummary["message"].(string); msg != "" && msg != idle {
+			if msg != "reaped=1 abandoned_transfers=1" {
+				t.Fatalf("reaper summary %q, want reaped=1 abandoned_transfers=1", msg)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reaper never reaped: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
