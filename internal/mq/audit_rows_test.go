@@ -455,3 +455,44 @@ func TestReaperIntervalAndSummary(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestGen3OnlyNumbersFromGen2MAndAckFrames: a gen2m peer sending 29, 30,
+// 31, 33 or 34 (gen3's P2P ops, CB_PROTOCOL_HANDSHAKE, POLL_KV_EVENTS) is
+// answered with exactly the nil byte, each counted {kind="unknown_op"}; an
+// empty op frame (a streaming ack/cancel frame) gets no reply and is
+// counted {kind="op_frame"} exactly once.
+func TestGen3OnlyNumbersFromGen2MAndAckFrames(t *testing.T) {
+	h := start(t, opts{})
+	sock := rawDealer(t, h.endpoint)
+	csID, _ := wire.Gen2M.ID(wire.OpGetChunkSize)
+	if _, err := sock.SendMessage(wire.EncodeInt(0), wire.EncodeInt(csID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, resp := rawRecv(t, sock); !bytes.Equal(resp, wire.EncodeInt(testChunk)) {
+		t.Fatalf("GET_CHUNK_SIZE = %x", resp)
+	}
+	for _, n := range []int64{29, 30, 31, 33, 34} {
+		if _, err := sock.SendMessage(wire.EncodeInt(n), wire.EncodeInt(n), wire.Nil); err != nil {
+			t.Fatal(err)
+		}
+		if uid, resp := rawRecv(t, sock); uid != n || !bytes.Equal(resp, msgpackNil) {
+			t.Errorf("gen2m op %d: reply uid %d %x, want c0", n, uid, resp)
+		}
+	}
+	if _, err := sock.SendMessage(wire.EncodeInt(50), []byte{}, wire.Nil); err != nil {
+		t.Fatal(err)
+	}
+	noopID, _ := wire.Gen2M.ID(wire.OpNoop)
+	if _, err := sock.SendMessage(wire.EncodeInt(51), wire.EncodeInt(noopID)); err != nil {
+		t.Fatal(err)
+	}
+	if uid, resp := rawRecv(t, sock); uid != 51 || !bytes.Equal(resp, wire.OK) {
+		t.Fatalf("after the empty op frame: reply uid %d %x, want only NOOP's (51)", uid, resp)
+	}
+	if n := counterValue(h.srv.Metrics().ZMQMalformed.WithLabelValues("unknown_op")); n != 5 {
+		t.Errorf("unknown ops counted %v, want 5", n)
+	}
+	if n := counterValue(h.srv.Metrics().ZMQMalformed.WithLabelValues("op_frame")); n != 1 {
+		t.Errorf("op_frame malformed counted %v, want 1", n)
+	}
+}
