@@ -263,9 +263,9 @@ func TestKVRawRetrieveForm(t *testing.T) {
 func TestQuotaBytesAndDefaultSalt(t *testing.T) {
 	e := start(t, envOpts{})
 	for body, want := range map[string]int64{
-		`{"limit_gb": 1.5}`:          1610612736,
+		`{"limit_gb": 1.5}`:           1610612736,
 		`{"limit_gb": "0.000000001"}`: 1, // 1.073741824 bytes
-		`{"limit_gb": 2}`:            2147483648,
+		`{"limit_gb": 2}`:             2147483648,
 	} {
 		e.expect(200, "PUT", "/quota/alice", body)
 		got, ok := e.eng.Quota(quota.FromPath("alice"))

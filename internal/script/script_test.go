@@ -145,3 +145,20 @@ func TestErrorKindsFromTypedErrors(t *testing.T) {
 		t.Errorf("endless loop: %v, want ErrDeadline only", err)
 	}
 }
+
+// TestDefaultLimitsLiterals: the limits a zero Config (what the server
+// passes when no --script-* option is set) resolves to, as literals.
+func TestDefaultLimitsLiterals(t *testing.T) {
+	c := Config{}.withDefaults()
+	if c.MaxSteps != 10_000_000 || c.Timeout != 10*time.Second || c.MaxOutput != 1048576 || c.MemoryBytes != 536870912 {
+		t.Fatalf("defaults = steps %d, timeout %v, output %d, memory %d", c.MaxSteps, c.Timeout, c.MaxOutput, c.MemoryBytes)
+	}
+	if MaxConcurrent != 2 || cap(slots) != 2 {
+		t.Fatalf("concurrency = %d (slots %d), want 2", MaxConcurrent, cap(slots))
+	}
+	// Explicit values are kept, not replaced by the defaults.
+	k := Config{MaxSteps: 5, Timeout: time.Second, MaxOutput: 7, MemoryBytes: 9}.withDefaults()
+	if k.MaxSteps != 5 || k.Timeout != time.Second || k.MaxOutput != 7 || k.MemoryBytes != 9 {
+		t.Fatalf("explicit = %+v", k)
+	}
+}
