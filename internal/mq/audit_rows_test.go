@@ -496,3 +496,85 @@ func TestGen3OnlyNumbersFromGen2MAndAckFrames(t *testing.T) {
 		t.Errorf("op_frame malformed counted %v, want 1", n)
 	}
 }
+
+// TestTransferModeRefusalsAndControlServed: under lmcache_driven each of the
+// six engine-driven operations, under engine_driven each of REGISTER_KV_CACHE,
+// STORE, RETRIEVE and UNREGISTER_KV_CACHE, gets exactly its negative reply
+// and is counted {reason="transfer_mode"}; LOOKUP and the control
+// operations are answered the same in all three modes and refused in none.
+func TestTransferModeRefusalsAndControlServed(t *testing.T) {
+	k := wire.Marshal(key("m", 1, 0, prompt(2, testChunk), 0, testChunk, "r"))
+	lmdFrames := func(t *testing.T, op wire.Op) [][]byte {
+		switch op {
+		case wire.OpRegisterKVCache:
+			return newPagedCache(t).registerFrames(t, 4)
+		case wire.OpUnregisterKVCache:
+			return [][]byte{wire.EncodeInt(4)}
+		case wire.OpStore:
+			return [][]byte{k, wire.EncodeInt(4), blockIDs(1), msgp.AppendBytes(nil, nil)}
+		}
+		return [][]byte{k, wire.EncodeInt(4), blockIDs(1), msgp.AppendBytes(nil, nil), wire.EncodeInt(0)}
+	}
+	edFrames := func(_ *testing.T, op wire.Op) [][]byte {
+		switch op {
+		case wire.OpRegisterEngineDriven:
+			return [][]byte{wire.Marshal(regPayload(3, "m", 1))}
+		case wire.OpUnregisterEngineDriven:
+			return [][]byte{wire.EncodeInt(3)}
+		case wire.OpCommitStore:
+			return [][]byte{k, wire.EncodeInt(3), wire.Nil}
+		}
+		return [][]byte{k, wire.EncodeInt(3)}
+	}
+	refusals := []struct {
+		mode   string
+		ops    []wire.Op
+		frames func(*testing.T, wire.Op) [][]byte
+	}{
+		{mq.ModeLMCacheDriven, []wire.Op{wire.OpRegisterEngineDriven, wire.OpUnregisterEngineDriven, wire.OpPrepareStore,
+			wire.OpCommitStore, wire.OpPrepareRetrieve, wire.OpCommitRetrieve}, edFrames},
+		{mq.ModeEngineDriven, []wire.Op{wire.OpRegisterKVCache, wire.OpStore, wire.OpRetrieve, wire.OpUnregisterKVCache}, lmdFrames},
+		{mq.ModeAuto, nil, nil},
+	}
+	for _, tc := range refusals {
+		t.Run(tc.mode, func(t *testing.T) {
+			h := start(t, opts{mq: func(c *mq.Config) { c.TransferMode = tc.mode }})
+			if err := h.eng.RegisterLayout(engine.Layout{ModelName: "m", WorldSize: 1, ObjectBytes: testObj}); err != nil {
+				t.Fatal(err)
+			}
+			c := h.dial(mqclient.Options{})
+			for _, op := range tc.ops {
+				if b, err := c.Call(op, tc.frames(t, op)...); err != nil || !bytes.Equal(b, wire.NegativeReply(op)) {
+					t.Errorf("%s under %s = %x %v, want its negative reply %x", op.EnumName(), tc.mode, b, err, wire.NegativeReply(op))
+				}
+			}
+			if n := counterValue(h.srv.Metrics().ZMQRefused.WithLabelValues("transfer_mode")); n != float64(len(tc.ops)) {
+				t.Fatalf("transfer_mode refusals counted %v, want %d", n, len(tc.ops))
+			}
+			lk := key("m", 1, -1, prompt(9, testChunk), 0, testChunk, "l")
+			control := []struct {
+				op     wire.Op
+				frames [][]byte
+				want   []byte
+			}{
+				{wire.OpGetChunkSize, nil, wire.EncodeInt(testChunk)},
+				{wire.OpNoop, nil, wire.OK},
+				{wire.OpLookup, [][]byte{wire.Marshal(lk), wire.EncodeInt(1)}, msgpackNil},
+				{wire.OpWaitPrefetchStatus, [][]byte{msgp.AppendString(nil, "l"), msgp.AppendFloat64(nil, 10)}, []byte{0x00}},
+				{wire.OpQueryPrefetchStatus, [][]byte{msgp.AppendString(nil, "nobody")}, []byte{0x00}},
+				{wire.OpQueryPrefetchLookupHits, [][]byte{msgp.AppendString(nil, "nobody")}, []byte{0x00}},
+				{wire.OpFreeLookupLocks, [][]byte{wire.Marshal(lk), wire.EncodeInt(1)}, msgpackNil},
+				{wire.OpEndSession, [][]byte{msgp.AppendString(nil, "l")}, msgpackNil},
+				{wire.OpClear, [][]byte{wire.EncodeBool(false)}, msgpackNil},
+			}
+			for _, cc := range control {
+				if b, err := c.Call(cc.op, cc.frames...); err != nil || !bytes.Equal(b, cc.want) {
+					t.Errorf("%s under %s = %x %v, want %x", cc.op.EnumName(), tc.mode, b, err, cc.want)
+				}
+			}
+			if n := counterValue(h.srv.Metrics().ZMQRefused.WithLabelValues("transfer_mode")); n != float64(len(tc.ops)) {
+				t.Errorf("transfer_mode refusals counted %v after the control ops, want %d", n, len(tc.ops))
+			}
+		})
+	}
+}
