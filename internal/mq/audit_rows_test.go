@@ -578,3 +578,87 @@ func TestTransferModeRefusalsAndControlServed(t *testing.T) {
 		})
 	}
 }
+
+// mask is a one-group null_chunk_mask ([[b0, b1, ...]]).
+func mask(null ...bool) msgp.Raw {
+	b := msgp.AppendArrayHeader(nil, 1)
+	b = msgp.AppendArrayHeader(b, uint32(len(null)))
+	for _, v := range null {
+		b = msgp.AppendBool(b, v)
+	}
+	return b
+}
+
+// TestNullChunksSkippedAndUnlockedRetrieves: PREPARE_STORE asks for no slot
+// of a null_chunk_mask chunk; lmcache-driven STORE stores no null chunk and
+// does not overwrite a chunk already in L1; RETRIEVE of chunks no LOOKUP
+// locked is [b"", false], engine-driven PREPARE_RETRIEVE of them
+// success=false.
+func TestNullChunksSkippedAndUnlockedRetrieves(t *testing.T) {
+	h := start(t, opts{})
+	sched := h.dial(mqclient.Options{})
+	w := h.worker(1, "m", 1, 0)
+
+	// Engine-driven: chunk 1 of 3 is null.
+	k := key("m", 1, 0, prompt(61, 3*testChunk), 0, 3*testChunk, "n")
+	k.NullChunkMask = mask(false, true, false)
+	plan, err := w.c.PrepareStore(k, w.inst)
+	if err != nil || len(plan.Slots) != 2 || !slices.Equal(plan.ChunkIndices, []int{0, 2}) {
+		t.Fatalf("PREPARE_STORE with chunk 1 null = %+v %v, want slots for chunks 0 and 2", plan, err)
+	}
+	if ok, err := w.c.CommitStore(k, w.inst, nil); err != nil || !ok {
+		t.Fatalf("COMMIT_STORE = %v %v", ok, err)
+	}
+	nk := key("m", 1, -1, k.TokenIDs, 0, 3*testChunk, "n-look")
+	if n := lookupOnce(t, sched, nk); n != 1 {
+		t.Fatalf("LOOKUP after storing chunks 0 and 2 hit %d, want the prefix 1 (null chunk 1 not stored)", n)
+	}
+	freeLocks(t, sched, nk)
+
+	// lmcache-driven.
+	c := h.dial(mqclient.Options{})
+	pc := newPagedCache(t)
+	if b, err := c.Call(wire.OpRegisterKVCache, pc.registerFrames(t, 7)...); err != nil || !bytes.Equal(b, wire.Nil) {
+		t.Fatalf("REGISTER_KV_CACHE = %x %v", b, err)
+	}
+	tokens := prompt(62, 2*testChunk)
+	lk := key("m", 1, 0, tokens, 0, 2*testChunk, "l")
+	lk.NullChunkMask = mask(true, false)
+	if b, err := c.Call(wire.OpStore, wire.Marshal(lk), wire.EncodeInt(7), blockIDs(1, 2, 3, 4), msgp.AppendBytes(nil, nil)); err != nil || !bytes.Equal(b, transferOK) {
+		t.Fatalf("STORE with chunk 0 null = %x %v", b, err)
+	}
+	if n := lookupOnce(t, sched, key("m", 1, -1, tokens, 0, 2*testChunk, "l0")); n != 0 {
+		t.Fatalf("LOOKUP after a STORE whose chunk 0 is null hit %d, want 0 (chunk 0 not stored)", n)
+	}
+	freeLocks(t, sched, key("m", 1, -1, tokens, 0, 2*testChunk, "l0"))
+
+	// Chunk 0 of tokens2 stored from blocks 5, 6; a later STORE of both
+	// chunks from blocks 9..12 keeps that object (already in L1).
+	tokens2 := prompt(63, 2*testChunk)
+	if b, err := c.Call(wire.OpStore, wire.Marshal(key("m", 1, 0, tokens2[:testChunk], 0, testChunk, "a")), wire.EncodeInt(7), blockIDs(5, 6), msgp.AppendBytes(nil, nil)); err != nil || !bytes.Equal(b, transferOK) {
+		t.Fatalf("STORE of chunk 0 = %x %v", b, err)
+	}
+	if b, err := c.Call(wire.OpStore, wire.Marshal(key("m", 1, 0, tokens2, 0, 2*testChunk, "b")), wire.EncodeInt(7), blockIDs(9, 10, 11, 12), msgp.AppendBytes(nil, nil)); err != nil || !bytes.Equal(b, transferOK) {
+		t.Fatalf("STORE of chunks 0-1 = %x %v", b, err)
+	}
+	if bytes.Equal(pc.object([]int{5, 6}), pc.object([]int{9, 10})) {
+		t.Fatal("test blocks 5,6 and 9,10 hold the same bytes")
+	}
+	lookupUntil(t, sched, key("m", 1, -1, tokens2, 0, 2*testChunk, "c"), 2)
+	want := [][]byte{pc.object([]int{5, 6}), pc.object([]int{11, 12})}
+	if !w.retrieve(tokens2, 0, 2*testChunk, "c", func(i int) []byte { return want[i] }) {
+		t.Fatal("PREPARE_RETRIEVE of the stored chunks failed")
+	}
+
+	// Nothing locked for request "u": both retrieve paths refuse.
+	if b, err := c.Call(wire.OpRetrieve, wire.Marshal(key("m", 1, 0, tokens2, 0, 2*testChunk, "u")), wire.EncodeInt(7), blockIDs(13, 14, 15, 0), msgp.AppendBytes(nil, nil), wire.EncodeInt(0)); err != nil || !bytes.Equal(b, transferFailed) {
+		t.Fatalf("RETRIEVE of unlocked chunks = %x %v, want [b\"\", false] %x", b, err, transferFailed)
+	}
+	b, err := w.c.Call(wire.OpPrepareRetrieve, wire.Marshal(key("m", 1, 0, tokens2, 0, 2*testChunk, "u")), wire.EncodeInt(w.inst))
+	if err != nil || !bytes.Equal(b, wire.NegativeReply(wire.OpPrepareRetrieve)) {
+		t.Fatalf("PREPARE_RETRIEVE of unlocked chunks = %x %v, want success=false %x", b, err, wire.NegativeReply(wire.OpPrepareRetrieve))
+	}
+	if ok, err := w.c.CommitRetrieve(key("m", 1, 0, tokens2, 0, 2*testChunk, "u"), w.inst); err != nil || ok {
+		t.Fatalf("COMMIT_RETRIEVE after the refused PREPARE_RETRIEVE = %v %v, want false", ok, err)
+	}
+}
