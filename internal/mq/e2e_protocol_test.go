@@ -2,7 +2,6 @@ package mq_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"regexp"
 	"slices"
@@ -457,28 +456,11 @@ func serveGated(t *testing.T, g *gatedEngine, cfg mq.Config) string {
 	return serveGatedSrv(t, g, cfg).Endpoint()
 }
 
-// serveGatedSrv is serveGated returning the server.
+// serveGatedSrv is serveGated returning the server (its log is kept and
+// shown only if the test fails: serveGatedLogged).
 func serveGatedSrv(t *testing.T, g *gatedEngine, cfg mq.Config) *mq.Server {
 	t.Helper()
-	cfg.Host, cfg.ChunkSize = "127.0.0.1", testChunk
-	srv, err := mq.New(cfg, g, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		select {
-		case <-g.release:
-		default:
-			close(g.release)
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	srv, _ := serveGatedLogged(t, g, cfg)
 	return srv
 }
 
