@@ -202,3 +202,28 @@ func checkStoredRecords(t *testing.T, events []map[string]any, toks []wire.Int, 
 		}
 	}
 }
+
+// TestKVEventsPollReplyCapped: however large max_events is, one
+// POLL_KV_EVENTS reply carries at most 4096 records (the rest follow from
+// its next_cursor), so one poll cannot make the server build an unbounded
+// reply.
+func TestKVEventsPollReplyCapped(t *testing.T) {
+	const records = 5000
+	lg, err := kvevents.NewLog(records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range records {
+		lg.Append(kvevents.Record{Kind: "removed", Medium: "CPU", Model: "m", Hashes: [][]byte{{byte(i), byte(i >> 8)}}})
+	}
+	rec := kvevents.NewRecorder(lg, nil, testChunk, nil)
+	h := start(t, opts{mq: func(c *mq.Config) { c.KVEvents = rec }})
+	w := h.worker(1, "m", 1, 0)
+	r := poll(t, w, "m", 0, 1_000_000)
+	if len(r.Events) != 4096 || r.Next != 4096 || r.Lost {
+		t.Fatalf("first poll: %d events, next %d, lost %v; want 4096, 4096, false", len(r.Events), r.Next, r.Lost)
+	}
+	if r := poll(t, w, "m", r.Next, 1_000_000); len(r.Events) != records-4096 || r.Next != records || r.Lost {
+		t.Fatalf("second poll: %d events, next %d, lost %v; want %d, %d, false", len(r.Events), r.Next, r.Lost, records-4096, records)
+	}
+}
