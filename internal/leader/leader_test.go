@@ -36,6 +36,18 @@ type elector struct {
 
 func runElector(t *testing.T, cli *clientv3.Client, id string) *elector {
 	t.Helper()
+	return runElectorTTL(t, cli, id, ttl)
+}
+
+// memberLossTTL is the lease TTL of the etcd member-loss tests. They claim
+// the term survives a member's (or the raft leader's) death; with the 5 s
+// TTL the renew deadline is 3.3 s, and a raft election on a loaded 2-core
+// CI machine once left etcd unable to renew for longer than that, ending
+// the term for a reason the tests are not about.
+const memberLossTTL = 10 * time.Second
+
+func runElectorTTL(t *testing.T, cli *clientv3.Client, id string, ttl time.Duration) *elector {
+	t.Helper()
 	changes := make(chan leader.Status, 64)
 	e, err := leader.New(leader.Config{Client: cli, ID: id, Prefix: prefix, TTL: ttl,
 		OnChange: func(s leader.Status) { changes <- s }})
@@ -107,15 +119,21 @@ type pair struct {
 
 func startPair(t *testing.T) pair {
 	t.Helper()
+	return startPairTTL(t, ttl)
+}
+
+// startPairTTL is startPair with electors of lease TTL ttl.
+func startPairTTL(t *testing.T, ttl time.Duration) pair {
+	t.Helper()
 	p := pair{c: startCluster(t)}
 	p.admin = newClient(t, p.c.Endpoints)
 	p.cliA = newClient(t, p.c.Endpoints)
-	p.a = runElector(t, p.cliA, "coord-a")
+	p.a = runElectorTTL(t, p.cliA, "coord-a", ttl)
 	p.gainA = p.a.next(t, true)
 	if p.gainA.Revision <= 0 || !p.a.e.Leading() || p.a.e.Revision() != p.gainA.Revision {
 		t.Fatalf("A: status %+v Leading %v Revision %d", p.gainA, p.a.e.Leading(), p.a.e.Revision())
 	}
-	p.b = runElector(t, newClient(t, p.c.Endpoints), "coord-b")
+	p.b = runElectorTTL(t, newClient(t, p.c.Endpoints), "coord-b", ttl)
 	waitKeys(t, p.admin, 2) // B is queued behind A
 	if p.b.e.Leading() || p.b.e.Revision() != 0 {
 		t.Fatalf("standby leads: %v rev %d", p.b.e.Leading(), p.b.e.Revision())
@@ -282,7 +300,7 @@ func TestLeaderResignsOnCancel(t *testing.T) {
 // where it was: the leader keeps renewing through the remaining quorum,
 // its fencing token unchanged, and the standby stays standby.
 func TestLeadershipSurvivesEtcdMemberLoss(t *testing.T) {
-	p := startPair(t)
+	p := startPairTTL(t, memberLossTTL)
 	survivesMemberLoss(t, p, p.c.Follower(t, p.admin), false)
 }
 
@@ -292,7 +310,7 @@ func TestLeadershipSurvivesEtcdMemberLoss(t *testing.T) {
 // and the coordinator's leadership is again unchanged: same term, same
 // fencing token, no second term for either elector, renewals resume.
 func TestLeadershipSurvivesEtcdLeaderLoss(t *testing.T) {
-	p := startPair(t)
+	p := startPairTTL(t, memberLossTTL)
 	survivesMemberLoss(t, p, p.c.Leader(t, p.admin), true)
 }
 
