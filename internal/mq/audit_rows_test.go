@@ -230,14 +230,21 @@ func TestFreeLookupLocksNoOverRelease(t *testing.T) {
 	if both != 4 || len(afterA) != 4 {
 		t.Fatalf("%d chunks referenced with both lookups, %d after a's free; want 4 and 4", both, len(afterA))
 	}
-	for _, l := range afterA {
-		if !strings.HasSuffix(l, ": 1 readers, holders [{b 1}]") {
-			t.Fatalf("after a's free: %q, want only b's one lock", l)
-		}
-	}
+	onlyLockedBy(t, "after a's free", afterA, "b")
 	freeLocks(t, sched, kb)
 	if got := h.eng.Leaks(); len(got) != 0 {
 		t.Fatalf("references left after b's free: %v", got)
+	}
+}
+
+// onlyLockedBy fails t unless every reference in refs (Engine.Leaks lines)
+// is one read lock held by request holder.
+func onlyLockedBy(t *testing.T, when string, refs []string, holder string) {
+	t.Helper()
+	for _, l := range refs {
+		if !strings.HasSuffix(l, ": 1 readers, holders [{"+holder+" 1}]") {
+			t.Fatalf("%s: %q, want only %s's one lock", when, l, holder)
+		}
 	}
 }
 
@@ -325,11 +332,7 @@ func TestEndSessionKeepsLocks(t *testing.T) {
 	if len(got) != 3 {
 		t.Fatalf("%d references after END_SESSION, want the lookup's 3: %v", len(got), got)
 	}
-	for _, l := range got {
-		if !strings.HasSuffix(l, ": 1 readers, holders [{e 1}]") {
-			t.Fatalf("after END_SESSION: %q, want e's lock kept", l)
-		}
-	}
+	onlyLockedBy(t, "after END_SESSION", got, "e")
 	freeLocks(t, sched, k)
 	if got := h.eng.Leaks(); len(got) != 0 {
 		t.Fatalf("references left after FREE_LOOKUP_LOCKS: %v", got)
