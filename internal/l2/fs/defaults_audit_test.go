@@ -8,22 +8,9 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
+	"github.com/lmcache-go/lmcache/internal/l2/l2test"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
-
-func openJSON(t *testing.T, js string) l2.Adapter {
-	t.Helper()
-	spec, err := l2.ParseSpec(1, []byte(js))
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := l2.Open(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.Close() })
-	return a
-}
 
 // TestDefaultsFromJSON: a minimal object has recover_on_start true and
 // fsync false; both keys are read from the JSON, strictly typed.
@@ -54,7 +41,7 @@ func TestDefaultsFromJSON(t *testing.T) {
 // is created at open, and objects are stored in it.
 func TestBasePathCreated(t *testing.T) {
 	base := filepath.Join(t.TempDir(), "a", "b")
-	a := openJSON(t, `{"type":"fs","base_path":"`+base+`"}`)
+	a := l2test.OpenJSON(t, `{"type":"fs","base_path":"`+base+`"}`)
 	fi, err := os.Stat(base)
 	if err != nil || !fi.IsDir() {
 		t.Fatalf("base_path after open: %v, %v", fi, err)
@@ -77,7 +64,7 @@ func TestRecoverOnStartByDefault(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(base, k.FSName()), []byte("12345"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a := openJSON(t, `{"type":"fs","base_path":"`+base+`"}`)
+	a := l2test.OpenJSON(t, `{"type":"fs","base_path":"`+base+`"}`)
 	if got := a.Usage().TotalBytesUsed; got != 5 {
 		t.Fatalf("usage with the default = %d, want 5", got)
 	}
@@ -85,7 +72,7 @@ func TestRecoverOnStartByDefault(t *testing.T) {
 	if len(keys) != 1 || keys[0] != k || len(sizes) != 1 || sizes[0] != 5 {
 		t.Fatalf("recovered %v %v", keys, sizes)
 	}
-	off := openJSON(t, `{"type":"fs","base_path":"`+base+`","recover_on_start":false}`)
+	off := l2test.OpenJSON(t, `{"type":"fs","base_path":"`+base+`","recover_on_start":false}`)
 	if got := off.Usage().TotalBytesUsed; got != 0 {
 		t.Fatalf("usage with recover_on_start false = %d, want 0", got)
 	}

@@ -451,3 +451,20 @@ func testClosed(t *testing.T, a l2.Adapter) {
 	}
 	a.Unlock(keys)
 }
+
+// OpenJSON opens the adapter one --l2-adapter value describes, as the
+// server does (ParseSpec, then Open), failing tb on either error; the
+// adapter is closed when the test ends.
+func OpenJSON(tb testing.TB, js string) l2.Adapter {
+	tb.Helper()
+	spec, err := l2.ParseSpec(1, []byte(js))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	a, err := l2.Open(context.Background(), spec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = a.Close() })
+	return a
+}
