@@ -60,25 +60,30 @@ const replayWait = 10 * time.Millisecond
 
 // publisherWarnEvery bounds each kind of publisher warning (a failed
 // send, a bad replay request) to one per interval; every occurrence is
-// still counted through the dropped hook.
+// still counted through the dropped or replay-failed hook.
 const publisherWarnEvery = 10 * time.Second
 
-// Reasons the publisher reports through the dropped hook (Config.Dropped,
-// lmcache_mp_kv_events_dropped_total{reason}).
+// DropPublishFailed is the reason the publisher reports through the
+// dropped hook (Config.Dropped, lmcache_mp_kv_events_dropped_total
+// {reason="publish_failed"}): the PUB socket refused a batch (a closed
+// socket or context; PUB itself drops silently at its HWM). n is the
+// batch's events: live subscribers never get them, the replay buffer
+// keeps them.
+const DropPublishFailed = "publish_failed"
+
+// Reasons the publisher reports through the replay-failed hook
+// (Config.ReplayFailed, lmcache_mp_kv_events_replay_requests_failed_total
+// {reason}). Each is one replay request not answered in full; they are
+// not events, so they have a counter of their own rather than a reason of
+// the dropped one.
 const (
-	// DropPublishFailed: the PUB socket refused a batch (a closed socket
-	// or context; PUB itself drops silently at its HWM). n is the batch's
-	// events: live subscribers never get them, the replay buffer keeps
-	// them.
-	DropPublishFailed = "publish_failed"
-	// DropReplayInvalid: a replay request that is not [identity, empty,
-	// 8-byte start sequence]; n is 1 per request, answered with nothing.
-	DropReplayInvalid = "replay_invalid_request"
-	// DropReplayAborted: a replay cut short because a send on the replay
-	// socket failed (the client is gone or not reading); n is 1 per
-	// replay. The client gets neither the remaining batches nor the end
-	// marker.
-	DropReplayAborted = "replay_aborted"
+	// ReplayInvalid: a replay request that is not [identity, empty,
+	// 8-byte start sequence], answered with nothing.
+	ReplayInvalid = "invalid"
+	// ReplayAborted: a replay cut short because a send on the replay
+	// socket failed (the client is gone or not reading). The client gets
+	// neither the remaining batches nor the end marker.
+	ReplayAborted = "aborted"
 )
 
 type sent struct {
@@ -111,9 +116,13 @@ type Publisher struct {
 	// mode is "bind" or "connect" (vLLM's rule, see PublisherConfig).
 	mode string
 
-	// dropped counts lost work by reason (the Recorder's hook; never nil
-	// once New or NewPublisher returned). Set before Run starts.
+	// dropped counts the events of refused batches (the Recorder's hook;
+	// never nil once New or NewPublisher returned). Set before Run starts.
 	dropped func(reason string, n int)
+	// replayFailed counts replay requests not answered in full, once each
+	// (Config.ReplayFailed; never nil once New or NewPublisher returned).
+	// Set before Run starts.
+	replayFailed func(reason string)
 	// lastWarn rate-limits warnings per kind; owned by the publishing
 	// goroutine.
 	lastWarn map[string]time.Time
@@ -133,7 +142,7 @@ func NewPublisher(cfg PublisherConfig, loops *periodic.Registry, logger *slog.Lo
 		logger = slog.New(slog.DiscardHandler)
 	}
 	p := &Publisher{cfg: cfg, log: logger, queue: make(chan []Record, cfg.MaxQueueSize), topic: []byte(cfg.Topic),
-		dropped: func(string, int) {}, lastWarn: map[string]time.Time{}}
+		dropped: func(string, int) {}, replayFailed: func(string) {}, lastWarn: map[string]time.Time{}}
 	if err := p.open(); err != nil {
 		p.close()
 		return nil, err
@@ -310,8 +319,8 @@ func (p *Publisher) serveReplay() {
 			return
 		}
 		if len(msg) != 3 || len(msg[2]) != 8 {
-			p.dropped(DropReplayInvalid, 1)
-			p.warnEvery(DropReplayInvalid, "invalid KV events replay request: want [identity, empty, 8-byte start sequence]; ignored (logged at most every 10 s; counted in lmcache_mp_kv_events_dropped_total{reason=\"replay_invalid_request\"})", "frames", len(msg))
+			p.replayFailed(ReplayInvalid)
+			p.warnEvery("replay_"+ReplayInvalid, "invalid KV events replay request: want [identity, empty, 8-byte start sequence]; ignored (logged at most every 10 s; counted in lmcache_mp_kv_events_replay_requests_failed_total{reason=\"invalid\"})", "frames", len(msg))
 			continue
 		}
 		start := binary.BigEndian.Uint64(msg[2])
@@ -337,8 +346,8 @@ func (p *Publisher) serveReplay() {
 // replayAborted counts a replay cut short by a failed send of what (a
 // batch with its sequence, or the end marker).
 func (p *Publisher) replayAborted(what string, seq uint64, err error) {
-	p.dropped(DropReplayAborted, 1)
-	p.warnEvery(DropReplayAborted, "KV events replay aborted: send failed (logged at most every 10 s; counted in lmcache_mp_kv_events_dropped_total{reason=\"replay_aborted\"})", "sending", what, "seq", seq, "err", err)
+	p.replayFailed(ReplayAborted)
+	p.warnEvery("replay_"+ReplayAborted, "KV events replay aborted: send failed (logged at most every 10 s; counted in lmcache_mp_kv_events_replay_requests_failed_total{reason=\"aborted\"})", "sending", what, "seq", seq, "err", err)
 }
 
 // warnEvery logs msg at most once per publisherWarnEvery per key. Only the

@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/binary"
 	"log/slog"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/lmcache-go/lmcache/internal/logtest"
+	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
@@ -50,15 +53,34 @@ func TestPublishFailureCounted(t *testing.T) {
 	}
 }
 
+// kvSeries scrapes m and returns its lmcache_mp_kv_events_* samples,
+// one "name{labels} value" line each, in exposition order.
+func kvSeries(t *testing.T, m *mpmetrics.Metrics) []string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	var out []string
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if strings.HasPrefix(line, mpmetrics.Namespace+"_kv_events_") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
 // TestInvalidReplayRequestCounted: over a real ZMQ DEALER, three replay
-// requests with a 5-byte start sequence are each counted under
-// replay_invalid_request and answered with nothing; the valid request
-// that follows gets the end marker, which also shows (one DEALER, one
-// ordered stream) that the three were handled. One warning is logged.
+// requests with a 5-byte start sequence are each counted once in
+// lmcache_mp_kv_events_replay_requests_failed_total{reason="invalid"}
+// (wired through Config.ReplayFailed into a real registry) and answered
+// with nothing; lmcache_mp_kv_events_dropped_total gets no series, since
+// a request is not an event. The valid request that follows gets the end
+// marker, which also shows (one DEALER, one ordered stream) that the
+// three were handled. One warning is logged.
 func TestInvalidReplayRequestCounted(t *testing.T) {
 	logs := &logtest.Buffer{}
-	var d drops
-	r, err := New(Config{Loops: periodic.NewRegistry(), Dropped: d.add, Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	m := mpmetrics.New("i-1", nil)
+	r, err := New(Config{Loops: periodic.NewRegistry(), Dropped: m.KVEventsDrop, ReplayFailed: m.KVEventsReplayFailed,
+		Logger:    slog.New(slog.NewTextHandler(logs, nil)),
 		Publisher: PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*"}})
 	if err != nil {
 		t.Fatal(err)
@@ -82,14 +104,15 @@ func TestInvalidReplayRequestCounted(t *testing.T) {
 	if err != nil || len(msg) != 3 || string(msg[1]) != string(endSeq) {
 		t.Fatalf("reply to the valid request %q, %v; want the end marker", msg, err)
 	}
-	if got := d.get(DropReplayInvalid); got != 3 {
-		t.Errorf("replay_invalid_request counted %d, want 3", got)
-	}
-	if got := d.get(DropReplayAborted); got != 0 {
-		t.Errorf("replay_aborted counted %d, want 0", got)
+	want := []string{`lmcache_mp_kv_events_replay_requests_failed_total{reason="invalid"} 3`}
+	if got := kvSeries(t, m); !slices.Equal(got, want) {
+		t.Errorf("kv_events series %q, want %q (and no dropped_total series)", got, want)
 	}
 	if n := strings.Count(logs.String(), "invalid KV events replay request"); n != 1 {
 		t.Errorf("invalid request logged %d times, want 1", n)
+	}
+	if n := strings.Count(logs.String(), `lmcache_mp_kv_events_replay_requests_failed_total{reason=\"invalid\"}`); n != 1 {
+		t.Errorf("the warning names the counter %d times, want 1:\n%s", n, logs.String())
 	}
 }
 
@@ -98,19 +121,22 @@ func TestInvalidReplayRequestCounted(t *testing.T) {
 // plus its own (1): the first replay of the 64 retained batches and the
 // end marker (65 messages) fits, the second is cut short when the pipe is
 // full and the third fails at its first batch. With mandatory routing
-// each abort is a send error, counted once per replay under
-// replay_aborted, and logged once. Run never started, so the test drives
-// serveReplay.
+// each abort is a send error, counted once per replay in
+// lmcache_mp_kv_events_replay_requests_failed_total{reason="aborted"}
+// (wired through Config.ReplayFailed into a real registry), never in
+// lmcache_mp_kv_events_dropped_total, and logged once. Run never started,
+// so the test drives serveReplay.
 func TestReplayAbortedCounted(t *testing.T) {
 	logs := &logtest.Buffer{}
-	p, err := NewPublisher(PublisherConfig{Endpoint: "inproc://kv-abort-pub", ReplayEndpoint: "inproc://kv-abort-replay", BufferSteps: 64},
-		periodic.NewRegistry(), slog.New(slog.NewTextHandler(logs, nil)))
+	m := mpmetrics.New("i-1", nil)
+	r, err := New(Config{Loops: periodic.NewRegistry(), Dropped: m.KVEventsDrop, ReplayFailed: m.KVEventsReplayFailed,
+		Logger:    slog.New(slog.NewTextHandler(logs, nil)),
+		Publisher: PublisherConfig{Endpoint: "inproc://kv-abort-pub", ReplayEndpoint: "inproc://kv-abort-replay", BufferSteps: 64}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var d drops
-	r := NewRecorder(nil, p, 1, d.add)
 	defer r.Close()
+	p := r.Publisher()
 	for i := range 64 {
 		p.send([]Record{removed("m", i)})
 	}
@@ -138,17 +164,19 @@ func TestReplayAbortedCounted(t *testing.T) {
 	// An aborted replay ends the call (the rest waits for the next cycle):
 	// the first call serves replay 1 and aborts 2, the second aborts 3.
 	p.serveReplay()
-	if got := d.get(DropReplayAborted); got != 1 {
-		t.Errorf("after one call replay_aborted counted %d, want 1", got)
+	want := []string{`lmcache_mp_kv_events_replay_requests_failed_total{reason="aborted"} 1`}
+	if got := kvSeries(t, m); !slices.Equal(got, want) {
+		t.Errorf("after one call kv_events series %q, want %q", got, want)
 	}
 	p.serveReplay()
-	if got := d.get(DropReplayAborted); got != 2 {
-		t.Errorf("replay_aborted counted %d, want 2", got)
-	}
-	if got := d.get(DropReplayInvalid); got != 0 {
-		t.Errorf("replay_invalid_request counted %d, want 0", got)
+	want = []string{`lmcache_mp_kv_events_replay_requests_failed_total{reason="aborted"} 2`}
+	if got := kvSeries(t, m); !slices.Equal(got, want) {
+		t.Errorf("kv_events series %q, want %q (and no dropped_total series)", got, want)
 	}
 	if n := strings.Count(logs.String(), "KV events replay aborted"); n != 1 {
 		t.Errorf("aborted replay logged %d times, want 1", n)
+	}
+	if n := strings.Count(logs.String(), `lmcache_mp_kv_events_replay_requests_failed_total{reason=\"aborted\"}`); n != 1 {
+		t.Errorf("the warning names the counter %d times, want 1:\n%s", n, logs.String())
 	}
 }

@@ -64,15 +64,16 @@ type Recorder struct {
 
 // NewRecorder builds a recorder feeding log and pub (either may be nil).
 // blockSize is the chunk size in tokens; dropped counts dropped events by
-// reason (nil: not counted), the publisher's included, so pub must not be
-// running yet.
+// reason (nil: not counted), the events of batches pub's socket refused
+// included, so pub must not be running yet. pub's failed replays are not
+// events and go to New's Config.ReplayFailed instead.
 func NewRecorder(log *Log, pub *Publisher, blockSize int, dropped func(reason string, n int)) *Recorder {
 	if dropped == nil {
 		dropped = func(string, int) {}
 	} else if pub != nil {
-		// The publisher's own losses (failed sends, bad or aborted
-		// replays) go to the same counter. pub's Run has not started:
-		// the Recorder's Run starts it.
+		// The events of batches the publisher's socket refused go to
+		// the same counter. pub's Run has not started: the Recorder's
+		// Run starts it.
 		pub.dropped = dropped
 	}
 	return &Recorder{log: log, pub: pub, blockSize: blockSize, dropped: dropped, binds: map[string]binding{}}
@@ -260,7 +261,12 @@ type Config struct {
 	Loops *periodic.Registry
 	// Dropped counts dropped events by reason (nil: not counted).
 	Dropped func(reason string, n int)
-	Logger  *slog.Logger
+	// ReplayFailed counts the publisher's replay requests not answered in
+	// full, once per request, by reason (ReplayInvalid, ReplayAborted;
+	// nil: not counted). A request is not an event, so these are kept
+	// apart from Dropped.
+	ReplayFailed func(reason string)
+	Logger       *slog.Logger
 }
 
 // New builds the recorder of the server's KV events: the log when
@@ -286,7 +292,9 @@ func New(cfg Config) (*Recorder, error) {
 		if pub, err = NewPublisher(cfg.Publisher, cfg.Loops, cfg.Logger); err != nil {
 			return nil, err
 		}
-
+		if cfg.ReplayFailed != nil {
+			pub.replayFailed = cfg.ReplayFailed
+		}
 	}
 	return NewRecorder(lg, pub, cfg.BlockSize, cfg.Dropped), nil
 }

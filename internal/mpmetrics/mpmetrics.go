@@ -91,11 +91,14 @@ type Metrics struct {
 	// on the socket goroutine, which never waits).
 	TransferCommitWaits *prometheus.CounterVec
 
-	// KV events for KV-aware routers (internal/kvevents): events dropped,
-	// labelled {reason}: unbound_store, salted, publisher_queue_full,
-	// log_overflow, publish_failed (in events), replay_invalid_request and
-	// replay_aborted (one per request or replay).
-	KVEventsDropped *prometheus.CounterVec
+	// KV events for KV-aware routers (internal/kvevents). KVEventsDropped
+	// counts events, labelled {reason}: unbound_store, salted,
+	// publisher_queue_full, log_overflow, publish_failed.
+	// KVEventsReplayRequestsFailed counts replay requests, not events, so
+	// it is a counter of its own, labelled {reason}: invalid (malformed,
+	// answered with nothing), aborted (cut short by a failed send).
+	KVEventsDropped              *prometheus.CounterVec
+	KVEventsReplayRequestsFailed *prometheus.CounterVec
 
 	// TraceSpansDropped counts spans the OTLP exporter lost, by {reason}.
 	TraceSpansDropped *prometheus.CounterVec
@@ -157,7 +160,8 @@ func New(instanceID string, src Source) *Metrics {
 	m.TransferCommitWaits = cv(Namespace+"_transfer_commit_waits_total", "LOOKUPs and RETRIEVEs that waited for the commit of an answered lmcache-driven CUDA STORE of their chunks, by op (lookup, retrieve) and outcome (committed; deadline: went on without them; shutdown; not_waited: a LOOKUP answered on the socket goroutine, which never blocks, because the store began after it was handed there).", "op", "outcome")
 	m.TransferCopySeconds = cv(Namespace+"_transfer_copy_seconds_total", "Time the server spent copying KV cache on the lmcache-driven path (CUDA: from submission to completion), by direction and path.", "direction", "path")
 
-	m.KVEventsDropped = cv(Namespace+"_kv_events_dropped_total", "KV events for KV-aware routers that were not published or not kept: stored chunks without known tokens (unbound_store), salted chunks (salted), events the publisher queue had no room for (publisher_queue_full), the oldest POLL_KV_EVENTS records the full log discarded to make room (log_overflow; a poller that had not read them is told lost), events of batches the PUB socket refused (publish_failed; still kept for replay); and, counted once each rather than in events, replay requests ignored as malformed (replay_invalid_request) and replays cut short by a failed send (replay_aborted).", "reason")
+	m.KVEventsDropped = cv(Namespace+"_kv_events_dropped_total", "KV events for KV-aware routers that were not published or not kept: stored chunks without known tokens (unbound_store), salted chunks (salted), events the publisher queue had no room for (publisher_queue_full), the oldest POLL_KV_EVENTS records the full log discarded to make room (log_overflow; a poller that had not read them is told lost), events of batches the PUB socket refused (publish_failed; still kept for replay). Failed replay requests are counted in lmcache_mp_kv_events_replay_requests_failed_total.", "reason")
+	m.KVEventsReplayRequestsFailed = cv(Namespace+"_kv_events_replay_requests_failed_total", "KV events replay requests (--kv-events-replay-endpoint) not answered in full, one per request: malformed requests, ignored and answered with nothing (invalid); replays cut short by a failed send, the client getting neither the remaining batches nor the end marker (aborted).", "reason")
 
 	m.engine = &engineCollector{src: src}
 	m.reg.MustRegister(m.engine)
@@ -178,6 +182,19 @@ func New(instanceID string, src Source) *Metrics {
 	m.TraceSpansDropped.WithLabelValues("export_failed")
 	m.TraceSpansDropped.WithLabelValues("queue_full")
 	return m
+}
+
+// KVEventsDrop adds n dropped events under reason to
+// lmcache_mp_kv_events_dropped_total; it is kvevents.Config.Dropped.
+func (m *Metrics) KVEventsDrop(reason string, n int) {
+	m.KVEventsDropped.WithLabelValues(reason).Add(float64(n))
+}
+
+// KVEventsReplayFailed counts one replay request not answered in full
+// under reason in lmcache_mp_kv_events_replay_requests_failed_total; it is
+// kvevents.Config.ReplayFailed.
+func (m *Metrics) KVEventsReplayFailed(reason string) {
+	m.KVEventsReplayRequestsFailed.WithLabelValues(reason).Inc()
 }
 
 // SetSource replaces the engine counter source (when the engine becomes ready).
