@@ -147,9 +147,9 @@ type Options struct {
 	LogLevels *loglevel.Registry
 	// Periodic backs /periodic-threads*; nil is an empty registry.
 	Periodic *periodic.Registry
-	// StatusExtra contributes data-path fields to GET /status
+	// StatusExtra contributes the data path's fields to GET /status
 	// (active_sessions, registered_gpu_ids, cache_context_meta, ...).
-	StatusExtra func() map[string]any
+	StatusExtra func() DataPathStatus
 	// KVBlocks backs POST /cache/checksums; nil answers 501.
 	KVBlocks KVBlockReader
 	// KVEvents, if set, is given the tokens of /api/kv stores, so their

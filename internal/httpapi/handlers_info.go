@@ -56,7 +56,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) error {
 		for k, v := range l.Meta {
 			meta[k] = v
 		}
-		ctxMeta[strconv.Itoa(i)] = CacheContext{ModelName: l.ModelName, WorldSize: l.WorldSize, ObjectBytes: &l.ObjectBytes, KVCacheLayout: meta}
+		ctxMeta[strconv.Itoa(i)] = CacheContext{ModelName: l.ModelName, WorldSize: l.WorldSize, ObjectBytes: &l.ObjectBytes, KVCacheLayout: KVCacheLayout{Meta: meta}}
 		models = append(models, ModelLayout{ModelName: l.ModelName, WorldSize: l.WorldSize, ObjectBytes: l.ObjectBytes})
 	}
 	out := StatusResponse{
@@ -72,29 +72,16 @@ func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) error {
 		ModelLayouts:       models,
 	}
 	if s.opts.StatusExtra != nil {
-		for k, v := range s.opts.StatusExtra() {
-			typed := false
-			switch k {
-			case "active_sessions":
-				typed = decodeExact(v, &out.ActiveSessions)
-			case "registered_gpu_ids":
-				typed = decodeExact(v, &out.RegisteredGPUIDs)
-			case "cache_context_meta":
-				typed = decodeExact(v, &out.CacheContextMeta)
-			case "pending_lookups":
-				typed = decodeExact(v, &out.PendingLookups)
-			case "pending_transfers":
-				typed = decodeExact(v, &out.PendingTransfers)
-			case "kv_events":
-				typed = decodeExact(v, &out.KVEvents)
-			}
-			if !typed {
-				if out.Extra == nil {
-					out.Extra = map[string]any{}
-				}
-				out.Extra[k] = v
-			}
+		dp := s.opts.StatusExtra()
+		out.ActiveSessions = dp.ActiveSessions
+		out.CacheContextMeta = dp.CacheContextMeta
+		if out.CacheContextMeta == nil {
+			out.CacheContextMeta = map[string]CacheContext{}
 		}
+		if dp.RegisteredGPUIDs != nil {
+			out.RegisteredGPUIDs = dp.RegisteredGPUIDs
+		}
+		out.PendingLookups, out.PendingTransfers, out.KVEvents = &dp.PendingLookups, &dp.PendingTransfers, &dp.KVEvents
 	}
 	return writeRedactedJSON(w, http.StatusOK, out)
 }

@@ -196,7 +196,9 @@ func TestOpenAPIListsEveryRoute(t *testing.T) {
 // GET /status still lists the --register-model layout under model_layouts.
 func TestStatusModelLayoutsSurviveStatusExtra(t *testing.T) {
 	e := start(t, envOpts{mutate: func(o *httpapi.Options) {
-		o.StatusExtra = func() map[string]any { return map[string]any{"cache_context_meta": map[string]any{}} }
+		o.StatusExtra = func() httpapi.DataPathStatus {
+			return httpapi.DataPathStatus{CacheContextMeta: map[string]httpapi.CacheContext{}}
+		}
 	}})
 	st := e.expect(200, "GET", "/status", nil).json(t)
 	if meta := st["cache_context_meta"].(map[string]any); len(meta) != 0 {

@@ -38,48 +38,82 @@ func canonical(t *testing.T, b []byte) []byte {
 	return out
 }
 
-// statusExtra is a data path's GET /status contribution shaped as
-// internal/mq's Status (sessions, lmcache-driven cache contexts, kv_events)
-// plus a field no typed member covers; odd adds a context entry field the
-// typed CacheContext does not know, which must then pass through as is.
-func statusExtra(odd bool) map[string]any {
-	entry := map[string]any{
-		"model_name": "org/other", "world_size": 2, "transfer": "lmcache_driven",
-		"kv_cache_layout": map[string]any{
-			"num_layers": int64(2), "num_blocks": int64(64), "cache_size_per_token": int64(4096),
-			"kernel_groups": []map[string]any{{"kernel_group_idx": 0, "layer_indices": []int64{0, 1}, "dtype": "torch.bfloat16", "is_mla": false}},
-		},
-	}
-	if odd {
-		entry["future_field"] = []string{"a<b"}
-	}
-	return map[string]any{
-		"active_sessions": 3, "pending_transfers": 1, "pending_lookups": 0,
-		"registered_gpu_ids": []int64{4, 9},
-		"cache_context_meta": map[string]any{"9": entry},
-		"kv_events":          map[string]any{},
-		"blend_mode":         "off",
-		"model_layouts":      "the server's own wins",
-	}
+// dataPathCase is one data path's GET /status contribution, typed as
+// internal/mq's Status returns it, and the map[string]any that mq built for
+// the same state before it was typed (the body that map produced is the
+// one the typed value must still produce).
+type dataPathCase struct {
+	name  string
+	typed *httpapi.DataPathStatus // nil: no data path
+	old   map[string]any
 }
 
-// TestStatusBodyUnchanged: GET /status, now a typed StatusResponse, is
-// byte for byte the body the map[string]any handler wrote (same keys, same
-// nesting, same values): the map is rebuilt here as that handler built it
-// and compared with what is served, for a data path whose fields all fit
-// the typed members and for one with a context field they do not know.
+// dataPathCases: a data path with sessions, an lmcache-driven context and
+// the kv-events log and publisher on; an idle one (mq's zero state: no
+// ids, no contexts, the log off); and none.
+func dataPathCases() []dataPathCase {
+	transfer := "lmcache_driven"
+	depth, capacity, lost, next, unbound := 3, 5, 0, int64(4), int64(1)
+	pub, replay := "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"
+	full := httpapi.DataPathStatus{
+		ActiveSessions: 3, PendingTransfers: 1, PendingLookups: 0,
+		RegisteredGPUIDs: []int64{4, 9},
+		CacheContextMeta: map[string]httpapi.CacheContext{"9": {
+			ModelName: "org/a<b", WorldSize: 2, Transfer: &transfer,
+			KVCacheLayout: httpapi.KVCacheLayout{NumLayers: 2, NumBlocks: 64, CacheSizePerToken: 4096, KernelGroups: []httpapi.KernelGroup{{
+				Dtype: "torch.bfloat16", EngineKVFormat: "NHD", HeadSize: 128, LayerIndices: []int64{0, 1},
+				NumKVHeads: 8, NumLayers: 2, SlotsPerBlock: 16, TokensPerBlock: 16,
+			}}},
+		}},
+		KVEvents: httpapi.KVEventsStatus{Enabled: true, Incarnation: 77, LogDepth: &depth, LogCapacity: &capacity, LostMarkers: &lost,
+			NextSeq: &next, UnboundStores: &unbound, PublisherEndpoint: &pub, ReplayEndpoint: &replay},
+	}
+	fullOld := map[string]any{
+		"active_sessions": 3, "pending_transfers": 1, "pending_lookups": 0,
+		"registered_gpu_ids": []int64{4, 9},
+		"cache_context_meta": map[string]any{"9": map[string]any{
+			"model_name": "org/a<b", "world_size": 2, "transfer": "lmcache_driven",
+			"kv_cache_layout": map[string]any{
+				"num_layers": int64(2), "num_blocks": int64(64), "cache_size_per_token": int64(4096),
+				"kernel_groups": []map[string]any{{
+					"dtype": "torch.bfloat16", "engine_group_idx": 0, "engine_kv_format": "NHD", "head_size": 128, "is_mla": false,
+					"kernel_group_idx": 0, "layer_indices": []int64{0, 1}, "num_kv_heads": 8, "num_layers": 2, "object_group_idx": 0,
+					"slots_per_block": 16, "tokens_per_block": 16,
+				}},
+			},
+		}},
+		"kv_events": map[string]any{"enabled": true, "incarnation": int64(77), "log_depth": 3, "log_capacity": 5, "lost_markers": 0,
+			"next_seq": int64(4), "unbound_stores": int64(1), "publisher_endpoint": pub, "replay_endpoint": replay},
+	}
+	idleOld := map[string]any{
+		"active_sessions": 0, "pending_transfers": 0, "pending_lookups": 0,
+		"registered_gpu_ids": []int64{}, "cache_context_meta": map[string]any{},
+		"kv_events": map[string]any{"enabled": false, "incarnation": int64(0)},
+	}
+	return []dataPathCase{{"full", &full, fullOld}, {"idle", &httpapi.DataPathStatus{}, idleOld}, {"none", nil, nil}}
+}
+
+// TestStatusBodyUnchanged: GET /status, a typed StatusResponse over the
+// data path's typed DataPathStatus, is byte for byte the body the
+// map[string]any handler wrote over the map the data path returned (same
+// keys, same nesting, same values, [] and {} where empty): that handler's
+// map is rebuilt here as it built it and compared with what is served.
 func TestStatusBodyUnchanged(t *testing.T) {
-	for _, odd := range []bool{false, true} {
-		e := start(t, envOpts{mutate: func(o *httpapi.Options) { o.StatusExtra = func() map[string]any { return statusExtra(odd) } }})
+	for _, c := range dataPathCases() {
+		e := start(t, envOpts{mutate: func(o *httpapi.Options) {
+			if c.typed != nil {
+				o.StatusExtra = func() httpapi.DataPathStatus { return *c.typed }
+			}
+		}})
 		for _, path := range []string{"/status", "/api/status"} {
 			served := e.expect(200, "GET", path, nil).body
 			var got map[string]json.RawMessage
 			if err := json.Unmarshal(served, &got); err != nil {
 				t.Fatal(err)
 			}
-			// The handler before: engine fields, StatusExtra over them,
-			// then model_layouts. storage_manager is the engine's own
-			// snapshot (passed through), taken from the answer.
+			// The handler before: engine fields, the data path's map over
+			// them, then model_layouts. storage_manager is the engine's
+			// own snapshot (passed through), taken from the answer.
 			layouts := e.eng.Layouts()
 			ctxMeta := map[string]any{}
 			models := []map[string]any{}
@@ -91,6 +125,9 @@ func TestStatusBodyUnchanged(t *testing.T) {
 				ctxMeta[fmt.Sprint(i)] = map[string]any{"model_name": l.ModelName, "world_size": l.WorldSize, "object_bytes": l.ObjectBytes, "kv_cache_layout": meta}
 				models = append(models, map[string]any{"model_name": l.ModelName, "world_size": l.WorldSize, "object_bytes": l.ObjectBytes})
 			}
+			if len(models) != 1 {
+				t.Fatalf("the harness's engine has %d layouts, want its one --register-model layout", len(models))
+			}
 			var sm map[string]any
 			if err := json.Unmarshal(got["storage_manager"], &sm); err != nil {
 				t.Fatal(err)
@@ -101,7 +138,7 @@ func TestStatusBodyUnchanged(t *testing.T) {
 				"cache_context_meta": ctxMeta, "active_prefetch_jobs": e.eng.Counters().ActivePrefetchJobs,
 				"storage_manager": got["storage_manager"],
 			}
-			for k, v := range statusExtra(odd) {
+			for k, v := range c.old {
 				old[k] = v
 			}
 			old["model_layouts"] = models
@@ -110,7 +147,7 @@ func TestStatusBodyUnchanged(t *testing.T) {
 				t.Fatal(err)
 			}
 			if w := canonical(t, want); !bytes.Equal(served, w) {
-				t.Errorf("odd=%v %s:\n got  %s\n want %s", odd, path, served, w)
+				t.Errorf("%s %s:\n got  %s\n want %s", c.name, path, served, w)
 			}
 		}
 	}
@@ -156,12 +193,16 @@ func TestConfigBodyUnchanged(t *testing.T) {
 }
 
 // TestStatusEncodeFailureUsesRouteShape: a status value that cannot be
-// encoded (a data path reporting +Inf) is a 500 written by the route
-// table in the route's documented {"error": ...} shape, not a hand-built
-// body in another shape.
+// encoded (a data path's context whose layout metadata holds +Inf) is a
+// 500 written by the route table in the route's documented
+// {"error": ...} shape, not a hand-built body in another shape.
 func TestStatusEncodeFailureUsesRouteShape(t *testing.T) {
 	e := start(t, envOpts{mutate: func(o *httpapi.Options) {
-		o.StatusExtra = func() map[string]any { return map[string]any{"ratio": math.Inf(1)} }
+		o.StatusExtra = func() httpapi.DataPathStatus {
+			return httpapi.DataPathStatus{CacheContextMeta: map[string]httpapi.CacheContext{
+				"1": {KVCacheLayout: httpapi.KVCacheLayout{Meta: map[string]any{"ratio": math.Inf(1)}}},
+			}}
+		}
 	}})
 	r := e.expect(500, "GET", "/status", nil)
 	m := r.json(t)

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -230,11 +229,7 @@ type ScriptForm struct {
 
 // StatusResponse is GET /status and GET /api/status: upstream's
 // engine-level fields, the storage manager's own status, the data path's
-// fields (Options.StatusExtra) and ours (model_layouts). A data-path field
-// that is not one of the typed ones here (a future data path's own), or
-// whose value does not have the typed field's shape, is kept in Extra and
-// written beside the typed fields, so the body is what the data path
-// reported.
+// fields (Options.StatusExtra, a DataPathStatus) and ours (model_layouts).
 type StatusResponse struct {
 	ActivePrefetchJobs int64                   `json:"active_prefetch_jobs"`
 	ActiveSessions     int                     `json:"active_sessions"`
@@ -253,24 +248,33 @@ type StatusResponse struct {
 	// StorageManager is free-form: the engine's snapshot, whose fields
 	// are backend-specific (upstream documents it as such).
 	StorageManager map[string]any `json:"storage_manager" doc:"storage manager status; backend-specific fields"`
-	// Extra are the data-path fields without a typed field above; they
-	// override a typed field of the same name except model_layouts.
-	Extra map[string]any `json:"-"`
 }
 
-// MarshalJSON writes the typed fields and Extra as one object.
-func (r StatusResponse) MarshalJSON() ([]byte, error) {
-	type plain StatusResponse
-	return mergeJSON(plain(r), r.Extra, "model_layouts")
+// DataPathStatus is the ZMQ data path's part of GET /status
+// (Options.StatusExtra). Its fields replace the engine-level defaults:
+// CacheContextMeta replaces the engine layouts' contexts (a nil map is
+// written as {}), RegisteredGPUIDs the empty list (nil is written as []),
+// and the other three are always written.
+type DataPathStatus struct {
+	// ActiveSessions is the number of open sessions.
+	ActiveSessions int
+	// CacheContextMeta are the data path's registered contexts, keyed by
+	// instance id.
+	CacheContextMeta map[string]CacheContext
+	// KVEvents is the POLL_KV_EVENTS log's and publisher's state.
+	KVEvents KVEventsStatus
+	// PendingLookups are LOOKUPs whose result is not yet taken.
+	PendingLookups int
+	// PendingTransfers are prepared stores and retrieves awaiting COMMIT.
+	PendingTransfers int
+	// RegisteredGPUIDs are the registered workers' instance ids.
+	RegisteredGPUIDs []int64
 }
 
 // CacheContext is one entry of StatusResponse.CacheContextMeta.
 type CacheContext struct {
-	// KVCacheLayout is free-form: the worker's registered layout
-	// (num_layers, num_blocks, kernel_groups, ... as upstream's transfer
-	// module reports it, or a static layout's metadata).
-	KVCacheLayout map[string]any `json:"kv_cache_layout" doc:"the registered KV layout; fields depend on the registration"`
-	ModelName     string         `json:"model_name"`
+	KVCacheLayout KVCacheLayout `json:"kv_cache_layout" doc:"the registered KV layout; fields depend on the registration"`
+	ModelName     string        `json:"model_name"`
 	// ObjectBytes comes with the engine's layouts, Transfer with the data
 	// path's lmcache-driven registrations.
 	ObjectBytes *int64  `json:"object_bytes,omitempty"`
@@ -278,11 +282,54 @@ type CacheContext struct {
 	WorldSize   int     `json:"world_size"`
 }
 
+// KVCacheLayout is a cache context's kv_cache_layout: for a data-path
+// (lmcache-driven) registration, its paged KV cache as upstream's
+// transfer module reports it (the typed fields); for an engine layout (a
+// server without a data path), that layout's own metadata (Meta), whose
+// fields depend on where the layout came from. The typed fields are
+// omitempty so the schema requires none of them (an engine layout has
+// other members); a registration's are never zero (a layout has at least
+// one layer and block, and one kernel group).
+type KVCacheLayout struct {
+	// CacheSizePerToken is the L1 bytes one token takes (all layers, K
+	// and V unless MLA).
+	CacheSizePerToken int64         `json:"cache_size_per_token,omitempty"`
+	KernelGroups      []KernelGroup `json:"kernel_groups,omitempty"`
+	NumBlocks         int64         `json:"num_blocks,omitempty"`
+	NumLayers         int64         `json:"num_layers,omitempty"`
+	// Meta, when not nil, is written instead of the typed fields.
+	Meta map[string]any `json:"-"`
+}
+
+// MarshalJSON writes Meta when set, else the typed fields.
+func (l KVCacheLayout) MarshalJSON() ([]byte, error) {
+	if l.Meta != nil {
+		return json.Marshal(l.Meta)
+	}
+	type plain KVCacheLayout
+	return json.Marshal(plain(l))
+}
+
+// KernelGroup is one kernel group of a registration's kv_cache_layout; a
+// registration here always has exactly one (hybrid models are refused).
+type KernelGroup struct {
+	Dtype          string  `json:"dtype"`
+	EngineGroupIdx int     `json:"engine_group_idx"`
+	EngineKVFormat string  `json:"engine_kv_format"`
+	HeadSize       int64   `json:"head_size"`
+	IsMLA          bool    `json:"is_mla"`
+	KernelGroupIdx int     `json:"kernel_group_idx"`
+	LayerIndices   []int64 `json:"layer_indices"`
+	NumKVHeads     int64   `json:"num_kv_heads"`
+	NumLayers      int64   `json:"num_layers"`
+	ObjectGroupIdx int     `json:"object_group_idx"`
+	SlotsPerBlock  int64   `json:"slots_per_block"`
+	TokensPerBlock int64   `json:"tokens_per_block"`
+}
+
 // KVEventsStatus is GET /status's kv_events: the POLL_KV_EVENTS log and
-// the vLLM-format publisher. Fields are in JSON-name order, so a data
-// path's map of the same members converts exactly (decodeExact); all but
-// enabled and incarnation are present only with the log on, the
-// endpoints only with the publisher.
+// the vLLM-format publisher. All but enabled and incarnation are present
+// only with the log on, the endpoints only with the publisher.
 type KVEventsStatus struct {
 	Enabled           bool    `json:"enabled"`
 	Incarnation       int64   `json:"incarnation"`
@@ -436,28 +483,4 @@ func mergeJSON(typed any, extra map[string]any, keep ...string) ([]byte, error) 
 		m[k] = vb
 	}
 	return json.Marshal(m)
-}
-
-// decodeExact sets *dst to v converted to dst's type, only when the
-// conversion is exact: v re-encodes to the same JSON (no unknown field
-// dropped, no value changed). It reports whether it did; the caller keeps
-// v untyped otherwise.
-func decodeExact[T any](v any, dst *T) bool {
-	want, err := json.Marshal(v)
-	if err != nil {
-		return false
-	}
-	dec := json.NewDecoder(bytes.NewReader(want))
-	dec.UseNumber()
-	dec.DisallowUnknownFields()
-	var out T
-	if err := dec.Decode(&out); err != nil {
-		return false
-	}
-	got, err := json.Marshal(out)
-	if err != nil || !bytes.Equal(got, want) {
-		return false
-	}
-	*dst = out
-	return true
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/kvevents"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
@@ -108,21 +109,18 @@ func (s *Server) bindKVTokens(k *wire.Key, hashes [][]byte, first, last int) {
 // are appended synchronously, there is no event bus to drop them) and the
 // stores skipped for want of tokens when enabled; the native publisher's
 // endpoints when it runs (an extension).
-func (s *Server) kvEventsStatus() map[string]any {
+func (s *Server) kvEventsStatus() httpapi.KVEventsStatus {
 	rec := s.cfg.KVEvents
 	lg := rec.Log()
-	out := map[string]any{"enabled": lg != nil, "incarnation": int64(0)}
+	out := httpapi.KVEventsStatus{Enabled: lg != nil}
 	if lg != nil {
-		out["incarnation"] = lg.Incarnation()
-		out["log_depth"] = lg.Len()
-		out["log_capacity"] = lg.Capacity()
-		out["next_seq"] = lg.NextSeq()
-		out["lost_markers"] = 0
-		out["unbound_stores"] = rec.Unbound()
+		depth, capacity, next, lost, unbound := lg.Len(), lg.Capacity(), lg.NextSeq(), 0, rec.Unbound()
+		out.Incarnation = lg.Incarnation()
+		out.LogDepth, out.LogCapacity, out.NextSeq, out.LostMarkers, out.UnboundStores = &depth, &capacity, &next, &lost, &unbound
 	}
 	if rec != nil && rec.Publisher() != nil {
-		out["publisher_endpoint"] = rec.Publisher().Endpoint()
-		out["replay_endpoint"] = rec.Publisher().ReplayEndpoint()
+		pub, replay := rec.Publisher().Endpoint(), rec.Publisher().ReplayEndpoint()
+		out.PublisherEndpoint, out.ReplayEndpoint = &pub, &replay
 	}
 	return out
 }

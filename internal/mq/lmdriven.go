@@ -995,12 +995,13 @@ func (st *state) lmdAsyncFailed(r *lmdReg, op string, err error) {
 		"lmcache-driven "+op+" failed on the GPU after its reply (logged at most every 10 s per instance)", "instance_id", r.instance, "err", err)
 }
 
-// lmdStatus adds the lmcache-driven registrations to GET /status as
-// upstream's transfer module reports its cache contexts: each instance
-// id joins registered_gpu_ids and gets a cache_context_meta entry (keyed
+// lmdStatus is the lmcache-driven registrations' part of GET /status, as
+// upstream's transfer module reports its cache contexts: each instance id
+// joins ids (returned sorted) and gets a cache_context_meta entry (keyed
 // by the id as a string) with its model, world size and kv_cache_layout.
-func (st *state) lmdStatus(out map[string]any, ids []int64) []int64 {
-	meta := map[string]LMDCacheContext{}
+func (st *state) lmdStatus(ids []int64) (map[string]httpapi.CacheContext, []int64) {
+	meta := map[string]httpapi.CacheContext{}
+	transfer := ModeLMCacheDriven
 	for _, r := range st.lmd.snapshot() {
 		ids = append(ids, r.instance)
 		l := r.layout
@@ -1008,17 +1009,17 @@ func (st *state) lmdStatus(out map[string]any, ids []int64) []int64 {
 		for i := range layers {
 			layers[i] = int64(i)
 		}
-		meta[fmt.Sprint(r.instance)] = LMDCacheContext{
+		meta[fmt.Sprint(r.instance)] = httpapi.CacheContext{
 			ModelName: r.model,
 			WorldSize: r.world,
-			Transfer:  ModeLMCacheDriven,
-			KVCacheLayout: LMDKVCacheLayout{
+			Transfer:  &transfer,
+			KVCacheLayout: httpapi.KVCacheLayout{
 				NumLayers: l.NumLayers,
 				NumBlocks: l.NumBlocks,
 				// One token's slice of a chunk object: the chunk formula
 				// at one token.
 				CacheSizePerToken: l.ObjectBytes(1),
-				KernelGroups: []LMDKernelGroup{{
+				KernelGroups: []httpapi.KernelGroup{{
 					NumLayers: l.NumLayers, LayerIndices: layers,
 					TokensPerBlock: l.BlockSize, SlotsPerBlock: l.BlockSize,
 					Dtype: "torch." + l.Dtype, IsMLA: l.MLA(), EngineKVFormat: l.Format.String(),
@@ -1027,48 +1028,8 @@ func (st *state) lmdStatus(out map[string]any, ids []int64) []int64 {
 			},
 		}
 	}
-	out["cache_context_meta"] = meta
 	slices.Sort(ids)
-	return ids
-}
-
-// LMDCacheContext is one lmcache-driven registration in GET /status's
-// cache_context_meta (keyed by instance id), in upstream's shape. Fields
-// are in JSON-name order so the encoding matches the map it replaced
-// byte for byte (httpapi re-decodes it into its CacheContext exactly).
-type LMDCacheContext struct {
-	KVCacheLayout LMDKVCacheLayout `json:"kv_cache_layout"`
-	ModelName     string           `json:"model_name"`
-	Transfer      string           `json:"transfer"`
-	WorldSize     int              `json:"world_size"`
-}
-
-// LMDKVCacheLayout is a registration's kv_cache_layout: its paged KV
-// cache as upstream's transfer module reports it.
-type LMDKVCacheLayout struct {
-	// CacheSizePerToken is the L1 bytes one token takes (all layers, K
-	// and V unless MLA).
-	CacheSizePerToken int64            `json:"cache_size_per_token"`
-	KernelGroups      []LMDKernelGroup `json:"kernel_groups"`
-	NumBlocks         int64            `json:"num_blocks"`
-	NumLayers         int64            `json:"num_layers"`
-}
-
-// LMDKernelGroup is one kernel group of a kv_cache_layout; a registration
-// here always has exactly one (hybrid models are refused).
-type LMDKernelGroup struct {
-	Dtype          string  `json:"dtype"`
-	EngineGroupIdx int     `json:"engine_group_idx"`
-	EngineKVFormat string  `json:"engine_kv_format"`
-	HeadSize       int64   `json:"head_size"`
-	IsMLA          bool    `json:"is_mla"`
-	KernelGroupIdx int     `json:"kernel_group_idx"`
-	LayerIndices   []int64 `json:"layer_indices"`
-	NumKVHeads     int64   `json:"num_kv_heads"`
-	NumLayers      int64   `json:"num_layers"`
-	ObjectGroupIdx int     `json:"object_group_idx"`
-	SlotsPerBlock  int64   `json:"slots_per_block"`
-	TokensPerBlock int64   `json:"tokens_per_block"`
+	return meta, ids
 }
 
 // KVBlockLayer is one layer of an lmcache-driven worker's registered KV

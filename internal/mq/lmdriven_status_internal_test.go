@@ -8,8 +8,8 @@ import (
 	"github.com/lmcache-go/lmcache/internal/kvlayout"
 )
 
-// TestLMDStatusJSON: cache_context_meta (typed LMDCacheContext) encodes
-// to exactly the JSON the former map[string]any built, keys sorted at
+// TestLMDStatusJSON: cache_context_meta (typed httpapi.CacheContext)
+// encodes to exactly the JSON the former map[string]any built, keys sorted at
 // every level, and cache_size_per_token is the chunk formula at one token
 // (2·layers·hidden·item, or layers·latent·item for MLA).
 func TestLMDStatusJSON(t *testing.T) {
@@ -17,11 +17,11 @@ func TestLMDStatusJSON(t *testing.T) {
 		7: {instance: 7, model: "m", world: 2, layout: &kvlayout.Layout{Format: kvlayout.FormatNHD, Dtype: "float16", ItemSize: 2, NumLayers: 3, NumBlocks: 10, BlockSize: 16, NumHeads: 4, HeadSize: 8}},
 		3: {instance: 3, model: "x", world: 1, layout: &kvlayout.Layout{Format: kvlayout.FormatMLA, Dtype: "bfloat16", ItemSize: 2, NumLayers: 2, NumBlocks: 5, BlockSize: 64, NumHeads: 1, HeadSize: 576}},
 	}}}
-	out := map[string]any{}
-	if ids := st.lmdStatus(out, []int64{9}); !slices.Equal(ids, []int64{3, 7, 9}) {
+	meta, ids := st.lmdStatus([]int64{9})
+	if !slices.Equal(ids, []int64{3, 7, 9}) {
 		t.Fatalf("registered ids %v, want [3 7 9]", ids)
 	}
-	got, err := json.Marshal(out["cache_context_meta"])
+	got, err := json.Marshal(meta)
 	if err != nil {
 		t.Fatal(err)
 	}

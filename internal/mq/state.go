@@ -15,6 +15,7 @@ import (
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
@@ -909,7 +910,7 @@ func (st *state) reap(now time.Time) (reapedN, abandoned int) {
 // active_sessions, registered_gpu_ids (here: the instance ids of the
 // registered workers of both paths) and cache_context_meta (the
 // lmcache-driven contexts), plus transfers and lookups in flight.
-func (s *Server) Status() map[string]any {
+func (s *Server) Status() httpapi.DataPathStatus {
 	st := s.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -917,12 +918,13 @@ func (s *Server) Status() map[string]any {
 	for id := range st.regs {
 		ids = append(ids, id)
 	}
-	out := map[string]any{
-		"active_sessions":   len(st.sessions),
-		"pending_transfers": len(st.writes) + len(st.reads),
-		"pending_lookups":   len(st.lookups),
+	meta, ids := st.lmdStatus(ids)
+	return httpapi.DataPathStatus{
+		ActiveSessions:   len(st.sessions),
+		PendingTransfers: len(st.writes) + len(st.reads),
+		PendingLookups:   len(st.lookups),
+		RegisteredGPUIDs: ids,
+		CacheContextMeta: meta,
+		KVEvents:         s.kvEventsStatus(),
 	}
-	out["registered_gpu_ids"] = st.lmdStatus(out, ids)
-	out["kv_events"] = s.kvEventsStatus()
-	return out
 }
