@@ -10,7 +10,6 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/mpclient"
 	"github.com/lmcache-go/lmcache/internal/objkey"
-	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
 )
 
@@ -104,7 +103,9 @@ func (s *Server) handlePrefetch(w http.ResponseWriter, r *http.Request) error {
 	})
 	if err != nil {
 		s.log.Warn("prefetch submit failed", "instance_id", id, "err", s.scrub(err))
-		return withMsg(ErrUpstream, "prefetch submit to '%s' failed: %s", id, s.scrub(err))
+		// The body's copy of the reply is scrubbed by the route table's
+		// onError, as every error body is.
+		return withMsg(ErrUpstream, "prefetch submit to '%s' failed: %v", id, err)
 	}
 	out := prefetchResponse{InstanceID: id, Status: "submitted"}
 	if reply.RequestID != nil {
@@ -128,12 +129,12 @@ func (s *Server) handlePrefetchStatus(w http.ResponseWriter, r *http.Request) er
 	}
 	code, body, err := s.mp.PrefetchStatus(r.Context(), mpclient.BaseURL(inst.IP, inst.HTTPPort), r.PathValue("request_id"))
 	if err != nil {
-		return withMsg(ErrUpstream, "prefetch status from '%s' failed: %s", id, s.scrub(err))
+		return withMsg(ErrUpstream, "prefetch status from '%s' failed: %v", id, err)
 	}
 	// Relay the server's status and body verbatim (but for the configured
 	// tokens, should a server ever echo one); a non-JSON body is wrapped
 	// the way upstream does.
-	body = []byte(redact.Secrets(string(body), s.cfg.AuthToken, s.cfg.MPAuthToken))
+	body = []byte(s.scrubText(string(body)))
 	if !json.Valid(body) {
 		writeJSON(w, code, map[string]string{"detail": string(body)})
 		return nil

@@ -8,7 +8,6 @@ import (
 	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/httproute/docsui"
 	"github.com/lmcache-go/lmcache/internal/periodic"
-	"github.com/lmcache-go/lmcache/internal/redact"
 	"github.com/lmcache-go/lmcache/internal/webui"
 )
 
@@ -82,7 +81,7 @@ func (s *Server) routeTable() []route {
 	// `lmcache server` shares, always behind the token, and without one
 	// served to loopback clients only.
 	rts = append(rts, httproute.Pprof{Tag: "observability", Token: s.cfg.AuthToken, Forbidden: ErrForbidden, TokenFlag: "--auth-token",
-		Scrub: func(text string) string { return redact.Secrets(text, s.cfg.AuthToken, s.cfg.MPAuthToken) }}.Routes()...)
+		Scrub: s.scrubText}.Routes()...)
 	for i := range rts {
 		// The prefetch poll is a GET, but it is relayed with the MP
 		// servers' token, so leaving it open would let anyone around the
@@ -132,9 +131,27 @@ func (s *Server) Routes() []RouteInfo {
 func (s *Server) buildTable() (*httproute.Table, error) {
 	return httproute.New(httproute.Config{
 		Title: "LMCache MP Coordinator", Version: "1.0.0",
-		Token:  s.cfg.AuthToken,
-		Errors: apiErrors,
+		Token:   s.cfg.AuthToken,
+		Errors:  apiErrors,
+		OnError: s.onError,
 	}, s.routeTable())
+}
+
+// onError is the one scrub of every handler error before it becomes a
+// body: an error's text can carry an MP server's reply or a transport
+// error (the prefetch relay's 502s) or request-derived text, any of which
+// may hold a configured token. The message the body shows (the outermost
+// httproute.Error's, as apiErrors writes it) is scrubbed; the status is
+// still decided by the wrapped error. A 422's detail list is written from
+// the validation error itself, unchanged: it echoes only the client's own
+// input. Bodies a handler writes itself (the prefetch status relay's 200s
+// and relayed statuses) are scrubbed where they are written.
+func (s *Server) onError(_ *http.Request, _ *httproute.Route, _ int, err error) error {
+	msg := httproute.Message(err)
+	if clean := s.scrubText(msg); clean != msg {
+		return &httproute.Error{Kind: err, Msg: clean}
+	}
+	return err
 }
 
 func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {

@@ -264,11 +264,16 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// scrub renders err for a log line or a 502 body with the configured
-// tokens hidden, in case an MP server or a transport error ever echoes one.
-func (s *Server) scrub(err error) string {
-	return redact.Secrets(err.Error(), s.cfg.AuthToken, s.cfg.MPAuthToken)
+// scrubText hides the configured tokens (--auth-token, --mp-auth-token)
+// in text that has no field names to go by: MP servers' replies and
+// transport errors, which could echo the token the coordinator sent.
+func (s *Server) scrubText(text string) string {
+	return redact.Secrets(text, s.cfg.AuthToken, s.cfg.MPAuthToken)
 }
+
+// scrub renders err for a log line with the configured tokens hidden (the
+// route table's onError does the same for error bodies).
+func (s *Server) scrub(err error) string { return s.scrubText(err.Error()) }
 
 // loopback reports whether addr only accepts local connections.
 func loopback(addr net.Addr) bool {
