@@ -1,13 +1,9 @@
 package coordinator
 
 import (
-	"encoding/json"
-	"errors"
 	"math"
 	"net/http"
 	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
 )
@@ -28,24 +24,6 @@ func positiveZero(v float64) float64 {
 		return 0
 	}
 	return v
-}
-
-// limitNumber reads a GiB limit field. A literal past float64's range
-// (1e999) is read as ±inf, as Python's json.loads and Pydantic do, so it is
-// the same non-finite limit as "Infinity" (400) rather than an unparsable
-// number (422).
-func limitNumber(f *fields, name string, required, nullable bool) (val float64, present, null bool) {
-	var s string
-	switch x := f.m[name].(type) {
-	case json.Number:
-		s = string(x)
-	case string:
-		s = strings.TrimSpace(x)
-	}
-	if fl, err := strconv.ParseFloat(s, 64); s != "" && errors.Is(err, strconv.ErrRange) && math.IsInf(fl, 0) {
-		return fl, true, false
-	}
-	return f.number(name, required, nullable)
 }
 
 // limitGB validates a GiB limit: negative is a field error (422, as
@@ -69,7 +47,7 @@ func (s *Server) handlePutQuotaConfig(w http.ResponseWriter, r *http.Request) er
 	if err != nil {
 		return err
 	}
-	v, present, null := limitNumber(f, "default_limit_gb", false, true)
+	v, present, null := f.numberOrInf("default_limit_gb", false, true)
 	if err := f.err(); err != nil {
 		return err
 	}
@@ -118,7 +96,7 @@ func (s *Server) handlePutQuota(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	v, _, _ := limitNumber(f, "limit_gb", true, false)
+	v, _, _ := f.numberOrInf("limit_gb", true, false)
 	if err := f.err(); err != nil {
 		return err
 	}

@@ -213,8 +213,25 @@ func (f *fields) intRange(name string, required bool, def, lo, hi int64) int64 {
 }
 
 // number reads a float field; present reports whether the key was given,
-// null whether it was JSON null (allowed only when nullable).
+// null whether it was JSON null (allowed only when nullable). A literal
+// past float64's range (1e999) is a field error. POST /events' ts reads
+// with number: its fast decoder refuses such a literal too, and the two
+// decoders must agree (FuzzCacheEventDecoders).
 func (f *fields) number(name string, required, nullable bool) (val float64, present, null bool) {
+	return f.float(name, required, nullable, false)
+}
+
+// numberOrInf is number, but a literal past float64's range reads as ±inf,
+// as Python's json.loads and Pydantic do (the quota limits, where it is
+// then the same non-finite limit as "Infinity", a 400, rather than an
+// unparsable number, a 422).
+func (f *fields) numberOrInf(name string, required, nullable bool) (val float64, present, null bool) {
+	return f.float(name, required, nullable, true)
+}
+
+// float is number and numberOrInf: rangeAsInf keeps ParseFloat's ±inf for
+// an out-of-range literal instead of failing the field.
+func (f *fields) float(name string, required, nullable, rangeAsInf bool) (val float64, present, null bool) {
 	v, ok := f.m[name]
 	if !ok {
 		if required {
@@ -234,6 +251,9 @@ func (f *fields) number(name string, required, nullable bool) (val float64, pres
 		fl, err = strconv.ParseFloat(strings.TrimSpace(x), 64)
 	default:
 		err = errors.New("type")
+	}
+	if rangeAsInf && errors.Is(err, strconv.ErrRange) && math.IsInf(fl, 0) {
+		return fl, true, false
 	}
 	if err != nil {
 		f.fail(name, "float_parsing", "Input should be a valid number", v, nil)
