@@ -131,8 +131,21 @@ func limitMemory(budget int64) error {
 		return fmt.Errorf("setrlimit: %w", err)
 	}
 	debug.SetMemoryLimit(budget / 2)
-	debug.SetMaxStack(int(min(budget/4, 256<<20)))
+	debug.SetMaxStack(maxStack(budget))
 	return nil
+}
+
+// maxStackCap bounds a sandbox's goroutine stack whatever its budget: deep
+// Starlark recursion should fail as a stack overflow long before a
+// large budget's quarter is spent on one stack.
+const maxStackCap = 256 << 20
+
+// maxStack is the goroutine stack limit a sandbox with the given memory
+// budget sets: a quarter of the budget (128 MiB for the 512 MiB default),
+// at most maxStackCap, so one runaway recursion cannot take the whole
+// budget before the memory limit reports it.
+func maxStack(budget int64) int {
+	return int(min(budget/4, maxStackCap))
 }
 
 // vmData reads this process's VmData (private writable memory, what

@@ -102,6 +102,12 @@ type Result struct {
 	Printed string
 }
 
+// killGrace is how long after its deadline the parent kills a sandbox
+// that has not stopped itself: the child cancels its own thread at the
+// deadline, so the grace only matters for a builtin that never yields,
+// and it leaves the child time to write its deadline reply.
+const killGrace = 2 * time.Second
+
 // slots bounds concurrent sandboxes (package-wide: the budget is the
 // machine's memory, not one server's).
 var slots = make(chan struct{}, MaxConcurrent)
@@ -153,7 +159,7 @@ func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) 
 	// The child stops itself at the deadline (thread.Cancel); the parent
 	// kills it a little later in case it cannot (a builtin looping).
 	// A client that goes away (parent cancelled) kills it at once.
-	kctx, kcancel := context.WithTimeout(parent, cfg.Timeout+2*time.Second)
+	kctx, kcancel := context.WithTimeout(parent, cfg.Timeout+killGrace)
 	defer kcancel()
 	cmd := exec.CommandContext(kctx, exe)
 	// Nothing of the server's environment (credentials) reaches the child.

@@ -156,6 +156,17 @@ func TestDefaultLimitsLiterals(t *testing.T) {
 	if MaxConcurrent != 2 || cap(slots) != 2 {
 		t.Fatalf("concurrency = %d (slots %d), want 2", MaxConcurrent, cap(slots))
 	}
+	// The sandbox's stack limit for the default budget, and the parent's
+	// kill grace past the deadline.
+	if got := maxStack(c.MemoryBytes); got != 134217728 {
+		t.Fatalf("default max stack = %d, want 128 MiB (134217728)", got)
+	}
+	if got := maxStack(4 << 30); got != 268435456 {
+		t.Fatalf("max stack for a 4 GiB budget = %d, want the 256 MiB cap", got)
+	}
+	if killGrace != 2*time.Second {
+		t.Fatalf("kill grace = %v, want 2s", killGrace)
+	}
 	// Explicit values are kept, not replaced by the defaults.
 	k := Config{MaxSteps: 5, Timeout: time.Second, MaxOutput: 7, MemoryBytes: 9}.withDefaults()
 	if k.MaxSteps != 5 || k.Timeout != time.Second || k.MaxOutput != 7 || k.MemoryBytes != 9 {
