@@ -196,8 +196,8 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 	if s.kv, err = kvevents.New(kvevents.Config{LogSize: cfg.KVEventLogSize, BlockSize: cfg.ChunkSize, Loops: loops,
 		Publisher: kvevents.PublisherConfig{Endpoint: cfg.KVEventsEndpoint, ReplayEndpoint: cfg.KVEventsReplayEndpoint, Topic: cfg.KVEventsTopic,
 			BufferSteps: cfg.KVEventsBufferSteps, HWM: cfg.KVEventsHWM, MaxQueueSize: cfg.KVEventsMaxQueueSize},
-		Dropped: func(reason string, n int) { metrics.KVEventsDropped.WithLabelValues(reason).Add(float64(n)) },
-		Logger:  levels.Logger("lmcache.kv_events")}); err != nil {
+		Dropped: metrics.KVEventsDrop, ReplayFailed: metrics.KVEventsReplayFailed,
+		Logger: levels.Logger("lmcache.kv_events")}); err != nil {
 		return nil, &usageError{err}
 	}
 	if s.kv.Enabled() {

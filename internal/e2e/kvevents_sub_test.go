@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	zmq "github.com/pebbe/zmq4"
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/lmcache-go/lmcache/internal/kvevents"
@@ -457,4 +458,56 @@ func (s *kvSub) expect(t *testing.T, n int, within time.Duration) kvSubReport {
 		t.Fatalf("subscriber output: %v\n%.2000s", err, s.out)
 	}
 	return out
+}
+
+// TestKVEventsReplayRequestsFailedCounted: a real server with the native
+// publisher and its replay socket gets two replay requests whose start
+// sequence is 5 bytes instead of 8 over a real ZMQ DEALER, then a valid
+// one. The valid one is answered with vLLM's end marker (sequence -1), and
+// by then /metrics counts exactly the two invalid requests in
+// lmcache_mp_kv_events_replay_requests_failed_total{reason="invalid"}, with
+// no lmcache_mp_kv_events_dropped_total series: that counter is for events.
+func TestKVEventsReplayRequestsFailedCounted(t *testing.T) {
+	httpPort, zmqPort, replayPort := freePort(t), freePort(t), freePort(t)
+	base := "http://127.0.0.1:" + itoa(httpPort)
+	startServerKV(t, "kv-replay-failed", httpPort, zmqPort, shmName(t, "replayfail"),
+		"--kv-events-endpoint", "tcp://127.0.0.1:*", "--kv-events-replay-endpoint", "tcp://127.0.0.1:"+itoa(replayPort))
+
+	dealer, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dealer.Close()
+	if err := dealer.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := dealer.SetRcvtimeo(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := dealer.Connect("tcp://127.0.0.1:" + itoa(replayPort)); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := dealer.SendMessage("", []byte{0, 0, 0, 0, 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var start [8]byte
+	if _, err := dealer.SendMessage("", start[:]); err != nil {
+		t.Fatal(err)
+	}
+	// One DEALER is one ordered stream: the reply to the third request
+	// means the first two were handled.
+	msg, err := dealer.RecvMessageBytes(0)
+	end := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	if err != nil || len(msg) != 3 || string(msg[1]) != string(end) {
+		t.Fatalf("reply to the valid replay request %q, %v; want the end marker", msg, err)
+	}
+	m := metricsText(t, base)
+	if got := grepLines(m, `lmcache_mp_kv_events_replay_requests_failed_total{`); got != `lmcache_mp_kv_events_replay_requests_failed_total{reason="invalid"} 2` {
+		t.Errorf("replay failure series:\n%s\nwant exactly reason=\"invalid\" 2", got)
+	}
+	if got := grepLines(m, `lmcache_mp_kv_events_dropped_total{`); got != "" {
+		t.Errorf("an invalid replay request was counted as dropped events:\n%s", got)
+	}
 }
