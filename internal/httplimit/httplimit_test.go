@@ -138,10 +138,26 @@ func (pipeAddr) String() string  { return "pipe" }
 // the server can make no progress exactly two handlers run and exactly two
 // connections were accepted (three wait unaccepted); releasing one handler
 // admits exactly one more, and all five are served in the end.
-func TestConnCap(t *testing.T) {
+func TestConnCap(t *testing.T) { checkConnCap(t, httplimit.Limits{MaxConns: 2}, 2) }
+
+// TestDefaultConnCapIs512: the same with the default Limits both services
+// use: 512 handlers hold 512 connections, the 513th, 514th and 515th wait
+// unaccepted, and releasing one admits exactly one more.
+func TestDefaultConnCapIs512(t *testing.T) {
+	if httplimit.DefaultMaxConns != 512 {
+		t.Fatalf("DefaultMaxConns = %d, want 512", httplimit.DefaultMaxConns)
+	}
+	checkConnCap(t, httplimit.Limits{}, 512)
+}
+
+// checkConnCap serves capacity+3 clients whose handlers block through
+// limits and checks that exactly capacity connections are accepted at once.
+func checkConnCap(t *testing.T, l httplimit.Limits, capacity int) {
+	t.Helper()
+	clients := capacity + 3
 	synctest.Test(t, func(t *testing.T) {
 		var active atomic.Int32
-		started := make(chan struct{}, 5)
+		started := make(chan struct{}, clients)
 		release := make(chan struct{})
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			active.Add(1)
@@ -149,8 +165,7 @@ func TestConnCap(t *testing.T) {
 			<-release
 			active.Add(-1)
 		})
-		l := httplimit.Limits{MaxConns: 2}
-		ln := &pipeListener{conns: make(chan net.Conn, 5), closed: make(chan struct{})}
+		ln := &pipeListener{conns: make(chan net.Conn, clients), closed: make(chan struct{})}
 		srv := httplimit.NewServer(h, l, nil)
 		served := make(chan error, 1)
 		go func() { served <- srv.Serve(httplimit.Listener(ln, l)) }()
@@ -164,8 +179,8 @@ func TestConnCap(t *testing.T) {
 			_ = ln.Close()
 		})
 
-		codes := make(chan int, 5)
-		for range 5 {
+		codes := make(chan int, clients)
+		for range clients {
 			cli, end := net.Pipe()
 			ln.conns <- end
 			go func() {
@@ -201,25 +216,26 @@ func TestConnCap(t *testing.T) {
 					stage, a, n, w, running, accepted, waiting)
 			}
 		}
-		waitStarted()
-		waitStarted()
-		check("five clients, cap 2", 2, 2, 3)
+		for range capacity {
+			waitStarted()
+		}
+		check(fmt.Sprintf("%d clients, cap %d", clients, capacity), capacity, capacity, 3)
 
 		release <- struct{}{} // one handler returns; its connection closes
 		if c := <-codes; c != http.StatusOK {
 			t.Fatalf("first response status %d", c)
 		}
 		waitStarted()
-		check("one released", 2, 3, 2)
+		check("one released", capacity, capacity+1, 2)
 
 		free()
-		for range 4 {
+		for range clients - 1 {
 			if c := <-codes; c != http.StatusOK {
 				t.Fatalf("response status %d", c)
 			}
 		}
-		if n := ln.accepted.Load(); n != 5 {
-			t.Fatalf("%d connections accepted, want 5", n)
+		if n := ln.accepted.Load(); n != int32(clients) {
+			t.Fatalf("%d connections accepted, want %d", n, clients)
 		}
 		if err := srv.Close(); err != nil {
 			t.Fatal(err)
