@@ -331,3 +331,47 @@ func toInt(v any) int64 {
 	}
 	return -1
 }
+
+// TestDeleteObjectsSkipsLockedUnlessForced: a chunk read-locked by a
+// lookup's prefetch job (one reader, as a LOOKUP with a pending retrieve
+// holds it) survives DELETE /cache/objects tier l1 without force
+// (deleted 0, skipped 1, still an L1 hit) and goes with force true
+// (deleted 1, skipped 0); the job's lock is still found and released
+// afterwards, so no read lease is left at Engine.Close.
+func TestDeleteObjectsSkipsLockedUnlessForced(t *testing.T) {
+	a0, _ := newFS(t)
+	e := start(t, envOpts{noAdapters: true, extraAdapt: []l2.Adapter{a0}})
+	e.store(tokens(0, testChunk), "", payload(1, 1))
+	e.waitListed(1)
+	k := keysFor(t, tokSlice(0, testChunk), "")[0]
+	if err := e.eng.Prefetch(engine.PrefetchRequest{ID: "locked-req", Chunks: [][]objkey.Key{{k}}, Readers: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := e.eng.WaitPrefetch(ctx, "locked-req")
+	if err != nil || res.PrefixChunks != 1 {
+		t.Fatalf("prefetch = %+v, %v; want the chunk locked as a 1-chunk prefix", res, err)
+	}
+	l1Keys := func() any {
+		return e.expect(200, "POST", "/api/kv/lookup", nil, map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: tokens(0, testChunk)}).json(t)["l1_keys"]
+	}
+
+	m := e.expect(200, "DELETE", "/cache/objects", map[string]any{"keys": []any{encKey(k)}, "tier": "l1"}).json(t)
+	if m["requested"] != float64(1) || m["ok"] != true || m["deleted"] != float64(0) || m["skipped"] != float64(1) {
+		t.Fatalf("unforced delete of a locked key = %v, want deleted 0, skipped 1", m)
+	}
+	if n := l1Keys(); n != float64(1) {
+		t.Fatalf("l1_keys after the skipped delete = %v, want 1", n)
+	}
+	m = e.expect(200, "DELETE", "/cache/objects", map[string]any{"keys": []any{encKey(k)}, "tier": "l1", "force": true}).json(t)
+	if m["deleted"] != float64(1) || m["skipped"] != float64(0) {
+		t.Fatalf("forced delete of a locked key = %v, want deleted 1, skipped 0", m)
+	}
+	if n := l1Keys(); n != float64(0) {
+		t.Fatalf("l1_keys after the forced delete = %v, want 0", n)
+	}
+	if n := e.eng.ReleaseRead("locked-req", []objkey.Key{k}, 1); n != 1 {
+		t.Fatalf("released %d locks of the deleted key, want 1", n)
+	}
+}
