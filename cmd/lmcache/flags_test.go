@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/bench"
+	"github.com/lmcache-go/lmcache/internal/coordclient"
 	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/serverconfig"
@@ -210,5 +211,26 @@ func TestL1LazyFlagsHaveNoEffect(t *testing.T) {
 		if got := engineConfig(cfg); !reflect.DeepEqual(got, want) {
 			t.Errorf("%v: engine config\n got %+v\nwant %+v", args, got, want)
 		}
+	}
+}
+
+// TestCoordClientConfigFromFlags: the coordinator client gets the server's
+// coordinator flags and --event-bus-queue-size as its event-queue bound
+// (whose enforcement is coordclient.TestBatchesSeqRetryAndBoundedQueue's),
+// each value as given, the intervals in seconds.
+func TestCoordClientConfigFromFlags(t *testing.T) {
+	cfg, err := serverconfig.ParseEnv([]string{"--event-bus-queue-size", "7", "--coordinator-url", "http://127.0.0.1:9000",
+		"--coordinator-advertise-ip", "10.0.0.5", "--http-port", "8181", "--coordinator-heartbeat-interval", "2.5",
+		"--coordinator-event-reporting", "--coordinator-event-flush-interval", "0.25", "--coordinator-auth-token", "tok",
+		"--coordinator-event-endpoint", "events"}, func(string) (string, bool) { return "", false }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := coordClientConfig(cfg, "inst-1")
+	want := coordclient.Config{URL: "http://127.0.0.1:9000", AdvertiseIP: "10.0.0.5", HTTPPort: 8181, InstanceID: "inst-1",
+		HeartbeatInterval: 2500 * time.Millisecond, EventReporting: true, EventFlushInterval: 250 * time.Millisecond,
+		QueueSize: 7, AuthToken: "tok", EventEndpoint: "events"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("coordinator client config\n got %+v\nwant %+v", got, want)
 	}
 }

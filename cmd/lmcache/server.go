@@ -221,22 +221,10 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		metrics.Registry().MustRegister(s.sink.Collectors()...)
 		publisher = s.sink
 	}
-	s.coord, err = coordclient.New(coordclient.Config{
-		URL:                cfg.CoordinatorURL,
-		AdvertiseIP:        cfg.CoordinatorAdvertiseIP,
-		HTTPPort:           cfg.HTTPPort,
-		InstanceID:         instanceID,
-		HeartbeatInterval:  seconds(cfg.CoordinatorHeartbeatInterval),
-		EventReporting:     cfg.CoordinatorEventReporting,
-		EventFlushInterval: seconds(cfg.CoordinatorEventFlushInterval),
-		QueueSize:          cfg.EventBusQueueSize,
-		Periodic:           loops,
-		Metrics:            metrics,
-		Logger:             levels.Logger("lmcache.coordinator_client"),
-		AuthToken:          cfg.CoordinatorAuthToken,
-		EventEndpoint:      cfg.CoordinatorEventEndpoint,
-		Publisher:          publisher,
-	})
+	ccfg := coordClientConfig(cfg, instanceID)
+	ccfg.Periodic, ccfg.Metrics, ccfg.Publisher = loops, metrics, publisher
+	ccfg.Logger = levels.Logger("lmcache.coordinator_client")
+	s.coord, err = coordclient.New(ccfg)
 	if err != nil {
 		return nil, &usageError{err}
 	}
@@ -305,6 +293,23 @@ func engineConfig(cfg *serverconfig.Config) engine.Config {
 		L2LookupTimeout:          time.Duration(cfg.L2LookupTimeoutMS) * time.Millisecond,
 		StoreMaxAttempts:         cfg.L2StoreMaxRetries + 1, // the first attempt is not a retry
 		StoreRetryBase:           seconds(cfg.L2StoreRetryBackoffSecs),
+	}
+}
+
+// coordClientConfig is the coordinator client's part of the server flags
+// (the loops, metrics, logger and Kafka publisher are added by newServer).
+func coordClientConfig(cfg *serverconfig.Config, instanceID string) coordclient.Config {
+	return coordclient.Config{
+		URL:                cfg.CoordinatorURL,
+		AdvertiseIP:        cfg.CoordinatorAdvertiseIP,
+		HTTPPort:           cfg.HTTPPort,
+		InstanceID:         instanceID,
+		HeartbeatInterval:  seconds(cfg.CoordinatorHeartbeatInterval),
+		EventReporting:     cfg.CoordinatorEventReporting,
+		EventFlushInterval: seconds(cfg.CoordinatorEventFlushInterval),
+		QueueSize:          cfg.EventBusQueueSize,
+		AuthToken:          cfg.CoordinatorAuthToken,
+		EventEndpoint:      cfg.CoordinatorEventEndpoint,
 	}
 }
 
