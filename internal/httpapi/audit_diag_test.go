@@ -6,13 +6,17 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/periodic"
+	"github.com/lmcache-go/lmcache/internal/script"
 )
 
 // TestPeriodicActiveOnly: active_only keeps running loops that ticked (or
@@ -189,5 +193,78 @@ func TestRunScriptServerDefaults(t *testing.T) {
 	code, body, err = scriptPost(t, context.Background(), e, "result = 'y' * 1000")
 	if err != nil || code != 200 || body != strings.Repeat("y", 1000) {
 		t.Fatalf("under the cap: %d %d bytes %v", code, len(body), err)
+	}
+}
+
+// sandboxChildren lists the pids of this process's children that run as a
+// script sandbox (LMCACHE_SCRIPT_SANDBOX in their environment).
+func sandboxChildren(t *testing.T) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// Fields after the parenthesised command: state, ppid, ...
+		_, rest, ok := strings.Cut(string(stat), ") ")
+		if f := strings.Fields(rest); !ok || len(f) < 2 || f[1] != strconv.Itoa(os.Getpid()) {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + d.Name() + "/environ")
+		if err == nil && strings.Contains(string(env), script.SandboxEnv+"=") {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// TestRunScriptSandboxKilled: a sandbox killed from outside while it runs
+// (what the kernel's OOM killer or an operator's kill does) is a sandbox
+// failure: 500 "Error executing script: script sandbox failed: signal:
+// killed", counted in lmcache_mp_run_script_failures_total{reason="sandbox"};
+// the server keeps serving scripts afterwards.
+func TestRunScriptSandboxKilled(t *testing.T) {
+	e := start(t, envOpts{mutate: func(o *httpapi.Options) {
+		o.RunScriptEnabled = true
+		o.ScriptMaxSteps = 1 << 40
+		o.ScriptTimeout = time.Minute
+	}})
+	type reply struct {
+		code int
+		body string
+		err  error
+	}
+	done := make(chan reply, 1)
+	go func() {
+		code, body, err := scriptPost(t, context.Background(), e, "while True:\n  pass")
+		done <- reply{code, body, err}
+	}()
+	var pids []int
+	waitFor(t, "the sandbox child running the script", func() bool {
+		pids = sandboxChildren(t)
+		return len(pids) == 1
+	})
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if want := "Error executing script: script sandbox failed: signal: killed"; r.err != nil || r.code != 500 || !strings.HasPrefix(r.body, want) {
+		t.Fatalf("killed sandbox: %d %q %v, want 500 %q", r.code, r.body, r.err, want)
+	}
+	metrics := string(e.expect(200, "GET", "/metrics", nil).body)
+	if want := `lmcache_mp_run_script_failures_total{reason="sandbox"} 1`; !strings.Contains(metrics, want+"\n") {
+		t.Errorf("/metrics lacks %s", want)
+	}
+	if code, body, err := scriptPost(t, context.Background(), e, "result = 6 * 7"); err != nil || code != 200 || body != "42" {
+		t.Fatalf("script after the kill: %d %q %v", code, body, err)
 	}
 }
