@@ -18,6 +18,7 @@ package httplimit
 import (
 	"context"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -205,11 +206,19 @@ func newTracker() *tracker {
 	return &tracker{running: map[*call]struct{}{}, idle: idle}
 }
 
+// shuttingDownBody answers a request that reaches a handler after Stop
+// closed the connections: a 503 in the services' error shape.
+const shuttingDownBody = `{"detail":"server is shutting down"}`
+
 func (t *tracker) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := &call{method: r.Method, path: r.URL.Path}
 		if !t.begin(c) {
-			http.Error(w, "server is shutting down", http.StatusServiceUnavailable)
+			// Both services answer errors as FastAPI does, {"detail": ...}.
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, shuttingDownBody)
 			return
 		}
 		defer t.end(c)
