@@ -7,12 +7,14 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/procfs"
 
 	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/periodic"
@@ -197,31 +199,23 @@ func TestRunScriptServerDefaults(t *testing.T) {
 }
 
 // sandboxChildren lists the pids of this process's children that run as a
-// script sandbox (LMCACHE_SCRIPT_SANDBOX in their environment).
+// script sandbox (LMCACHE_SCRIPT_SANDBOX in their environment), read from
+// /proc through prometheus/procfs.
 func sandboxChildren(t *testing.T) []int {
 	t.Helper()
-	ents, err := os.ReadDir("/proc")
+	procs, err := procfs.AllProcs()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []int
-	for _, d := range ents {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
-			continue
+	for _, p := range procs {
+		st, err := p.Stat()
+		if err != nil || st.PPID != os.Getpid() {
+			continue // exited meanwhile, or not ours
 		}
-		stat, err := os.ReadFile("/proc/" + d.Name() + "/stat")
-		if err != nil {
-			continue // exited meanwhile
-		}
-		// Fields after the parenthesised command: state, ppid, ...
-		_, rest, ok := strings.Cut(string(stat), ") ")
-		if f := strings.Fields(rest); !ok || len(f) < 2 || f[1] != strconv.Itoa(os.Getpid()) {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + d.Name() + "/environ")
-		if err == nil && strings.Contains(string(env), script.SandboxEnv+"=") {
-			out = append(out, pid)
+		env, err := p.Environ()
+		if err == nil && slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, script.SandboxEnv+"=") }) {
+			out = append(out, p.PID)
 		}
 	}
 	return out
