@@ -18,7 +18,6 @@ package httplimit
 import (
 	"context"
 	"fmt"
-	"io"
 	"log"
 	"net"
 	"net/http"
@@ -29,6 +28,7 @@ import (
 
 	"golang.org/x/net/netutil"
 
+	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/tracing"
 )
 
@@ -206,19 +206,13 @@ func newTracker() *tracker {
 	return &tracker{running: map[*call]struct{}{}, idle: idle}
 }
 
-// shuttingDownBody answers a request that reaches a handler after Stop
-// closed the connections: a 503 in the services' error shape.
-const shuttingDownBody = `{"detail":"server is shutting down"}`
-
 func (t *tracker) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := &call{method: r.Method, path: r.URL.Path}
 		if !t.begin(c) {
-			// Both services answer errors as FastAPI does, {"detail": ...}.
-			w.Header().Set("Content-Type", "application/json")
+			// In the services' FastAPI error shape, {"detail": ...}.
 			w.Header().Set("Connection", "close")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, shuttingDownBody)
+			httproute.WriteJSON(w, http.StatusServiceUnavailable, httproute.DetailBody{Detail: "server is shutting down"})
 			return
 		}
 		defer t.end(c)
