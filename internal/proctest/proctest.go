@@ -130,6 +130,12 @@ type Proc struct {
 func Start(t testing.TB, name string, env []string, args ...string) *Proc {
 	t.Helper()
 	bin, _ := Binary(t)
+	return StartBinary(t, bin, name, env, args...)
+}
+
+// StartBinary is Start for another copy of the binary, at bin.
+func StartBinary(t testing.TB, bin, name string, env []string, args ...string) *Proc {
+	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {

@@ -102,6 +102,15 @@ type Result struct {
 	Printed string
 }
 
+// sandboxExe is the program Run starts as the sandbox: this process's own
+// executable through the kernel's /proc/self/exe link, not the path it
+// was started from. A binary deleted or replaced on disk while the server
+// runs (an upgrade in place, a rollback) then still runs scripts with the
+// code that speaks this process's request format, instead of failing to
+// start or starting another version. Tests point it elsewhere to make the
+// sandbox fail.
+var sandboxExe = "/proc/self/exe"
+
 // killGrace is how long after its deadline the parent kills a sandbox
 // that has not stopped itself: the child cancels its own thread at the
 // deadline, so the grace only matters for a builtin that never yields,
@@ -152,16 +161,12 @@ func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) 
 	case <-ctx.Done():
 		return Result{}, fmt.Errorf("%w (limit %d)", ErrBusy, MaxConcurrent)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return Result{}, fmt.Errorf("%w: %v", ErrSandbox, err)
-	}
 	// The child stops itself at the deadline (thread.Cancel); the parent
 	// kills it a little later in case it cannot (a builtin looping).
 	// A client that goes away (parent cancelled) kills it at once.
 	kctx, kcancel := context.WithTimeout(parent, cfg.Timeout+killGrace)
 	defer kcancel()
-	cmd := exec.CommandContext(kctx, exe)
+	cmd := exec.CommandContext(kctx, sandboxExe)
 	// Nothing of the server's environment (credentials) reaches the child.
 	cmd.Env = []string{SandboxEnv + "=" + sandboxMagic}
 	cmd.Stdin = bytes.NewReader(body)
@@ -189,8 +194,10 @@ func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) 
 	case outOfMemory(errText, cmd.ProcessState, cfg.MemoryBytes):
 		return Result{}, fmt.Errorf("%w (%d MiB)", ErrMemoryLimit, cfg.MemoryBytes>>20)
 	}
-	first, _, _ := strings.Cut(strings.TrimSpace(errText), "\n")
-	return Result{}, fmt.Errorf("%w: %v: %s", ErrSandbox, runErr, cut(first, 200))
+	if first, _, _ := strings.Cut(strings.TrimSpace(errText), "\n"); first != "" {
+		return Result{}, fmt.Errorf("%w: %v: %s", ErrSandbox, runErr, cut(first, 200))
+	}
+	return Result{}, fmt.Errorf("%w: %v", ErrSandbox, runErr)
 }
 
 // outOfMemory reports whether a sandbox died of its memory limit: the Go

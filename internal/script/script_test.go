@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -171,5 +173,42 @@ func TestDefaultLimitsLiterals(t *testing.T) {
 	k := Config{MaxSteps: 5, Timeout: time.Second, MaxOutput: 7, MemoryBytes: 9}.withDefaults()
 	if k.MaxSteps != 5 || k.Timeout != time.Second || k.MaxOutput != 7 || k.MemoryBytes != 9 {
 		t.Fatalf("explicit = %+v", k)
+	}
+}
+
+// TestSandboxFailures: a sandbox that cannot start, one that exits 0 with
+// a reply that is not JSON, and one that exits non-zero with a reason on
+// stderr are each ErrSandbox with what happened, never a script result;
+// the next run with the real sandbox works.
+func TestSandboxFailures(t *testing.T) {
+	dir := t.TempDir()
+	program := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	missing := filepath.Join(dir, "missing")
+	cases := []struct {
+		name, exe, want string
+	}{
+		{"cannot start", missing, "script sandbox failed: fork/exec " + missing + ": no such file or directory"},
+		{"garbage reply", program("garbage", "cat >/dev/null; echo garbage"), "script sandbox failed: bad reply: invalid character 'g' looking for beginning of value"},
+		{"empty reply", program("empty", "cat >/dev/null"), "script sandbox failed: bad reply: unexpected end of JSON input"},
+		{"exit with reason", program("exit7", "cat >/dev/null; echo 'sandbox: broken' >&2; echo second line >&2; exit 7"), "script sandbox failed: exit status 7: sandbox: broken"},
+		{"exit without reason", program("exit9", "cat >/dev/null; exit 9"), "script sandbox failed: exit status 9"},
+	}
+	t.Cleanup(func() { sandboxExe = "/proc/self/exe" })
+	for _, c := range cases {
+		sandboxExe = c.exe
+		res, err := Run(context.Background(), Config{}, "f.star", "result = 'ok'")
+		if !errors.Is(err, ErrSandbox) || err.Error() != c.want || res != (Result{}) {
+			t.Errorf("%s: %+v, %v; want ErrSandbox %q", c.name, res, err, c.want)
+		}
+	}
+	sandboxExe = "/proc/self/exe"
+	if res, err := Run(context.Background(), Config{}, "f.star", "result = 'ok'"); err != nil || res.Text != "ok" {
+		t.Fatalf("real sandbox after the failures: %+v %v", res, err)
 	}
 }
