@@ -247,6 +247,20 @@ func TestRunScriptSandboxKilled(t *testing.T) {
 		pids = sandboxChildren(t)
 		return len(pids) == 1
 	})
+	// The child is named for what it is (it runs as /proc/self/exe,
+	// which would make it "exe" in ps and in the OOM killer's line): its
+	// argv[0] from the start, its process name once its init has run.
+	child, err := procfs.NewProc(pids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cmdline, err := child.CmdLine(); err != nil || !slices.Equal(cmdline, []string{script.SandboxName}) {
+		t.Errorf("sandbox cmdline %q (%v), want [%q]", cmdline, err, script.SandboxName)
+	}
+	waitFor(t, "the sandbox process named "+script.SandboxName, func() bool {
+		comm, err := child.Comm()
+		return err == nil && comm == script.SandboxName
+	})
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

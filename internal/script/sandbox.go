@@ -31,6 +31,11 @@ const SandboxEnv = "LMCACHE_SCRIPT_SANDBOX"
 
 const sandboxMagic = "v1-starlark"
 
+// SandboxName is a sandbox's argv[0] and process name (what ps, top and
+// the kernel's OOM-killer line show): started through /proc/self/exe it
+// would otherwise be called "exe". 15 bytes, the kernel's limit.
+const SandboxName = "lmcache-sandbox"
+
 // maxRequestBytes bounds what a sandbox reads: the script (1 MiB at most
 // through the HTTP API) and the app snapshots.
 const maxRequestBytes = 64 << 20
@@ -39,6 +44,9 @@ func init() {
 	if os.Getenv(SandboxEnv) != sandboxMagic {
 		return
 	}
+	// /proc/self/comm names the whole process (the thread group leader);
+	// a failure only leaves the name "exe", so it is not worth a refusal.
+	_ = os.WriteFile("/proc/self/comm", []byte(SandboxName), 0)
 	os.Exit(sandboxMain(os.Stdin, os.Stdout))
 }
 

@@ -167,6 +167,7 @@ func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) 
 	kctx, kcancel := context.WithTimeout(parent, cfg.Timeout+killGrace)
 	defer kcancel()
 	cmd := exec.CommandContext(kctx, sandboxExe)
+	cmd.Args = []string{SandboxName}
 	// Nothing of the server's environment (credentials) reaches the child.
 	cmd.Env = []string{SandboxEnv + "=" + sandboxMagic}
 	cmd.Stdin = bytes.NewReader(body)
