@@ -147,6 +147,20 @@ func FindVersity() (string, error) {
 // Versity starts versitygw for the test; a missing binary fails the test.
 func Versity(t testing.TB) *Server {
 	t.Helper()
+	return versity(t)
+}
+
+// VersityVirtualHosted is Versity with virtual-hosted bucket addressing
+// on under domain as well as path style: a request for
+// <bucket>.<domain>:<port> is routed to bucket by its Host header. Nothing
+// resolves such names to 127.0.0.1, so a client dials Endpoint itself.
+func VersityVirtualHosted(t testing.TB, domain string) *Server {
+	t.Helper()
+	return versity(t, "--virtual-domain", domain)
+}
+
+func versity(t testing.TB, extra ...string) *Server {
+	t.Helper()
 	bin, err := FindVersity()
 	if err != nil {
 		t.Fatalf("versitygw not found (%v); install it with scripts/install-versitygw.sh (scripts/test.sh does)", err)
@@ -168,8 +182,9 @@ func Versity(t testing.TB) *Server {
 		}
 		s.Endpoint = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		// Output goes to a file (an *os.File needs no copying goroutine).
-		cmd := exec.Command(bin, "--access", s.AccessKey, "--secret", s.SecretKey,
-			"--region", Region, "--port", s.Endpoint, "--keep-alive", "--quiet", "posix", data)
+		args := append([]string{"--access", s.AccessKey, "--secret", s.SecretKey,
+			"--region", Region, "--port", s.Endpoint, "--keep-alive", "--quiet"}, extra...)
+		cmd := exec.Command(bin, append(args, "posix", data)...)
 		cmd.Stdout, cmd.Stderr = logf, logf
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start versitygw: %v", err)
