@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"io"
 	"net"
 	"slices"
 	"strings"
@@ -29,14 +28,8 @@ func TestObservabilityNoOpFlagsChangeNothing(t *testing.T) {
 		"--prometheus-port", itoa(promPort))
 
 	families := func(base string) []string {
-		resp, err := client.Get(base + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
 		var names []string
-		for _, line := range strings.Split(string(b), "\n") {
+		for _, line := range strings.Split(metricsText(t, base), "\n") {
 			if rest, ok := strings.CutPrefix(line, "# TYPE lmcache_"); ok {
 				names = append(names, strings.Fields(rest)[0])
 			}

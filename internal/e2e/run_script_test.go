@@ -34,24 +34,9 @@ func TestRunScriptAfterBinaryReplaced(t *testing.T) {
 		"--l1-size-gb", "0.0625", "--run-script-api-enabled")
 	waitFor(t, "healthcheck", healthy(base+"/healthcheck"))
 
-	post := func(src string) (int, string) {
-		t.Helper()
-		var form bytes.Buffer
-		mw := multipart.NewWriter(&form)
-		fw, _ := mw.CreateFormFile("script", "answer.star")
-		_, _ = io.WriteString(fw, src)
-		_ = mw.Close()
-		resp, err := client.Post(base+"/run_script", mw.FormDataContentType(), &form)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode, string(body)
-	}
 	run := func(when string) {
 		t.Helper()
-		if code, body := post("result = 6 * 7\n"); code != http.StatusOK || body != "42" {
+		if code, body := postScript(t, base, "", "result = 6 * 7\n"); code != http.StatusOK || body != "42" {
 			t.Fatalf("%s: %d %q, want 200 \"42\"", when, code, body)
 		}
 	}
@@ -67,21 +52,41 @@ func TestRunScriptAfterBinaryReplaced(t *testing.T) {
 
 	// A script's own failure, so that the counter has a series to read
 	// beside the (absent or zero) sandbox one.
-	if code, body := post("fail(\"on purpose\")\n"); code != http.StatusInternalServerError || !strings.HasPrefix(body, "Error executing script: ") {
+	if code, body := postScript(t, base, "", "fail(\"on purpose\")\n"); code != http.StatusInternalServerError || !strings.HasPrefix(body, "Error executing script: ") {
 		t.Fatalf("failing script: %d %q", code, body)
 	}
-	resp, err := client.Get(base + "/metrics")
+	metrics := metricsText(t, base)
+	if got := grepLines(metrics, `lmcache_mp_run_script_failures_total{reason="sandbox"} `); got != "" && !strings.HasSuffix(got, "} 0") {
+		t.Errorf("sandbox failures counted: %s", got)
+	}
+	if want := `lmcache_mp_run_script_failures_total{reason="error"} 1`; !strings.Contains(metrics, want+"\n") {
+		t.Errorf("/metrics lacks %s", want)
+	}
+}
+
+// postScript sends src to base's POST /run_script as the multipart upload
+// upstream's clients make, with auth as the Authorization header unless
+// it is empty, and returns the status and body.
+func postScript(t *testing.T, base, auth, src string) (int, string) {
+	t.Helper()
+	var form bytes.Buffer
+	mw := multipart.NewWriter(&form)
+	fw, _ := mw.CreateFormFile("script", "script.star")
+	_, _ = io.WriteString(fw, src)
+	_ = mw.Close()
+	req, err := http.NewRequest("POST", base+"/run_script", &form)
 	if err != nil {
 		t.Fatal(err)
 	}
-	metrics, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, line := range strings.Split(string(metrics), "\n") {
-		if v, ok := strings.CutPrefix(line, `lmcache_mp_run_script_failures_total{reason="sandbox"} `); ok && v != "0" {
-			t.Errorf("sandbox failures counted: %s", line)
-		}
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
 	}
-	if want := `lmcache_mp_run_script_failures_total{reason="error"} 1`; !strings.Contains(string(metrics), want+"\n") {
-		t.Errorf("/metrics lacks %s", want)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
 }

@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"io"
-	"mime/multipart"
 	"net/http"
 	"strings"
 	"testing"
@@ -95,24 +93,11 @@ func TestSecuritySecretsNeverLeave(t *testing.T) {
 		t.Fatalf("/config = %.2000s", cfg)
 	}
 
-	var form bytes.Buffer
-	mw := multipart.NewWriter(&form)
-	fw, _ := mw.CreateFormFile("script", "leak.star")
-	_, _ = io.WriteString(fw, "c = str(app.config())\nprint(c)\nprint(str(app.adapters()))\nresult = c + str(app.status())\n")
-	_ = mw.Close()
-	req, _ := http.NewRequest("POST", base+"/run_script", &form)
-	req.Header.Set("Content-Type", mw.FormDataContentType())
-	req.Header.Set("Authorization", auth)
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	code, out := postScript(t, base, auth, "c = str(app.config())\nprint(c)\nprint(str(app.adapters()))\nresult = c + str(app.status())\n")
+	if code != 200 || !strings.Contains(out, s3.Bucket) {
+		t.Fatalf("run_script: %d %.500s", code, out)
 	}
-	out, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(out), s3.Bucket) {
-		t.Fatalf("run_script: %d %.500s", resp.StatusCode, out)
-	}
-	bodies = append(bodies, "/run_script\n"+string(out))
+	bodies = append(bodies, "/run_script\n"+out)
 
 	srv.Stop(t)
 	logs := srv.Output(t)
