@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/l1"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/wire"
@@ -40,7 +41,12 @@ func lookupKey(req *request) (*wire.Key, int, error) {
 			readers = int(tp)
 		}
 	}
-	return key, readers, nil
+	// The engine takes at most l1.MaxReaders locks per object and call;
+	// bounding the count here as well keeps FREE_LOOKUP_LOCKS's release
+	// in that range, where a count past an int32 would wrap negative in
+	// the table and leave the request's lock held until its lease
+	// expires, releasable by no later free.
+	return key, min(readers, l1.MaxReaders), nil
 }
 
 // noJobFor reports whether id's last LOOKUP started no job (its answer is
