@@ -291,6 +291,10 @@ func (st *state) register(req *request) ([]byte, error) {
 	}
 	shape := wire.ObjectShape(int64(p.NumLayers), int64(st.s.cfg.ChunkSize), int64(p.HiddenDimSize), p.UseMLA)
 	objBytes := wire.ChunkObjectBytes(int64(p.NumLayers), int64(st.s.cfg.ChunkSize), int64(p.HiddenDimSize), p.UseMLA, itemSize)
+	if objBytes < 0 { // refused before it replaces an earlier registration
+		msg := fmt.Sprintf("invalid layout: the chunk objects of num_layers=%d hidden_dim_size=%d overflow int64", p.NumLayers, p.HiddenDimSize)
+		return registerError(msg), errors.New(msg)
+	}
 	pool := st.s.eng.Pool()
 	if pool.Name == "" {
 		st.warnOnce("noshm", "a worker registered but the L1 pool is not shared memory; set --shm-name (it will fall back to the pickle transfer, which is refused)")
@@ -349,7 +353,10 @@ func (st *state) register(req *request) ([]byte, error) {
 		st.releaseTransfers(dropped.instanceID)
 	}
 	if layoutErr != nil {
-		return registerReply(pool), fmt.Errorf("register layout: %w", layoutErr)
+		// Nothing was registered: a success reply would send the worker
+		// on to transfers that are all refused as unregistered.
+		err := fmt.Errorf("register layout: %w", layoutErr)
+		return registerError(err.Error()), err
 	}
 
 	if hybrid {

@@ -1,5 +1,10 @@
 package wire
 
+import (
+	"math"
+	"math/bits"
+)
+
 // dtypeSizes are the element sizes of the torch dtype names vLLM sends in
 // dtype_str and reads back from a slot's dtype, plus the short spellings
 // operators use in --register-model.
@@ -26,13 +31,28 @@ func ObjectShape(numLayers, chunkSize, hidden int64, mla bool) []int64 {
 	return []int64{2, numLayers, chunkSize, hidden}
 }
 
-// ObjectBytes is the size of an object of shape and element size item.
+// ObjectBytes is the size of an object of shape and element size item, or
+// -1 when the product does not fit an int64. The dimensions come from
+// clients (a REGISTER's num_layers and hidden_dim_size): a product that
+// wrapped would be a small or zero size contradicting the shape, which
+// every caller refuses as -1 instead (no pool holds such an object).
 func ObjectBytes(shape []int64, item int64) int64 {
 	n := item
 	for _, d := range shape {
+		hi, lo := bits.Mul64(uint64(abs(n)), uint64(abs(d)))
+		if hi != 0 || lo > math.MaxInt64 {
+			return -1
+		}
 		n *= d
 	}
 	return n
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
 }
 
 // ChunkObjectBytes is the size in bytes of one rank's chunk object: the one
