@@ -202,8 +202,11 @@ func (st *state) waitStatus(ctx context.Context, req *request) ([]byte, error) {
 		if err != nil || len(rest) != 0 || math.IsNaN(f) || f < 0 {
 			return nil, fmt.Errorf("decode timeout: %w", errors.Join(err, errTrailing(rest)))
 		}
-		if d := time.Duration(f * float64(time.Second)); d < wait {
-			wait = d
+		// Compared as a float: a timeout past a time.Duration's range
+		// (1e300, +Inf) would convert to a negative one and time out at
+		// once.
+		if secs := f * float64(time.Second); secs < float64(wait) {
+			wait = time.Duration(secs)
 		}
 	}
 	if st.noJobFor(id, true) {
@@ -215,9 +218,13 @@ func (st *state) waitStatus(ctx context.Context, req *request) ([]byte, error) {
 	switch {
 	case errors.Is(err, engine.ErrNotFound):
 		return wire.EncodeInt(0), nil
+	case err == nil:
+		// Done and consumed, whether or not the deadline passed too
+		// meanwhile: answering nil now would lose the answer (the next
+		// poll finds no job and reads 0).
 	case wctx.Err() != nil:
 		return wire.Nil, nil // timed out: still running
-	case err != nil:
+	default:
 		return wire.EncodeInt(0), err
 	}
 	st.consumed(id, res)
