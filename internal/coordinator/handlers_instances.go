@@ -46,7 +46,7 @@ func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) handleDeregister(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("instance_id")
 	if s.reg.Deregister(id) {
-		s.log.Info("instance deregistered", "instance_id", id)
+		s.log.Info("instance deregistered", "instance_id", id, "l1_facts_dropped", s.releaseL1(id))
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -80,4 +80,12 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// releaseL1 drops the L1 facts of an instance that left the fleet (see
+// l1View.fence), counts them with the fenced ones and returns how many.
+func (s *Server) releaseL1(id string) int {
+	n := s.l1.fence(id)
+	s.metrics.l1FactsFenced.Add(float64(n))
+	return n
 }

@@ -69,7 +69,12 @@ func (v *l1View) remove(instance string, k ledger.Key) {
 }
 
 // fence forgets everything instance reported for L1 and returns how many
-// facts were dropped.
+// facts were dropped: on a new incarnation (its memory restarted empty),
+// and when the instance deregisters or is swept (its process stopped or is
+// unreachable). Without the latter, servers that come back under a new id
+// (the default: a random UUID per start) would leave their predecessors'
+// facts in the view for good, until maxL1Facts is reached and every new
+// fact is dropped.
 func (v *l1View) fence(instance string) int {
 	v.mu.Lock()
 	defer v.mu.Unlock()

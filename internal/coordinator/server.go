@@ -328,7 +328,7 @@ func (s *Server) reserveCycle(ctx context.Context) (periodic.Summary, error) {
 func (s *Server) healthCycle(context.Context) (periodic.Summary, error) {
 	dropped := s.reg.SweepStale(config.Seconds(s.cfg.InstanceTimeout))
 	for _, id := range dropped {
-		s.log.Warn("instance missed heartbeats; deregistered", "instance_id", id, "timeout_s", s.cfg.InstanceTimeout)
+		s.log.Warn("instance missed heartbeats; deregistered", "instance_id", id, "timeout_s", s.cfg.InstanceTimeout, "l1_facts_dropped", s.releaseL1(id))
 	}
 	return periodic.Summary{Message: fmt.Sprintf("dropped=%d registered=%d", len(dropped), s.reg.Len())}, nil
 }

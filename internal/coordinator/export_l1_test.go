@@ -1,0 +1,8 @@
+package coordinator
+
+// L1Instances is how many instances have an entry in the L1 view.
+func (s *Server) L1Instances() int {
+	s.l1.mu.Lock()
+	defer s.l1.mu.Unlock()
+	return len(s.l1.by)
+}
