@@ -29,21 +29,21 @@ func (l *Ledger) AppendCheckpoint(e *checkpoint.Encoder) {
 	// ledgers with the same keys, sizes and per-salt LRU order write the
 	// same bytes whatever order they first saw the names in.
 	// Only models some key uses are written (a restore interns no other).
-	used := make([]bool, len(l.models))
+	used := make([]bool, len(l.models.list))
 	for _, s := range l.salts {
 		for i := s.head; i != nilIdx; i = l.at(i).next {
 			used[l.at(i).k.model] = true
 		}
 	}
 	var models []string
-	for i, m := range l.models {
+	for i, m := range l.models.list {
 		if used[i] {
 			models = append(models, m)
 		}
 	}
 	slices.Sort(models)
-	remap := make([]uint64, len(l.models))
-	for i, m := range l.models {
+	remap := make([]uint64, len(l.models.list))
+	for i, m := range l.models.list {
 		j, _ := slices.BinarySearch(models, m)
 		remap[i] = uint64(j)
 	}
@@ -66,7 +66,7 @@ func (l *Ledger) AppendCheckpoint(e *checkpoint.Encoder) {
 			e.Varint(c.rank)
 			if c.hlen == longHash {
 				e.Uvarint(longHash)
-				e.String(l.longs[binary.LittleEndian.Uint32(c.hash[:4])])
+				e.String(l.longs.list[binary.LittleEndian.Uint32(c.hash[:4])])
 			} else {
 				e.Bytes(c.hash[:c.hlen])
 				e.Uvarint(uint64(c.group))
@@ -88,6 +88,7 @@ func (l *Ledger) LoadCheckpoint(d *checkpoint.Decoder) int {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.sweepNames()
 	stored := 0
 	nSalts := d.Count(1)
 	for s := 0; s < nSalts && d.Err() == nil; s++ {
@@ -138,6 +139,9 @@ func (l *Ledger) LoadCheckpoint(d *checkpoint.Decoder) int {
 // (undoing a pin change whose state-file write failed).
 func (l *Ledger) ReplacePins(pins []PinCount) {
 	l.mu.Lock()
+	for c := range l.pins {
+		l.release(&c)
+	}
 	clear(l.pins)
 	l.mu.Unlock()
 	l.RestorePins(pins)

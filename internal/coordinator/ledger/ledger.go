@@ -388,12 +388,16 @@ type Ledger struct {
 	liveHint  atomic.Int64
 	allocHint atomic.Uint32
 
-	models   []string
-	modelIDs map[string]uint32
-	salts    []*saltState
-	saltIDs  map[string]uint32
-	longs    []string
-	longIDs  map[string]uint32
+	// models, saltNames and longs intern model names, salts and the
+	// names of keys that are not inline to the ids in ckey. An id is
+	// freed (and later reused) once no entry and no pin refers to it, so
+	// names that come and go (per-request salts, a reporter inventing
+	// models) do not accumulate. salts[id] is the state of saltNames'
+	// id; a freed salt's state is reset, never removed.
+	models    names
+	saltNames names
+	salts     []*saltState
+	longs     names
 
 	total int64
 	pins  map[ckey]int32
@@ -407,15 +411,15 @@ type Ledger struct {
 // New returns an empty ledger.
 func New() *Ledger {
 	l := &Ledger{
-		seed:     rand.Uint64() | 1,
-		epoch:    time.Now(),
-		modelIDs: map[string]uint32{},
-		saltIDs:  map[string]uint32{},
-		longIDs:  map[string]uint32{},
-		pins:     map[ckey]int32{},
-		freeHead: nilIdx,
-		need:     make(chan struct{}, 1),
-		quiet:    make(chan struct{}, 1),
+		seed:      rand.Uint64() | 1,
+		epoch:     time.Now(),
+		models:    newNames(),
+		saltNames: newNames(),
+		longs:     newNames(),
+		pins:      map[ckey]int32{},
+		freeHead:  nilIdx,
+		need:      make(chan struct{}, 1),
+		quiet:     make(chan struct{}, 1),
 		// Room for 4M entries before append copies the page list, so
 		// growing it is rare (and an allocation small enough not to
 		// matter) on the ingest path.
@@ -597,48 +601,131 @@ func unindex(tab []uint64, mask, slot uint64) {
 	}
 }
 
-func (l *Ledger) intern(ids map[string]uint32, names *[]string, s string) uint32 {
-	if id, ok := ids[s]; ok {
+// names interns strings to ids with reference counts. An id whose count
+// is zero at a sweep is freed and handed out again by a later intern, so
+// the tables hold only the names something refers to. Not safe for
+// concurrent use (the ledger's lock guards it).
+type names struct {
+	list []string
+	ids  map[string]uint32
+	// refs counts the entries and pins referring to each id; -1 marks a
+	// free id.
+	refs []int32
+	free []uint32
+	// idle lists the ids interned or released to zero references since
+	// the last sweep: the only ones a sweep may free.
+	idle []uint32
+}
+
+func newNames() names { return names{ids: map[string]uint32{}} }
+
+// intern returns s's id, assigning one (a freed one first) when s has none.
+// A new id has no reference yet: the caller takes one, or the next sweep
+// frees it.
+func (n *names) intern(s string) uint32 {
+	if id, ok := n.ids[s]; ok {
 		return id
 	}
 	// Clone: s may alias a pooled request buffer.
 	s = strings.Clone(s)
-	id := uint32(len(*names))
-	*names = append(*names, s)
-	ids[s] = id
+	var id uint32
+	if k := len(n.free); k > 0 {
+		id = n.free[k-1]
+		n.free = n.free[:k-1]
+		n.list[id], n.refs[id] = s, 0
+	} else {
+		id = uint32(len(n.list))
+		n.list = append(n.list, s)
+		n.refs = append(n.refs, 0)
+	}
+	n.ids[s] = id
+	n.idle = append(n.idle, id)
 	return id
 }
 
-func (l *Ledger) saltID(s string) uint32 {
-	if id, ok := l.saltIDs[s]; ok {
-		return id
+func (n *names) ref(id uint32) { n.refs[id]++ }
+
+func (n *names) unref(id uint32) {
+	if n.refs[id]--; n.refs[id] == 0 {
+		n.idle = append(n.idle, id)
 	}
-	s = strings.Clone(s)
-	id := uint32(len(l.salts))
-	l.salts = append(l.salts, &saltState{name: s, head: nilIdx, tail: nilIdx})
-	l.saltIDs[s] = id
+}
+
+// sweep frees the idle ids nothing refers to, calling freed for each.
+func (n *names) sweep(freed func(id uint32)) {
+	for _, id := range n.idle {
+		if n.refs[id] != 0 {
+			continue // referred to again, or already freed
+		}
+		delete(n.ids, n.list[id])
+		n.list[id], n.refs[id] = "", -1
+		n.free = append(n.free, id)
+		if freed != nil {
+			freed(id)
+		}
+	}
+	n.idle = n.idle[:0]
+}
+
+// live is the number of ids in use.
+func (n *names) live() int { return len(n.ids) }
+
+func (l *Ledger) saltID(s string) uint32 {
+	id := l.saltNames.intern(s)
+	if int(id) == len(l.salts) {
+		l.salts = append(l.salts, &saltState{head: nilIdx, tail: nilIdx})
+	}
+	l.salts[id].name = l.saltNames.list[id]
 	return id
+}
+
+// hold and release count one reference (an entry's or a pin's) to the
+// names c uses; must hold mu.
+func (l *Ledger) hold(c *ckey) {
+	l.models.ref(c.model)
+	l.saltNames.ref(c.salt)
+	if c.hlen == longHash {
+		l.longs.ref(binary.LittleEndian.Uint32(c.hash[:4]))
+	}
+}
+
+func (l *Ledger) release(c *ckey) {
+	l.models.unref(c.model)
+	l.saltNames.unref(c.salt)
+	if c.hlen == longHash {
+		l.longs.unref(binary.LittleEndian.Uint32(c.hash[:4]))
+	}
+}
+
+// sweepNames frees the names no entry or pin refers to any more. It runs
+// at the end of each operation, never inside one: Apply computes every
+// event's ids before applying the first, and those must stay valid to the
+// end of the batch. Must hold mu.
+func (l *Ledger) sweepNames() {
+	l.models.sweep(nil)
+	l.saltNames.sweep(func(id uint32) { *l.salts[id] = saltState{head: nilIdx, tail: nilIdx} })
+	l.longs.sweep(nil)
 }
 
 // compact interns the key's strings; must hold mu.
 func (l *Ledger) compact(k *Key) ckey {
-	c := ckey{rank: k.Rank, model: l.intern(l.modelIDs, &l.models, k.Model), salt: l.saltID(k.Salt)}
+	c := ckey{rank: k.Rank, model: l.models.intern(k.Model), salt: l.saltID(k.Salt)}
 	if k.inline() {
 		c.hash, c.hlen, c.group = k.hash, uint8(k.hlen), uint32(k.Group)
 		return c
 	}
 	// Rare: a hash longer than 32 bytes or a huge group id; intern both.
-	c.setLong(l.intern(l.longIDs, &l.longs, k.longName()))
+	c.setLong(l.longs.intern(k.longName()))
 	return c
 }
 
 // lookupKey finds a key without interning new strings; must hold mu.
 func (l *Ledger) lookupKey(k *Key) (ckey, bool) {
-	m, ok := l.modelIDs[k.Model]
+	m, ok := l.models.ids[k.Model]
 	if !ok {
 		return ckey{}, false
 	}
-	s, ok := l.saltIDs[k.Salt]
+	s, ok := l.saltNames.ids[k.Salt]
 	if !ok {
 		return ckey{}, false
 	}
@@ -647,7 +734,7 @@ func (l *Ledger) lookupKey(k *Key) (ckey, bool) {
 		c.hash, c.hlen, c.group = k.hash, uint8(k.hlen), uint32(k.Group)
 		return c, true
 	}
-	id, ok := l.longIDs[k.longName()]
+	id, ok := l.longs.ids[k.longName()]
 	if !ok {
 		return ckey{}, false
 	}
@@ -746,6 +833,7 @@ func (l *Ledger) storeH(cp *ckey, h uint64, size int64) {
 	*e = entry{k: c, size: size, gen: e.gen}
 	l.index[slot] = tag | uint64(i+1)
 	l.pushTail(s, i, e)
+	l.hold(&c)
 	s.count++
 	s.bytes += size
 	l.total += size
@@ -797,6 +885,7 @@ func (l *Ledger) removeH(c *ckey, h uint64) bool {
 	} else {
 		unindex(l.index, l.mask, slot)
 	}
+	l.release(&e.k)
 	*e = entry{gen: e.gen + 1, next: l.freeHead}
 	l.freeHead = i
 	l.live--
@@ -864,6 +953,7 @@ func (l *Ledger) Apply(events []Event) Counts {
 			c.Delete++
 		}
 	}
+	l.sweepNames()
 	l.hint()
 	return c
 }
@@ -878,6 +968,7 @@ func (l *Ledger) hint() {
 func (l *Ledger) Store(k Key, size int64) {
 	l.mu.Lock()
 	l.store(&k, size)
+	l.sweepNames()
 	l.hint()
 	l.mu.Unlock()
 }
@@ -886,7 +977,7 @@ func (l *Ledger) Store(k Key, size int64) {
 func (l *Ledger) SaltUsage(salt string) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if id, ok := l.saltIDs[salt]; ok {
+	if id, ok := l.saltNames.ids[salt]; ok {
 		return l.salts[id].bytes
 	}
 	return 0
@@ -924,11 +1015,16 @@ func (l *Ledger) Stats() Stats {
 func (l *Ledger) Pin(keys []objkey.Key, delta int32) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.sweepNames()
 	for _, o := range keys {
 		k := FromObjectKey(o)
 		if delta > 0 {
 			c := l.compact(&k)
-			l.pins[c] += delta
+			n, ok := l.pins[c]
+			if !ok {
+				l.hold(&c)
+			}
+			l.pins[c] = n + delta
 			continue
 		}
 		c, ok := l.lookupKey(&k)
@@ -938,6 +1034,7 @@ func (l *Ledger) Pin(keys []objkey.Key, delta int32) {
 		if n, ok := l.pins[c]; ok {
 			if n+delta <= 0 {
 				delete(l.pins, c)
+				l.release(&c)
 			} else {
 				l.pins[c] = n + delta
 			}
@@ -957,7 +1054,7 @@ func (l *Ledger) Pins() []PinCount {
 	defer l.mu.Unlock()
 	out := make([]PinCount, 0, len(l.pins))
 	for c, n := range l.pins {
-		out = append(out, PinCount{Key: l.expand(&c, l.models, l.salts, l.longs), Count: n})
+		out = append(out, PinCount{Key: l.expand(&c), Count: n})
 	}
 	return out
 }
@@ -966,19 +1063,41 @@ func (l *Ledger) Pins() []PinCount {
 func (l *Ledger) RestorePins(pins []PinCount) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.sweepNames()
 	for _, p := range pins {
 		if p.Count <= 0 {
 			continue
 		}
 		k := FromObjectKey(p.Key)
-		l.pins[l.compact(&k)] = p.Count
+		c := l.compact(&k)
+		if _, ok := l.pins[c]; !ok {
+			l.hold(&c)
+		}
+		l.pins[c] = p.Count
 	}
 }
 
-func (l *Ledger) expand(c *ckey, models []string, salts []*saltState, longs []string) objkey.Key {
-	k := objkey.Key{ModelName: models[c.model], CacheSalt: salts[c.salt].name, KVRank: c.rank, ObjectGroupID: int64(c.group)}
+// keyNames are the interned names a ckey refers to, copied under the lock
+// so a key can be expanded after it (the ids may be reused meanwhile).
+type keyNames struct{ model, salt, long string }
+
+// namesOf copies c's names; must hold mu.
+func (l *Ledger) namesOf(c *ckey) keyNames {
+	n := keyNames{model: l.models.list[c.model], salt: l.salts[c.salt].name}
 	if c.hlen == longHash {
-		raw := longs[binary.LittleEndian.Uint32(c.hash[:4])]
+		n.long = l.longs.list[binary.LittleEndian.Uint32(c.hash[:4])]
+	}
+	return n
+}
+
+// expand is c as an object key; must hold mu.
+func (l *Ledger) expand(c *ckey) objkey.Key { return expandNames(c, l.namesOf(c)) }
+
+// expandNames builds the object key of c from its names (no lock needed).
+func expandNames(c *ckey, n keyNames) objkey.Key {
+	k := objkey.Key{ModelName: n.model, CacheSalt: n.salt, KVRank: c.rank, ObjectGroupID: int64(c.group)}
+	if c.hlen == longHash {
+		raw := n.long
 		k.ObjectGroupID = int64(binary.LittleEndian.Uint64([]byte(raw[:8])))
 		k.ChunkHash = raw[8:]
 	} else {
@@ -1027,26 +1146,28 @@ func (p *Plan) Len() int {
 
 // Materialize resolves victims to object keys, dropping any whose entry was
 // deleted since planning; live is the surviving victims, parallel to keys.
-// It holds the lock only to copy this slice's compact keys, so a large plan
-// is expanded in dispatch-sized chunks while ingest goes on; the strings are
-// built after unlocking (the interned name tables are append-only).
+// It holds the lock only to copy this slice's compact keys and their
+// names, so a large plan is expanded in dispatch-sized chunks while ingest
+// goes on; the keys are built after unlocking (from the copied names: a
+// name's id may be freed and reused as soon as the lock is released).
 func (l *Ledger) Materialize(vs []Victim) (keys []objkey.Key, live []Victim) {
 	cks := make([]ckey, 0, len(vs))
+	ns := make([]keyNames, 0, len(vs))
 	live = make([]Victim, 0, len(vs))
 	l.mu.Lock()
 	for _, v := range vs {
 		if v.idx < l.n {
 			if e := l.at(v.idx); e.gen == v.gen {
 				cks = append(cks, e.k)
+				ns = append(ns, l.namesOf(&e.k))
 				live = append(live, v)
 			}
 		}
 	}
-	models, salts, longs := l.models, l.salts, l.longs
 	l.mu.Unlock()
 	keys = make([]objkey.Key, len(cks))
 	for i := range cks {
-		keys[i] = l.expand(&cks[i], models, salts, longs)
+		keys[i] = expandNames(&cks[i], ns[i])
 	}
 	return keys, live
 }
