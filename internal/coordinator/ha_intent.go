@@ -99,10 +99,25 @@ func (s *Server) intentWrite(ctx context.Context, write func(context.Context, in
 // sequence's count and keys (so a count change adds exactly the difference
 // to the ledger's pins).
 type intentMirror struct {
-	mu     sync.Mutex
-	revs   map[string]int64
-	pins   map[string]mirrorPin
+	mu   sync.Mutex
+	revs map[string]int64
+	pins map[string]mirrorPin
+	// seen is the highest revision the watch (or a full load) delivered;
+	// it delivers revisions in order, so nothing at or below seen comes
+	// again. gone lists deletions applied above seen: their revs entry
+	// must stay until the watch passes them, so that an older change of
+	// the same name still in flight is skipped, and is then forgotten
+	// (without that, every quota and pinned sequence ever deleted would
+	// keep an entry for good).
+	seen   int64
+	gone   []goneName
 	loaded atomic.Bool // the first full load is applied
+}
+
+// goneName is a deletion applied at rev.
+type goneName struct {
+	name string
+	rev  int64
 }
 
 type mirrorPin struct {
@@ -124,6 +139,10 @@ func (m *intentMirror) apply(s *Server, c intentstore.Change, keys []objkey.Key)
 		return
 	}
 	m.revs[name] = c.Revision
+	if c.Deleted {
+		m.gone = append(m.gone, goneName{name, c.Revision})
+		m.forget()
+	}
 	s.ha.intentApply.Inc()
 	switch c.Kind {
 	case intentstore.KindQuota:
@@ -167,6 +186,33 @@ func (m *intentMirror) apply(s *Server, c intentstore.Change, keys []objkey.Key)
 	}
 }
 
+// caughtUp records that the watch (or a load) delivered everything up to
+// rev and forgets the deletions it passed.
+func (m *intentMirror) caughtUp(rev int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if rev > m.seen {
+		m.seen = rev
+		m.forget()
+	}
+}
+
+// forget drops the revs entries of deletions at or below seen; must hold
+// mu. An entry a later change has moved past belongs to that change.
+func (m *intentMirror) forget() {
+	kept := m.gone[:0]
+	for _, g := range m.gone {
+		switch {
+		case g.rev > m.seen:
+			kept = append(kept, g)
+		case m.revs[g.name] == g.rev:
+			delete(m.revs, g.name)
+		}
+	}
+	clear(m.gone[len(kept):])
+	m.gone = kept
+}
+
 // reload replaces the mirrored intent with a full load: every stored value
 // is applied, and whatever this coordinator holds that etcd no longer has
 // is removed as of the load's revision.
@@ -194,6 +240,7 @@ func (m *intentMirror) reload(s *Server, st intentstore.State) {
 			m.apply(s, c, nil)
 		}
 	}
+	m.caughtUp(st.Revision)
 	m.loaded.Store(true)
 }
 
@@ -253,9 +300,14 @@ func (s *Server) intentCycle(ctx context.Context) (periodic.Summary, error) {
 			return periodic.Summary{}, fmt.Errorf("intent watch ended (%v); reloading", wr.Err())
 		}
 		cs, err := h.store.Decode(wr)
+		var last int64
 		for _, c := range cs {
 			h.mirror.apply(s, c, nil)
 		}
+		for _, ev := range wr.Events {
+			last = max(last, ev.Kv.ModRevision)
+		}
+		h.mirror.caughtUp(last)
 		if err != nil {
 			h.intentErrors.Inc()
 			s.log.Error("watched intent values do not parse; skipped", "err", err)
