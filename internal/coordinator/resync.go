@@ -152,6 +152,10 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 	}
 	base := mpclient.BaseURL(inst.IP, inst.HTTPPort)
 	var token *string
+	// seen holds every token handed out so far: a server that cycles
+	// through tokens (A, B, A, ...) would otherwise keep the resync, and
+	// its loop, running until shutdown, storing the same keys again.
+	seen := map[string]bool{}
 	total := 0
 	for {
 		page, err := s.mp.ListObjects(ctx, base, pageSize, token)
@@ -178,10 +182,11 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 		if page.NextPageToken == nil {
 			return total
 		}
-		if token != nil && *token == *page.NextPageToken {
-			s.log.Warn("startup resync stopped: server repeated its page token", "token", *token)
+		if seen[*page.NextPageToken] {
+			s.log.Warn("startup resync stopped: server repeated its page token", "token", *page.NextPageToken)
 			return total
 		}
+		seen[*page.NextPageToken] = true
 		token = page.NextPageToken
 	}
 }

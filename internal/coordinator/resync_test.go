@@ -100,24 +100,39 @@ func TestStartupResyncSkipsMalformedAndKeepsPartial(t *testing.T) {
 	}
 }
 
-// TestStartupResyncStopsOnRepeatedToken: a server that hands back the
-// token it was just given would loop forever; the resync stops there and
-// keeps what it recorded.
+// TestStartupResyncStopsOnRepeatedToken: a server that hands back a token
+// it gave before would page forever, re-storing the same keys, until
+// shutdown: the token it was just given, or one of a cycle (T1, T2, T1,
+// ...). The resync stops at the first repeated token and keeps what it
+// recorded.
 func TestStartupResyncStopsOnRepeatedToken(t *testing.T) {
-	mp := newMP(t)
-	mp.pages = []mpPage{
-		{entries: []any{entry("01", "r", 5)}, next: strp("T1")},
-		{entries: []any{entry("02", "r", 7)}, next: strp("T1")},
-		{entries: []any{entry("03", "r", 11)}, next: nil},
-	}
-	c := startCoord(t, resyncConfig(1000))
-	mp.register(c, "mp-1")
-	waitFor(t, "the resync to finish", func() bool { return c.logs.Has("startup resync finished") })
-	if q := strings.Join(mp.queries(), " "); q != "page_size=1000 page_size=1000&page_token=T1" {
-		t.Fatalf("queries %s", q)
-	}
-	if u := c.usageBytes("r"); u != 12 {
-		t.Fatalf("usage %d, want the two pages read (12)", u)
+	for _, tc := range []struct {
+		name   string
+		tokens []string // of the pages served, in order; "" ends the listing
+		want   string   // the queries the resync sends
+	}{
+		{"same token", []string{"T1", "T1", ""}, "page_size=1000 page_size=1000&page_token=T1"},
+		{"cycle", []string{"T1", "T2", "T1", "T2", "T1", "T2", ""}, "page_size=1000 page_size=1000&page_token=T1 page_size=1000&page_token=T2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mp := newMP(t)
+			for i, tok := range tc.tokens {
+				p := mpPage{entries: []any{entry(fmt.Sprintf("%02x", i%2+1), "r", 5+2*(i%2))}}
+				if tok != "" {
+					p.next = strp(tok)
+				}
+				mp.pages = append(mp.pages, p)
+			}
+			c := startCoord(t, resyncConfig(1000))
+			mp.register(c, "mp-1")
+			waitFor(t, "the resync to finish", func() bool { return c.logs.Has("startup resync finished") })
+			if q := strings.Join(mp.queries(), " "); q != tc.want {
+				t.Fatalf("queries %s, want %s", q, tc.want)
+			}
+			if u := c.usageBytes("r"); u != 12 {
+				t.Fatalf("usage %d, want the two keys read (12)", u)
+			}
+		})
 	}
 }
 
