@@ -46,9 +46,14 @@ func (g *Gate) Restore(d *checkpoint.Decoder) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	n := 0
-	for _, m := range []*map[string]*cursor{&g.gated, &g.legacy} {
+	doors := []struct {
+		m       *map[string]*cursor
+		idBytes *int
+	}{{&g.gated, &g.gatedBytes}, {&g.legacy, &g.legacyBytes}}
+	for _, door := range doors {
 		count := d.Count(9)
 		fresh := make(map[string]*cursor, min(count, g.max))
+		idBytes := 0
 		for i := 0; i < count && d.Err() == nil; i++ {
 			id := d.String()
 			var s StreamStats
@@ -56,11 +61,12 @@ func (g *Gate) Restore(d *checkpoint.Decoder) int {
 			for _, v := range []*int64{&s.Applied, &s.Duplicates, &s.Stale, &s.Gaps, &s.Fences} {
 				*v = d.Varint()
 			}
-			if len(fresh) < g.max {
+			if len(fresh) < g.max && idBytes+len(id) <= g.maxBytes {
 				fresh[id] = &cursor{s}
+				idBytes += len(id)
 			}
 		}
-		*m = fresh
+		*door.m, *door.idBytes = fresh, idBytes
 		n += len(fresh)
 	}
 	return n

@@ -82,15 +82,25 @@ type cursor struct{ StreamStats }
 // DefaultMaxStreams bounds each door's cursor map.
 const DefaultMaxStreams = 100_000
 
+// DefaultMaxStreamBytes bounds the instance-id bytes each door's cursor map
+// keeps. Instance ids have no length limit (upstream's are plain strings,
+// and a body may be 64 MiB), so the count bound alone would let ids of a
+// mebibyte each pin 100 GB; real ids (a UUID, "mp-" and 32 hex digits) are
+// about 40 bytes, 4 MB for DefaultMaxStreams of them.
+const DefaultMaxStreamBytes = 16 << 20
+
 // Gate holds the cursors. Safe for concurrent use: one mutex guards both
 // maps and is held across the fence and apply callbacks, so one emitter's
 // batches reach the state in admission order (as upstream). Callbacks must
 // not call back into the gate.
 type Gate struct {
-	mu     sync.Mutex
-	max    int
-	gated  map[string]*cursor // POST /events streams
-	legacy map[string]*cursor // POST /quota/events streams
+	mu       sync.Mutex
+	max      int
+	maxBytes int
+	gated    map[string]*cursor // POST /events streams
+	legacy   map[string]*cursor // POST /quota/events streams
+	// gatedBytes and legacyBytes are the bytes of the ids in each map.
+	gatedBytes, legacyBytes int
 }
 
 // New returns an empty gate whose doors each track at most maxStreams
@@ -99,24 +109,27 @@ func New(maxStreams int) *Gate {
 	if maxStreams <= 0 {
 		maxStreams = DefaultMaxStreams
 	}
-	return &Gate{max: maxStreams, gated: map[string]*cursor{}, legacy: map[string]*cursor{}}
+	return &Gate{max: maxStreams, maxBytes: DefaultMaxStreamBytes, gated: map[string]*cursor{}, legacy: map[string]*cursor{}}
 }
 
-// slot returns m's cursor for instance, creating it. Past the bound the
-// whole map is cleared (reset reports it): arbitrary instance ids must not
-// grow memory without limit, and forgetting every cursor only means each
-// stream's next batch is admitted as a first batch.
-func (g *Gate) slot(m map[string]*cursor, instance string) (c *cursor, fresh, reset bool) {
+// slot returns m's cursor for instance, creating it; idBytes is the bytes
+// of m's ids. Past either bound (ids, their bytes) the whole map is cleared
+// (reset reports it): arbitrary instance ids must not grow memory without
+// limit, and forgetting every cursor only means each stream's next batch is
+// admitted as a first batch.
+func (g *Gate) slot(m map[string]*cursor, idBytes *int, instance string) (c *cursor, fresh, reset bool) {
 	if c = m[instance]; c != nil {
 		return c, false, false
 	}
-	if len(m) >= g.max {
+	if len(m) >= g.max || *idBytes+len(instance) > g.maxBytes {
 		clear(m)
+		*idBytes = 0
 		reset = true
 	}
 	c = &cursor{}
 	// Clone: instance may alias a pooled request buffer.
 	m[strings.Clone(instance)] = c
+	*idBytes += len(instance)
 	return c, true, reset
 }
 
@@ -126,7 +139,7 @@ func (g *Gate) slot(m map[string]*cursor, instance string) (c *cursor, fresh, re
 func (g *Gate) Offer(instance string, incarnation, seq int64, fence, apply func()) Outcome {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	c, fresh, reset := g.slot(g.gated, instance)
+	c, fresh, reset := g.slot(g.gated, &g.gatedBytes, instance)
 	out := Outcome{Reset: reset}
 	if !fresh {
 		switch {
@@ -174,7 +187,7 @@ func (g *Gate) Offer(instance string, incarnation, seq int64, fence, apply func(
 func (g *Gate) Observe(instance string, seq int64) Outcome {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	c, fresh, reset := g.slot(g.legacy, instance)
+	c, fresh, reset := g.slot(g.legacy, &g.legacyBytes, instance)
 	out := Outcome{Reset: reset}
 	if !fresh {
 		switch {

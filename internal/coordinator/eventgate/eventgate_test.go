@@ -132,15 +132,7 @@ func TestDefaultBoundBothDoors(t *testing.T) {
 	if DefaultMaxStreams != 100_000 {
 		t.Fatalf("DefaultMaxStreams = %d, the documented bound is 100,000", DefaultMaxStreams)
 	}
-	g := New(0)
-	for _, d := range []struct {
-		door   string
-		offer  func(id string) Outcome
-		cursor func(id string) *StreamStats
-	}{
-		{"gated", func(id string) Outcome { return g.Offer(id, 1, 1, nil, nil) }, func(id string) *StreamStats { s, _ := g.Stats(id); return s }},
-		{"observed", func(id string) Outcome { return g.Observe(id, 1) }, func(id string) *StreamStats { _, s := g.Stats(id); return s }},
-	} {
+	for _, d := range bothDoors(New(0)) {
 		resets := 0
 		for i := range 100_000 {
 			if d.offer("id-" + strconv.Itoa(i)).Reset {
@@ -159,5 +151,20 @@ func TestDefaultBoundBothDoors(t *testing.T) {
 		if st := d.cursor("id-0"); st != nil {
 			t.Fatalf("%s door: id-0 survived the reset: %+v", d.door, st)
 		}
+	}
+}
+
+// gateDoor offers a first batch of an instance id to one of g's doors and
+// reads its cursor there.
+type gateDoor struct {
+	door   string
+	offer  func(id string) Outcome
+	cursor func(id string) *StreamStats
+}
+
+func bothDoors(g *Gate) []gateDoor {
+	return []gateDoor{
+		{"gated", func(id string) Outcome { return g.Offer(id, 1, 1, nil, nil) }, func(id string) *StreamStats { s, _ := g.Stats(id); return s }},
+		{"observed", func(id string) Outcome { return g.Observe(id, 1) }, func(id string) *StreamStats { _, s := g.Stats(id); return s }},
 	}
 }
