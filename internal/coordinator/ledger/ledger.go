@@ -623,8 +623,14 @@ func newNames() names { return names{ids: map[string]uint32{}} }
 // A new id has no reference yet: the caller takes one, or the next sweep
 // frees it.
 func (n *names) intern(s string) uint32 {
+	id, _ := n.internNew(s)
+	return id
+}
+
+// internNew is intern, also reporting whether the id was assigned now.
+func (n *names) internNew(s string) (uint32, bool) {
 	if id, ok := n.ids[s]; ok {
-		return id
+		return id, false
 	}
 	// Clone: s may alias a pooled request buffer.
 	s = strings.Clone(s)
@@ -640,7 +646,7 @@ func (n *names) intern(s string) uint32 {
 	}
 	n.ids[s] = id
 	n.idle = append(n.idle, id)
-	return id
+	return id, true
 }
 
 func (n *names) ref(id uint32) { n.refs[id]++ }
@@ -671,11 +677,13 @@ func (n *names) sweep(freed func(id uint32)) {
 func (n *names) live() int { return len(n.ids) }
 
 func (l *Ledger) saltID(s string) uint32 {
-	id := l.saltNames.intern(s)
-	if int(id) == len(l.salts) {
-		l.salts = append(l.salts, &saltState{head: nilIdx, tail: nilIdx})
+	id, fresh := l.saltNames.internNew(s)
+	if fresh {
+		if int(id) == len(l.salts) {
+			l.salts = append(l.salts, &saltState{head: nilIdx, tail: nilIdx})
+		}
+		l.salts[id].name = l.saltNames.list[id]
 	}
-	l.salts[id].name = l.saltNames.list[id]
 	return id
 }
 
