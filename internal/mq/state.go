@@ -305,7 +305,11 @@ func (st *state) register(req *request) ([]byte, error) {
 
 	st.mu.Lock()
 	old := st.regs[int64(p.InstanceID)]
-	if old != nil && old.model == p.ModelName && old.world == int(p.WorldSize) && old.objBytes == objBytes && (old.hybrid != "") == hybrid {
+	// Only the same layout is a mere refresh: one of another dtype or
+	// shape whose objects have the same size still replaces the old, or
+	// its slots would carry the old shape and dtype.
+	if old != nil && old.model == p.ModelName && old.world == int(p.WorldSize) && old.objBytes == objBytes && (old.hybrid != "") == hybrid &&
+		old.dtype == p.DtypeStr && sameShape(old.slotShape, shape) {
 		old.lastPing = now // re-registration refreshes liveness
 		st.mu.Unlock()
 		return registerReply(pool), nil
@@ -371,6 +375,11 @@ func (st *state) register(req *request) ([]byte, error) {
 	st.log.Info("worker registered (engine-driven, shared memory)", "instance_id", r.instanceID, "peer", req.peer.idString(),
 		"model", r.model, "world_size", r.world, "shape", shape, "dtype", r.dtype, "object_bytes", objBytes, "shm_name", pool.Name)
 	return registerReply(pool), nil
+}
+
+// sameShape reports whether a registration's slot shape is shape.
+func sameShape(slot []wire.Int, shape []int64) bool {
+	return slices.EqualFunc(slot, shape, func(a wire.Int, b int64) bool { return int64(a) == b })
 }
 
 func kvFormat(mla bool) string {
