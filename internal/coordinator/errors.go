@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/lmcache-go/lmcache/internal/coordinator/registry"
 	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 )
@@ -51,7 +52,7 @@ var apiErrors = httproute.Errors{
 		{Status: http.StatusBadRequest, Errs: []error{ErrBadRequest, periodic.ErrInvalidLevel}},
 		{Status: http.StatusRequestEntityTooLarge, Errs: []error{ErrTooLarge, httproute.ErrBodyTooLarge}},
 		{Status: http.StatusBadGateway, Errs: []error{ErrUpstream}},
-		{Status: http.StatusServiceUnavailable, Errs: []error{ErrNotLeader, ErrIntentStore}},
+		{Status: http.StatusServiceUnavailable, Errs: []error{ErrNotLeader, ErrIntentStore, registry.ErrFull}},
 	},
 }
 

@@ -6,3 +6,6 @@ func (s *Server) L1Instances() int {
 	defer s.l1.mu.Unlock()
 	return len(s.l1.by)
 }
+
+// SetRegistryLimits lowers the registry's bounds for a test.
+func (s *Server) SetRegistryLimits(instances int, bytes int64) { s.reg.SetLimits(instances, bytes) }

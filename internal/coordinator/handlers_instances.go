@@ -24,7 +24,11 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) error {
 	if err := f.err(); err != nil {
 		return err
 	}
-	id, re := s.reg.Register(registry.Instance{InstanceID: id, IP: ip, HTTPPort: int(port), Metadata: md, P2PAdvertisedURL: p2p, MQPort: int(mq)})
+	id, re, err := s.reg.Register(registry.Instance{InstanceID: id, IP: ip, HTTPPort: int(port), Metadata: md, P2PAdvertisedURL: p2p, MQPort: int(mq)})
+	if err != nil {
+		s.log.Warn("registration refused: the registry is full", "instance_id", id, "registered", s.reg.Len())
+		return withMsg(err, "registry full: %d instances registered; retry once stale ones are swept", s.reg.Len())
+	}
 	if re {
 		s.log.Info("instance re-registered", "instance_id", id, "ip", ip, "http_port", port)
 	} else {

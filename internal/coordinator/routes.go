@@ -23,7 +23,7 @@ func (s *Server) routeTable() []route {
 	loops := httproute.Periodic(s.loops, ErrUnknownThread)
 	rts := []route{
 		{Method: "POST", Path: "/instances", Tag: "instances", Summary: "Register (or re-register) an MP server", Request: RegisterRequest{},
-			Statuses: map[int]string{200: "Registered", 422: v}, Response: RegisterResponse{}, Handle: s.handleRegister},
+			Statuses: map[int]string{200: "Registered", 422: v, 503: "Registry full (a new instance past 100,000 or 64 MiB of registrations)"}, Response: RegisterResponse{}, Handle: s.handleRegister},
 		{Method: "PUT", Path: "/instances/{instance_id}/heartbeat", Tag: "instances", Summary: "Record a liveness heartbeat", StatusShapes: map[int]httproute.Shape{404: httproute.ShapeError},
 			Statuses: map[int]string{200: "Heartbeat recorded", 404: "Unknown instance; re-register"}, Response: HeartbeatResponse{}, Handle: s.handleHeartbeat},
 		{Method: "DELETE", Path: "/instances/{instance_id}", Tag: "instances", Summary: "Deregister an MP server (idempotent)",

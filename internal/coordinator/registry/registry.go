@@ -7,6 +7,7 @@ package registry
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	mrand "math/rand/v2"
 	"sync"
 	"time"
@@ -28,6 +29,20 @@ type entry struct {
 	lastHeartbeat time.Time // carries a monotonic reading
 }
 
+// Bounds of a registry (see ErrFull). A fleet has thousands of servers at
+// most, each registration a few hundred bytes; anyone who can reach POST
+// /instances can add entries (until the sweep drops them, never when it is
+// off), each with up to a mebibyte of ids and metadata.
+const (
+	DefaultMaxInstances = 100_000
+	DefaultMaxBytes     = 64 << 20
+)
+
+// ErrFull is a registration refused because the registry holds its maximum
+// number of instances (a new id) or bytes of them (a new id, or a known one
+// whose entry would grow).
+var ErrFull = errors.New("registry full")
+
 // Registry holds the fleet. The order slice keeps first-registration order,
 // which GET /instances reports (upstream iterates a Python dict).
 type Registry struct {
@@ -35,14 +50,36 @@ type Registry struct {
 	byID  map[string]*entry
 	order []string
 	now   func() time.Time
+	// bytes is the size of the entries (see size), bounded by maxBytes;
+	// the count is bounded by maxN.
+	bytes, maxBytes int64
+	maxN            int
 }
 
-// New returns an empty registry. now may be nil (time.Now).
+// New returns an empty registry with the default bounds. now may be nil
+// (time.Now).
 func New(now func() time.Time) *Registry {
 	if now == nil {
 		now = time.Now
 	}
-	return &Registry{byID: map[string]*entry{}, now: now}
+	return &Registry{byID: map[string]*entry{}, now: now, maxN: DefaultMaxInstances, maxBytes: DefaultMaxBytes}
+}
+
+// SetLimits replaces the bounds on the number of instances and their bytes.
+func (r *Registry) SetLimits(maxInstances int, maxBytes int64) {
+	r.mu.Lock()
+	r.maxN, r.maxBytes = maxInstances, maxBytes
+	r.mu.Unlock()
+}
+
+// size approximates the memory an entry holds: its strings and a fixed
+// overhead for the entry, the map slot and each metadata pair.
+func size(in *Instance) int64 {
+	n := 128 + 2*len(in.InstanceID) + len(in.IP) + len(in.P2PAdvertisedURL)
+	for k, v := range in.Metadata {
+		n += 32 + len(k) + len(v)
+	}
+	return int64(n)
 }
 
 // NewID mints an id like upstream: "mp-" and 32 lowercase hex digits.
@@ -56,8 +93,9 @@ func NewID() string {
 }
 
 // Register inserts or replaces inst (generating an id when empty) and counts
-// as a heartbeat. It reports the id and whether it replaced an entry.
-func (r *Registry) Register(inst Instance) (string, bool) {
+// as a heartbeat. It reports the id and whether it replaced an entry; a new
+// instance past the bounds is refused with ErrFull.
+func (r *Registry) Register(inst Instance) (string, bool, error) {
 	if inst.InstanceID == "" {
 		inst.InstanceID = NewID()
 	}
@@ -66,14 +104,23 @@ func (r *Registry) Register(inst Instance) (string, bool) {
 	}
 	now := r.now()
 	inst.RegistrationTime = float64(now.UnixNano()) / 1e9
+	n := size(&inst)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	_, existed := r.byID[inst.InstanceID]
+	old, existed := r.byID[inst.InstanceID]
+	grow := n
+	if existed {
+		grow -= size(&old.inst)
+	}
+	if !existed && len(r.order) >= r.maxN || grow > 0 && r.bytes+grow > r.maxBytes {
+		return "", existed, ErrFull
+	}
 	if !existed {
 		r.order = append(r.order, inst.InstanceID)
 	}
 	r.byID[inst.InstanceID] = &entry{inst: inst, lastHeartbeat: now}
-	return inst.InstanceID, existed
+	r.bytes += grow
+	return inst.InstanceID, existed, nil
 }
 
 // Heartbeat records liveness; false for an unknown id.
@@ -96,10 +143,12 @@ func (r *Registry) Deregister(id string) bool {
 }
 
 func (r *Registry) removeLocked(id string) bool {
-	if _, ok := r.byID[id]; !ok {
+	e, ok := r.byID[id]
+	if !ok {
 		return false
 	}
 	delete(r.byID, id)
+	r.bytes -= size(&e.inst)
 	for i, o := range r.order {
 		if o == id {
 			r.order = append(r.order[:i], r.order[i+1:]...)
@@ -166,12 +215,22 @@ func (r *Registry) SweepStale(timeout time.Duration) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var gone []string
-	for _, id := range append([]string(nil), r.order...) {
-		if now.Sub(r.byID[id].lastHeartbeat) > timeout {
-			r.removeLocked(id)
+	// One pass that keeps the live ids in order: removing each stale id
+	// on its own (a scan and a copy of order per id) made a sweep of n
+	// stale instances take n² steps under the lock.
+	kept := r.order[:0]
+	for _, id := range r.order {
+		e := r.byID[id]
+		if now.Sub(e.lastHeartbeat) > timeout {
+			delete(r.byID, id)
+			r.bytes -= size(&e.inst)
 			gone = append(gone, id)
+			continue
 		}
+		kept = append(kept, id)
 	}
+	clear(r.order[len(kept):])
+	r.order = kept
 	return gone
 }
 

@@ -25,7 +25,7 @@ func TestRegistry(t *testing.T) {
 	if _, ok := r.Get("a"); ok {
 		t.Fatal("empty registry has a")
 	}
-	if _, re := r.Register(Instance{InstanceID: "a", IP: "h", HTTPPort: 1}); re {
+	if _, re, _ := r.Register(Instance{InstanceID: "a", IP: "h", HTTPPort: 1}); re {
 		t.Fatal("first registration reported re_registered")
 	}
 	// List and Get hand out copies: writing to one changes nothing inside.
@@ -58,7 +58,7 @@ func TestRegistry(t *testing.T) {
 	if _, ok := r.Random(); ok {
 		t.Fatal("random from an empty registry")
 	}
-	in, _ := r.Register(Instance{IP: "h", HTTPPort: 1})
+	in, _, _ := r.Register(Instance{IP: "h", HTTPPort: 1})
 	if len(in) != 35 || in[:3] != "mp-" {
 		t.Fatalf("generated id %q", in)
 	}

@@ -13,7 +13,7 @@ func TestReRegistrationCountsAsHeartbeat(t *testing.T) {
 	r.Register(Instance{InstanceID: "a", IP: "h", HTTPPort: 1})
 	r.Register(Instance{InstanceID: "b", IP: "h", HTTPPort: 1})
 	clk.add(20 * time.Second)
-	if _, re := r.Register(Instance{InstanceID: "a", IP: "h", HTTPPort: 2}); !re {
+	if _, re, _ := r.Register(Instance{InstanceID: "a", IP: "h", HTTPPort: 2}); !re {
 		t.Fatal("second registration of a not reported as re_registered")
 	}
 	clk.add(20 * time.Second) // b silent 40 s, a 20 s
