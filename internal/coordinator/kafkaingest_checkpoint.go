@@ -44,6 +44,7 @@ func (s *Server) setupIngest() error {
 	var start map[int32]int64
 	if in.CheckpointPath != "" {
 		s.ckpt = &checkpointer{path: in.CheckpointPath}
+		s.removeStaleTemps(in.CheckpointPath)
 		pos, err := s.restoreCheckpoint()
 		if err != nil {
 			return err

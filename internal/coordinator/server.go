@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/coordinator/checkpoint"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 	"github.com/lmcache-go/lmcache/internal/coordinator/eventgate"
 	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
@@ -163,6 +164,7 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	if cfg.StateFile != "" {
+		s.removeStaleTemps(cfg.StateFile)
 		err := s.loadState()
 		if errors.Is(err, statefile.ErrCorrupt) {
 			// Upstream keeps no state and starts cold; refusing to start
@@ -391,6 +393,19 @@ func (s *Server) applyIntent(apply func()) error {
 		return fmt.Errorf("coordinator: state file %s: %w", s.cfg.StateFile, err)
 	}
 	return nil
+}
+
+// removeStaleTemps deletes the temporary files an interrupted write of path
+// left (checkpoint.RemoveStaleTemps) and logs what it did; a failure only
+// leaves them.
+func (s *Server) removeStaleTemps(path string) {
+	n, err := checkpoint.RemoveStaleTemps(path)
+	if n > 0 {
+		s.log.Warn("removed temporary files an interrupted write left", "path", path, "files", n)
+	}
+	if err != nil {
+		s.log.Warn("stale temporary files not removed", "path", path, "err", err)
+	}
 }
 
 func (s *Server) stateSnapshot() statefile.State {

@@ -24,6 +24,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -227,7 +228,7 @@ func Save(path string, e *Encoder) (err error) {
 	binary.LittleEndian.PutUint64(hdr[12:], uint64(len(e.buf)))
 	binary.LittleEndian.PutUint32(hdr[20:], crc32.Checksum(e.buf, castagnoli))
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	f, err := os.CreateTemp(dir, TempPrefix(path)+"*")
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
@@ -258,6 +259,40 @@ func Save(path string, e *Encoder) (err error) {
 		d.Close()
 	}
 	return nil
+}
+
+// TempPrefix is how the names of the temporary files written next to path
+// (by Save, and by the coordinator's state file) begin: "." + its base name
+// + ".tmp-".
+func TempPrefix(path string) string { return "." + filepath.Base(path) + ".tmp-" }
+
+// RemoveStaleTemps deletes the temporary files (TempPrefix) an interrupted
+// write left next to path and returns how many. A process killed between
+// creating one and renaming it over path leaves it behind, as large as the
+// artifact, and each crash of a crash loop would leave another until the
+// disk is full. Call it at startup, before this process writes to path.
+func RemoveStaleTemps(path string) (int, error) {
+	dir, prefix := filepath.Dir(path), TempPrefix(path)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, fmt.Errorf("checkpoint: read %s: %w", dir, err)
+	}
+	n := 0
+	var errs []error
+	for _, e := range ents {
+		if !e.Type().IsRegular() || !strings.HasPrefix(e.Name(), prefix) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	if err := errors.Join(errs...); err != nil {
+		return n, fmt.Errorf("checkpoint: remove stale temporary files: %w", err)
+	}
+	return n, nil
 }
 
 // Load reads and verifies the artifact at path and returns a decoder over

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/lmcache-go/lmcache/internal/coordinator/checkpoint"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -80,7 +81,11 @@ func (w *Writer) Save(snapshot func() State) error {
 		return err
 	}
 	dir := filepath.Dir(w.path)
-	f, err := os.CreateTemp(dir, ".coordinator-state-*")
+	// Named after the file (checkpoint.TempPrefix), so that the one left
+	// by a crash between here and the rename is found and removed at the
+	// next start (checkpoint.RemoveStaleTemps) without touching another
+	// file's in the same directory.
+	f, err := os.CreateTemp(dir, checkpoint.TempPrefix(w.path)+"*")
 	if err != nil {
 		return err
 	}
