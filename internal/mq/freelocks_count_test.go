@@ -3,7 +3,6 @@ package mq_test
 import (
 	"testing"
 
-	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
@@ -22,11 +21,7 @@ func TestFreeLookupLocksHugeReaderCount(t *testing.T) {
 		{"legacy tp_size", 0, 1 << 31},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h := start(t, opts{})
-			w := h.worker(1, "m", 1, 0)
-			sched := h.dial(mqclient.Options{})
-			tokens := prompt(31, 2*testChunk)
-			w.store(tokens, 0, 2*testChunk, "s", chunkData{}.of(31, 0))
+			h, _, sched, tokens := stored(t, 31, 2)
 			k := key("m", 1, -1, tokens, 0, 2*testChunk, "r")
 			k.NumKVReaders = wire.Int(c.readers)
 			lookupUntil(t, sched, k, 2)

@@ -321,3 +321,16 @@ func counterValue(c prometheus.Collector) float64 {
 	}
 	return total
 }
+
+// stored starts a server, stores chunks chunks of prompt seed through
+// worker 1 of model "m" (world size 1) and returns the harness, the
+// worker, a scheduler client and the prompt.
+func stored(t *testing.T, seed, chunks int) (*harness, *worker, *mqclient.Client, []wire.Int) {
+	t.Helper()
+	h := start(t, opts{})
+	w := h.worker(1, "m", 1, 0)
+	sched := h.dial(mqclient.Options{})
+	tokens := prompt(seed, chunks*testChunk)
+	w.store(tokens, 0, chunks*testChunk, "s", chunkData{}.of(seed, 0))
+	return h, w, sched, tokens
+}

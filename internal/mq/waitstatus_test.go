@@ -8,7 +8,6 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
-	"github.com/lmcache-go/lmcache/internal/mqclient"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
@@ -21,11 +20,7 @@ import (
 // job is answered at once instead of the wrapped, negative timeout
 // answering nil.
 func TestWaitPrefetchStatusKeepsAnswer(t *testing.T) {
-	h := start(t, opts{})
-	w := h.worker(1, "m", 1, 0)
-	sched := h.dial(mqclient.Options{})
-	tokens := prompt(51, 2*testChunk)
-	w.store(tokens, 0, 2*testChunk, "s", chunkData{}.of(51, 0))
+	_, _, sched, tokens := stored(t, 51, 2)
 	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 2*testChunk, "warm"), 2)
 	freeLocks(t, sched, key("m", 1, -1, tokens, 0, 2*testChunk, "warm"))
 	for i := range 32 {
