@@ -70,3 +70,34 @@ func TestHugeCountsRefusedBeforeAllocation(t *testing.T) {
 		}
 	}
 }
+
+// TestNullChunkMaskGroupLimit: a null_chunk_mask of more KV groups than
+// msgp's array limit is refused before its groups are allocated. Each nil
+// group is one byte on the wire but a 24-byte slice header decoded, so
+// without the limit a frame of N bytes allocated 24·N (a 100 MB frame,
+// 2.4 GB), past the few tens of MiB the limit bounds a frame's decode to.
+func TestNullChunkMaskGroupLimit(t *testing.T) {
+	const groups = maxMaskLen + 1
+	b := msgp.AppendArrayHeader(nil, groups)
+	for range groups {
+		b = msgp.AppendNil(b)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	mask, err := (&Key{NullChunkMask: b}).NullChunks()
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, msgp.ErrLimitExceeded) {
+		t.Errorf("%d nil groups: %d groups decoded, err %v; want msgp.ErrLimitExceeded", groups, len(mask), err)
+	}
+	if allocated := after.TotalAlloc - before.TotalAlloc; allocated > 1<<20 {
+		t.Errorf("%d bytes allocated to refuse a %d-byte mask", allocated, len(b))
+	}
+	// At the limit it still decodes.
+	b = msgp.AppendArrayHeader(nil, maxMaskLen)
+	for range maxMaskLen {
+		b = msgp.AppendNil(b)
+	}
+	if mask, err := (&Key{NullChunkMask: b}).NullChunks(); err != nil || len(mask) != maxMaskLen {
+		t.Errorf("a mask of %d nil groups: %d groups, err %v", maxMaskLen, len(mask), err)
+	}
+}

@@ -171,6 +171,10 @@ func MapLen(r msgp.Raw) (int, error) {
 	return int(n), err
 }
 
+// maxMaskLen bounds null_chunk_mask's groups: the limit the generated
+// decoders apply to arrays (//msgp:limit in types.go).
+const maxMaskLen = 1 << 20
+
 // NullChunkMask decodes the key's null_chunk_mask (per KV group, per chunk;
 // true = the chunk is backed only by the engine's null block). Absent or nil
 // means every chunk is real.
@@ -184,9 +188,14 @@ func (k *Key) NullChunks() ([][]bool, error) {
 		return nil, fmt.Errorf("null_chunk_mask: %w", err)
 	}
 	// Each element takes at least one byte: a count beyond the bytes left
-	// is refused before it sizes an allocation.
+	// is refused before it sizes an allocation. A nil group is one byte
+	// but a 24-byte slice header decoded, so the count is also held to
+	// the generated decoders' array limit.
 	if uint64(ng) > uint64(len(b)) {
 		return nil, fmt.Errorf("null_chunk_mask: %d groups in %d bytes: %w", ng, len(b), msgp.ErrShortBytes)
+	}
+	if ng > maxMaskLen {
+		return nil, fmt.Errorf("null_chunk_mask: %d groups: %w", ng, msgp.ErrLimitExceeded)
 	}
 	out := make([][]bool, ng)
 	for g := range out {
