@@ -222,6 +222,9 @@ type mpServer struct {
 	auths []string
 	// deleteReply, when set, replaces the DELETE /cache/objects body.
 	deleteReply string
+	// onList, when set, runs before GET /cache/objects answers its nth
+	// page (1-based), after the page was chosen.
+	onList func(n int)
 }
 
 type mpPage struct {
@@ -253,15 +256,19 @@ func newMP(t testing.TB) *mpServer {
 	})
 	mux.HandleFunc("GET /cache/objects", func(w http.ResponseWriter, r *http.Request) {
 		m.mu.Lock()
-		defer m.mu.Unlock()
 		m.listQueries = append(m.listQueries, r.URL.Query())
 		n := len(m.listQueries)
 		if n == m.failPage || n > len(m.pages) {
+			m.mu.Unlock()
 			w.WriteHeader(503)
 			fmt.Fprint(w, `{"detail":"unavailable"}`)
 			return
 		}
-		p := m.pages[n-1]
+		p, onList := m.pages[n-1], m.onList
+		m.mu.Unlock()
+		if onList != nil {
+			onList(n)
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"adapter": "fs", "entries": p.entries, "next_page_token": p.next})
 	})

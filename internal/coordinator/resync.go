@@ -156,6 +156,8 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 	// through tokens (A, B, A, ...) would otherwise keep the resync, and
 	// its loop, running until shutdown, storing the same keys again.
 	seen := map[string]bool{}
+	s.ledger.BeginListing()
+	defer s.ledger.EndListing()
 	total := 0
 	for {
 		page, err := s.mp.ListObjects(ctx, base, pageSize, token)
@@ -171,7 +173,11 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 				skipped++
 				continue
 			}
-			s.ledger.Store(k, size)
+			if !s.ledger.StoreListed(k, size) {
+				// Deleted since the resync began: the page is older.
+				s.metrics.resyncSuperseded.Inc()
+				continue
+			}
 			total++
 			s.metrics.resyncKeys.Inc()
 		}

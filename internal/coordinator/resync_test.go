@@ -136,6 +136,42 @@ func TestStartupResyncStopsOnRepeatedToken(t *testing.T) {
 	}
 }
 
+// TestStartupResyncRefusesKeysDeletedMeanwhile: the server read a page,
+// then deleted one of its keys, and the delete event reached the
+// coordinator before the page. The resync does not store that key again.
+// Before, it did, and the key stayed in the ledger (and its salt's usage)
+// for good: no delete event for it comes again.
+func TestStartupResyncRefusesKeysDeletedMeanwhile(t *testing.T) {
+	mp := newMP(t)
+	mp.pages = []mpPage{{entries: []any{entry("01", "r", 100), entry("02", "r", 50)}}}
+	c := startCoord(t, resyncConfig(1000))
+	deleted := make(chan int, 1)
+	mp.onList = func(int) {
+		code, _ := c.do("POST", "/quota/events", map[string]any{"instance_id": "mp-1", "seq": 1, "events": []any{rev("delete", "01", "r", 0)}})
+		deleted <- code
+	}
+	mp.register(c, "mp-1")
+	waitFor(t, "the resync to finish", func() bool { return c.logs.Has("startup resync finished") })
+	select {
+	case code := <-deleted:
+		if code != 200 {
+			t.Fatalf("delete event = %d", code)
+		}
+	default: // the page was served, so onList has run
+		t.Fatal("the fake server never listed")
+	}
+	if u := c.usageBytes("r"); u != 50 {
+		t.Fatalf("usage %d, want 50 (02 alone)", u)
+	}
+	metric(t, c, "lmcache_coordinator_resync_keys_total 1")
+	metric(t, c, "lmcache_coordinator_resync_entries_superseded_total 1")
+	// After the resync a store of the key counts again.
+	c.events(rev("store", "01", "r", 100))
+	if u := c.usageBytes("r"); u != 150 {
+		t.Fatalf("usage after a new store %d, want 150", u)
+	}
+}
+
 // TestStartupResyncClampsPageSize: RESYNC_PAGE_SIZE above the server's
 // 5000 ceiling is clamped instead of failing the whole resync, with one
 // warning naming the configured and the used size; 5000 itself is sent as

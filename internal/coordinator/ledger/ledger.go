@@ -402,6 +402,12 @@ type Ledger struct {
 	total int64
 	pins  map[ckey]int32
 
+	// listings counts the listings in progress (BeginListing) and
+	// listed the keys deleted meanwhile, which StoreListed refuses; nil
+	// when none is in progress. At maxListed keys it stops growing.
+	listings int
+	listed   map[Key]struct{}
+
 	// stage is Apply's reusable first-pass buffer; sink keeps its
 	// cache-warming loads from being optimised away.
 	stage []staged
@@ -958,6 +964,9 @@ func (l *Ledger) Apply(events []Event) Counts {
 			if !st[i].ok || !l.removeH(&st[i].c, st[i].h) {
 				c.DeleteMissed++
 			}
+			if l.listed != nil {
+				l.noteListedDelete(ev.Key)
+			}
 			c.Delete++
 		}
 	}
@@ -979,6 +988,59 @@ func (l *Ledger) Store(k Key, size int64) {
 	l.sweepNames()
 	l.hint()
 	l.mu.Unlock()
+}
+
+// maxListed bounds the deletes a listing remembers (about 100 bytes each).
+const maxListed = 1 << 20
+
+// BeginListing starts a listing of L2 (the startup resync) whose entries
+// will be recorded with StoreListed; EndListing ends it. A page of the
+// listing describes L2 as it was when the server read it: a key deleted
+// after that, whose delete event is applied before the page, would
+// otherwise be stored again by the page and stay in the ledger for good (no
+// delete event for it comes again), counted in its salt's usage.
+func (l *Ledger) BeginListing() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.listings++; l.listed == nil {
+		l.listed = map[Key]struct{}{}
+	}
+}
+
+// EndListing ends a listing BeginListing started, forgetting the deletes
+// recorded when it was the last one.
+func (l *Ledger) EndListing() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.listings--; l.listings <= 0 {
+		l.listings, l.listed = 0, nil
+	}
+}
+
+// noteListedDelete records a delete during a listing; must hold mu.
+func (l *Ledger) noteListedDelete(k Key) {
+	if len(l.listed) >= maxListed {
+		return
+	}
+	// The decoded strings may alias a pooled request body.
+	k.Model, k.Salt, k.long = strings.Clone(k.Model), strings.Clone(k.Salt), strings.Clone(k.long)
+	l.listed[k] = struct{}{}
+}
+
+// StoreListed records one key a listing returned, like Store, unless a
+// delete of it was applied since BeginListing; it reports whether the key
+// was stored. A key deleted and stored again meanwhile is in the ledger
+// already, from its store event.
+func (l *Ledger) StoreListed(k Key, size int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, gone := l.listed[k]; gone {
+		return false
+	}
+	l.store(&k, size)
+	l.sweepNames()
+	l.hint()
+	return true
 }
 
 // SaltUsage is one salt's tracked bytes.
