@@ -749,7 +749,10 @@ func (st *state) lmdTransferHead(req *request) (*lmdTransfer, error) {
 }
 
 // decodeBlockIDs reads gpu_block_ids: one list per KV group, or (older
-// clients) one flat list. Only a single group is served.
+// clients) one flat list. Only a single group is served. What it
+// allocates follows the ids the frame holds: a count is checked against
+// the bytes left (an id takes at least one) before it sizes a slice, and
+// the groups after the first are checked empty, not kept.
 func decodeBlockIDs(b []byte) ([]int64, error) {
 	n, rest, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil {
@@ -759,10 +762,12 @@ func decodeBlockIDs(b []byte) ([]int64, error) {
 		return nil, nil
 	}
 	flat := msgp.NextType(rest) != msgp.ArrayType
-	var groups [][]int64
 	read := func(cnt uint32) ([]int64, error) {
 		if cnt > maxBlockIDs {
 			return nil, fmt.Errorf("gpu_block_ids: %d ids (limit %d)", cnt, maxBlockIDs)
+		}
+		if uint64(cnt) > uint64(len(rest)) {
+			return nil, fmt.Errorf("decode gpu_block_ids: %d ids in %d bytes: %w", cnt, len(rest), msgp.ErrShortBytes)
 		}
 		out := make([]int64, 0, cnt)
 		for range cnt {
@@ -777,23 +782,24 @@ func decodeBlockIDs(b []byte) ([]int64, error) {
 	if flat {
 		return read(n)
 	}
-	for range n {
+	var first []int64
+	for g := range n {
 		var cnt uint32
 		if cnt, rest, err = msgp.ReadArrayHeaderBytes(rest); err != nil {
 			return nil, fmt.Errorf("decode gpu_block_ids: %w", err)
 		}
-		g, err := read(cnt)
+		if g > 0 && cnt > 0 {
+			return nil, fmt.Errorf("%w: gpu_block_ids for %d groups", kvlayout.ErrHybrid, n)
+		}
+		ids, err := read(cnt)
 		if err != nil {
 			return nil, err
 		}
-		groups = append(groups, g)
-	}
-	for _, g := range groups[1:] {
-		if len(g) > 0 {
-			return nil, fmt.Errorf("%w: gpu_block_ids for %d groups", kvlayout.ErrHybrid, len(groups))
+		if g == 0 {
+			first = ids
 		}
 	}
-	return groups[0], nil
+	return first, nil
 }
 
 func (st *state) lmdStore(req *request) ([]byte, error) {
