@@ -44,3 +44,19 @@ func TestL1FactsReleasedOnSweep(t *testing.T) {
 	}
 	metric(t, c, "lmcache_coordinator_l1_facts_fenced_total 2")
 }
+
+// TestL1FullViewMakesNoEntries: a full view refuses the facts of new
+// instance ids without an entry for each. Before, every refused fact of a
+// new id still left an empty entry (its id cloned), so the 1,000,000-fact
+// bound did not bound the view.
+func TestL1FullViewMakesNoEntries(t *testing.T) {
+	defer coordinator.SetMaxL1Facts(1)()
+	c := startCoord(t, nil)
+	for i, id := range []string{"x-0", "x-1", "x-2", "x-3"} {
+		wantReply(t, c.postEvents(cacheBatch(id, 1, 1, "store", "l1", "dram", "t", "a1", 10)), 1, 0, 0)
+		if n := c.srv.L1Instances(); n != 1 {
+			t.Fatalf("after %d instances' facts the view has %d entries, want 1", i+1, n)
+		}
+	}
+	metric(t, c, "lmcache_coordinator_l1_facts_dropped_total 3")
+}

@@ -36,18 +36,24 @@ func (v *l1View) store(instance string, k ledger.Key, size int64) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	in := v.by[instance]
-	if in == nil {
-		in = &l1Instance{keys: map[ledger.Key]int64{}}
-		// Clone what is kept: decoded strings may alias the request body.
-		v.by[strings.Clone(instance)] = in
+	var old int64
+	ok := false
+	if in != nil {
+		old, ok = in.keys[k]
 	}
-	old, ok := in.keys[k]
 	if !ok {
+		// Checked before an instance's entry is made: a full view must
+		// not keep an empty entry for every new instance id it refuses.
 		if v.total >= maxL1Facts {
 			return false
 		}
 		v.total++
 		k.Model, k.Salt = strings.Clone(k.Model), strings.Clone(k.Salt)
+	}
+	if in == nil {
+		in = &l1Instance{keys: map[ledger.Key]int64{}}
+		// Clone what is kept: decoded strings may alias the request body.
+		v.by[strings.Clone(instance)] = in
 	}
 	in.keys[k] = size
 	in.bytes += size - old
