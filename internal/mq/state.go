@@ -319,10 +319,9 @@ func (st *state) register(req *request) ([]byte, error) {
 		msg := fmt.Sprintf("layout conflict for (%s, world_size %d): registered chunk objects are %d bytes, this worker's are %d", p.ModelName, p.WorldSize, lr.objectBytes, objBytes)
 		return registerError(msg), errors.New(msg)
 	}
-	var dropped *registration
+	var dropped transfers
 	if old != nil {
-		dropped = old
-		st.dropLocked(old)
+		dropped = st.dropLocked(old)
 	}
 	r := &registration{instanceID: int64(p.InstanceID), model: p.ModelName, world: int(p.WorldSize),
 		slotShape: make([]wire.Int, len(shape)), dtype: p.DtypeStr, objBytes: objBytes, tag: fmt.Sprintf("instance-%d", p.InstanceID), lastPing: now}
@@ -353,9 +352,7 @@ func (st *state) register(req *request) ([]byte, error) {
 		st.regs[r.instanceID] = r
 	}
 	st.mu.Unlock()
-	if dropped != nil {
-		st.releaseTransfers(dropped.instanceID)
-	}
+	dropped.release(st)
 	if layoutErr != nil {
 		// Nothing was registered: a success reply would send the worker
 		// on to transfers that are all refused as unregistered.
@@ -402,12 +399,14 @@ func registerError(msg string) []byte {
 // dropLocked removes r and its layout reference, here and in the engine
 // (whose layout lock is a leaf, so this is safe under st.mu): after the
 // last one lookups of the model report no hits, unless --register-model
-// gave it a layout. The caller releases r's transfers (engine calls) after
-// unlocking.
-func (st *state) dropLocked(r *registration) {
+// gave it a layout. It takes r's transfers in the same critical section,
+// so that a registration of the same instance made once st.mu is free
+// keeps its own; the caller releases them (engine calls) after unlocking.
+func (st *state) dropLocked(r *registration) transfers {
 	delete(st.regs, r.instanceID)
+	taken := st.takeTransfersLocked(func(k pendingKey, _ time.Time) bool { return k.instance == r.instanceID })
 	if r.hybrid != "" {
-		return
+		return taken
 	}
 	lk := layoutKey{r.model, r.world}
 	if lr := st.layouts[lk]; lr != nil {
@@ -417,40 +416,53 @@ func (st *state) dropLocked(r *registration) {
 			delete(st.layouts, lk)
 		}
 	}
+	return taken
 }
 
-// releaseTransfers aborts an instance's staged writes and releases its
-// pending reads.
-func (st *state) releaseTransfers(instance int64) int {
-	return st.dropTransfers(func(k pendingKey, _ time.Time) bool { return k.instance == instance })
+// transfers are pending transfers taken out of the state, to be released
+// in the engine once st.mu is unlocked.
+type transfers struct {
+	writes []*pendingWrite
+	reads  []*pendingRead
+}
+
+// takeTransfersLocked removes the transfers for which drop is true.
+func (st *state) takeTransfersLocked(drop func(k pendingKey, created time.Time) bool) transfers {
+	var t transfers
+	for k, w := range st.writes {
+		if drop(k, w.created) {
+			t.writes = append(t.writes, w)
+			delete(st.writes, k)
+		}
+	}
+	for k, r := range st.reads {
+		if drop(k, r.created) {
+			t.reads = append(t.reads, r)
+			delete(st.reads, k)
+		}
+	}
+	return t
+}
+
+// release aborts the staged writes and releases the pending reads, and
+// returns how many transfers there were.
+func (t transfers) release(st *state) int {
+	for _, w := range t.writes {
+		st.s.eng.AbortWrite(w.tag, w.keys)
+	}
+	for _, r := range t.reads {
+		st.s.eng.ReleaseRead(r.owner, r.keys, 1)
+	}
+	return len(t.writes) + len(t.reads)
 }
 
 // dropTransfers aborts the staged writes and releases the pending reads for
 // which drop is true, and returns how many it dropped.
 func (st *state) dropTransfers(drop func(k pendingKey, created time.Time) bool) int {
 	st.mu.Lock()
-	var ws []*pendingWrite
-	var rs []*pendingRead
-	for k, w := range st.writes {
-		if drop(k, w.created) {
-			ws = append(ws, w)
-			delete(st.writes, k)
-		}
-	}
-	for k, r := range st.reads {
-		if drop(k, r.created) {
-			rs = append(rs, r)
-			delete(st.reads, k)
-		}
-	}
+	t := st.takeTransfersLocked(drop)
 	st.mu.Unlock()
-	for _, w := range ws {
-		st.s.eng.AbortWrite(w.tag, w.keys)
-	}
-	for _, r := range rs {
-		st.s.eng.ReleaseRead(r.owner, r.keys, 1)
-	}
-	return len(ws) + len(rs)
+	return t.release(st)
 }
 
 func (st *state) unregister(req *request) ([]byte, error) {
@@ -460,15 +472,16 @@ func (st *state) unregister(req *request) ([]byte, error) {
 	}
 	st.mu.Lock()
 	r := st.regs[int64(inst)]
+	var taken transfers
 	if r != nil {
-		st.dropLocked(r)
+		taken = st.dropLocked(r)
 	}
 	st.mu.Unlock()
 	if r == nil {
 		st.log.Info("UNREGISTER for an unknown instance", "instance_id", int64(inst))
 		return wire.Nil, nil
 	}
-	st.releaseTransfers(r.instanceID)
+	taken.release(st)
 	st.log.Info("worker unregistered", "instance_id", r.instanceID, "model", r.model, "world_size", r.world)
 	return wire.Nil, nil
 }
@@ -896,6 +909,7 @@ func (st *state) sweepSessions(now time.Time) int {
 func (st *state) reap(now time.Time) (reapedN, abandoned int) {
 	cfg := st.s.cfg
 	var reaped []*registration
+	var taken []transfers
 	st.mu.Lock()
 	for _, r := range st.regs {
 		limit := cfg.WorkerRegistrationGrace
@@ -904,13 +918,13 @@ func (st *state) reap(now time.Time) (reapedN, abandoned int) {
 		}
 		if limit > 0 && now.Sub(r.lastPing) > limit {
 			reaped = append(reaped, r)
-			st.dropLocked(r)
+			taken = append(taken, st.dropLocked(r))
 		}
 	}
 	st.mu.Unlock()
-	for _, r := range reaped {
+	for i, r := range reaped {
 		st.s.metrics.ZMQReapedWorkers.Inc()
-		n := st.releaseTransfers(r.instanceID)
+		n := taken[i].release(st)
 		st.s.metrics.ZMQAbandonedTransfers.Add(float64(n))
 		abandoned += n
 		st.log.Warn("reaped a silent worker registration (counted in lmcache_mp_zmq_reaped_workers_total)", "instance_id", r.instanceID, "model", r.model,
