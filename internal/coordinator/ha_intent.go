@@ -77,6 +77,8 @@ func (s *Server) intentWrite(ctx context.Context, write func(context.Context, in
 	}
 	ctx, cancel := context.WithTimeout(ctx, intentWriteTimeout)
 	defer cancel()
+	s.ha.mirror.begin()
+	defer s.ha.mirror.end()
 	c, err := write(ctx, intentstore.Fence{Key: key, Revision: rev})
 	switch {
 	case errors.Is(err, intentstore.ErrFenced):
@@ -109,9 +111,14 @@ type intentMirror struct {
 	// the same name still in flight is skipped, and is then forgotten
 	// (without that, every quota and pinned sequence ever deleted would
 	// keep an entry for good).
-	seen   int64
-	gone   []goneName
-	loaded atomic.Bool // the first full load is applied
+	seen int64
+	gone []goneName
+	// writing counts this coordinator's intent writes between their start
+	// and their own apply. Such an apply can come after the watch has
+	// delivered later changes of the same name, so no deletion is
+	// forgotten while one is in flight.
+	writing int
+	loaded  atomic.Bool // the first full load is applied
 }
 
 // goneName is a deletion applied at rev.
@@ -197,9 +204,28 @@ func (m *intentMirror) caughtUp(rev int64) {
 	}
 }
 
-// forget drops the revs entries of deletions at or below seen; must hold
-// mu. An entry a later change has moved past belongs to that change.
+// begin and end bracket one of this coordinator's intent writes (see
+// writing).
+func (m *intentMirror) begin() {
+	m.mu.Lock()
+	m.writing++
+	m.mu.Unlock()
+}
+
+func (m *intentMirror) end() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.writing--
+	m.forget()
+}
+
+// forget drops the revs entries of deletions at or below seen while no
+// write of this coordinator is in flight; must hold mu. An entry a later
+// change has moved past belongs to that change.
 func (m *intentMirror) forget() {
+	if m.writing > 0 {
+		return
+	}
 	kept := m.gone[:0]
 	for _, g := range m.gone {
 		switch {
