@@ -8,7 +8,8 @@ import "testing"
 // lookup's lock: the retry replaces the pending read without releasing
 // the lock the read still needs. The same range prepared for another
 // request (the pending key leaves request_id out) still abandons the
-// first request's read and releases its lock.
+// first request's read and releases its lock, before the chunks are
+// checked, so a request without a lookup of its own is refused.
 func TestPrepareRetrieveRetried(t *testing.T) {
 	h, w, sched, tokens := stored(t, 71, 2)
 	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 2*testChunk, "r"), 2)
@@ -38,5 +39,19 @@ func TestPrepareRetrieveRetried(t *testing.T) {
 	}
 	if got := h.eng.Leaks(); len(got) != 0 {
 		t.Fatalf("references left after b replaced a's pending read and committed: %v", got)
+	}
+
+	// A request that never looked up is not served under the lock of the
+	// read it abandons: that lock goes first, and the chunks are then
+	// unlocked for it.
+	lookupUntil(t, sched, key("m", 1, -1, tokens, 0, 2*testChunk, "d"), 2)
+	if ok, _, err := w.c.PrepareRetrieve(key("m", 1, 0, tokens, 0, 2*testChunk, "d"), w.inst); err != nil || !ok {
+		t.Fatalf("PREPARE_RETRIEVE d = %v, %v", ok, err)
+	}
+	if ok, slots, err := w.c.PrepareRetrieve(key("m", 1, 0, tokens, 0, 2*testChunk, "e"), w.inst); err != nil || ok {
+		t.Fatalf("PREPARE_RETRIEVE of e, which never looked up = ok %v, %d slots, %v; want refused", ok, len(slots), err)
+	}
+	if got := h.eng.Leaks(); len(got) != 0 {
+		t.Fatalf("references left after e abandoned d's pending read: %v", got)
 	}
 }

@@ -799,6 +799,24 @@ func (st *state) prepareRetrieve(req *request) ([]byte, error) {
 	}
 	keys := workerKeys(key, hashes, first, last)
 	pk := pkOf(r.instanceID, key)
+	// The same range of another request (the key leaves request_id out)
+	// abandons that request's pending read: its lock goes before the
+	// chunks are checked, so this read is served only under locks of its
+	// own. A retried PREPARE of the same request keeps its pending read
+	// until the retry's replaces it: the one lock it holds is released by
+	// the one COMMIT to come (released here, the retry found the chunks
+	// unlocked and failed).
+	st.mu.Lock()
+	abandoned := st.reads[pk]
+	if abandoned != nil && abandoned.owner != key.RequestID {
+		delete(st.reads, pk)
+	} else {
+		abandoned = nil
+	}
+	st.mu.Unlock()
+	if abandoned != nil {
+		st.s.eng.ReleaseRead(abandoned.owner, abandoned.keys, 1)
+	}
 	slots, err := st.s.eng.ReadSlots(keys)
 	if err != nil {
 		// Nothing is handed out; the chunks' locks stay with the lookup and
@@ -810,17 +828,8 @@ func (st *state) prepareRetrieve(req *request) ([]byte, error) {
 		out[i] = r.slot(sl.Offset)
 	}
 	st.mu.Lock()
-	old := st.reads[pk]
 	st.reads[pk] = &pendingRead{owner: key.RequestID, keys: keys, created: time.Now()}
 	st.mu.Unlock()
-	// A retried PREPARE of the same request replaces its pending read: the
-	// one lock the read holds is released by the one COMMIT to come (had
-	// it been released here, the retry found the chunks unlocked and
-	// failed). The same range of another request (the key leaves
-	// request_id out) abandons that request's read: its lock goes now.
-	if old != nil && old.owner != key.RequestID {
-		st.s.eng.ReleaseRead(old.owner, old.keys, 1)
-	}
 	return wire.EncodeRetrieveReply(out), nil
 }
 
