@@ -3,6 +3,7 @@ package l1
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"time"
@@ -522,9 +523,11 @@ func (t *Table) ContainsChunks(chunks [][]objkey.Key, hit []bool) int {
 // Temporary objects whose last reader left are deleted; their keys are
 // returned.
 func (t *Table) Release(owner string, keys []objkey.Key, n int) (released int, deleted []objkey.Key) {
-	if n < 1 {
-		n = 1
-	}
+	// Counts are int32 in the table: a larger n (a client's reader count)
+	// would wrap, negative at 2^31, and release nothing or corrupt a
+	// holder's count. No holder has more than MaxInt32 locks, so
+	// clamping releases exactly what the larger n would.
+	n32 := int32(min(max(n, 1), math.MaxInt32))
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := now()
@@ -535,7 +538,7 @@ func (t *Table) Release(owner string, keys []objkey.Key, n int) (released int, d
 			if o == nil {
 				continue
 			}
-			m = min(int32(n), t.liveReaders(o, now)-o.held())
+			m = min(n32, t.liveReaders(o, now)-o.held())
 		} else {
 			hi := -1
 			if o != nil {
@@ -554,7 +557,7 @@ func (t *Table) Release(owner string, keys []objkey.Key, n int) (released int, d
 			if hi < 0 {
 				continue
 			}
-			m = min(int32(n), o.holders[hi].n)
+			m = min(n32, o.holders[hi].n)
 			if o.holders[hi].n -= m; o.holders[hi].n == 0 {
 				o.holders = append(o.holders[:hi], o.holders[hi+1:]...)
 				if len(o.holders) == 0 {
