@@ -24,10 +24,14 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) error {
 	if err := f.err(); err != nil {
 		return err
 	}
+	requested := id
 	id, re, err := s.reg.Register(registry.Instance{InstanceID: id, IP: ip, HTTPPort: int(port), Metadata: md, P2PAdvertisedURL: p2p, MQPort: int(mq)})
 	if err != nil {
-		s.log.Warn("registration refused: the registry is full", "instance_id", id, "registered", s.reg.Len())
-		return withMsg(err, "registry full: %d instances registered; retry once stale ones are swept", s.reg.Len())
+		// Register returns no id when it refuses: the line names the one
+		// asked for ("" when the coordinator was to generate it).
+		n := s.reg.Len()
+		s.log.Warn("registration refused: the registry is full", "instance_id", requested, "ip", ip, "registered", n)
+		return withMsg(err, "registry full: %d instances registered; retry once stale ones are swept", n)
 	}
 	if re {
 		s.log.Info("instance re-registered", "instance_id", id, "ip", ip, "http_port", port)
