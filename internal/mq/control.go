@@ -42,10 +42,9 @@ func lookupKey(req *request) (*wire.Key, int, error) {
 		}
 	}
 	// The engine takes at most l1.MaxReaders locks per object and call;
-	// bounding the count here as well keeps FREE_LOOKUP_LOCKS's release
-	// in that range, where a count past an int32 would wrap negative in
-	// the table and leave the request's lock held until its lease
-	// expires, releasable by no later free.
+	// bounding the count here as well makes one FREE_LOOKUP_LOCKS release
+	// what one LOOKUP of the same count took. (The table itself clamps a
+	// release count to its int32 counters, so no count can wrap there.)
 	return key, min(readers, l1.MaxReaders), nil
 }
 
