@@ -96,7 +96,9 @@ type KVBlockReader interface {
 
 // KVLayer is one layer's KV tensor addressed by engine block id.
 type KVLayer interface {
-	// Block returns the bytes of block id in this layer.
+	// Block returns the bytes of block id in this layer. The caller is
+	// done with them before its next Block call on any layer and keeps no
+	// reference, so an implementation may hand out one reused buffer.
 	Block(id int) ([]byte, error)
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -318,4 +319,55 @@ func TestChecksums(t *testing.T) {
 	if l1 := lw["layer_1"].([]any); len(lw) != 2 || l1[0] != md5hex(blk(1, 0), blk(1, 2)) || l1[1] != md5hex(blk(1, 3)) {
 		t.Fatalf("layerwise = %v", lw)
 	}
+}
+
+// reusingReader is blockReader's instance 0 served the way a zero-copy
+// reader would: every Block call overwrites and returns the same buffer,
+// which KVLayer allows.
+type reusingReader struct{ buf []byte }
+
+type reusingLayer struct {
+	r   *reusingReader
+	idx int
+}
+
+func (l reusingLayer) Block(id int) ([]byte, error) {
+	b, err := layer{l.idx}.Block(id)
+	if err != nil {
+		return nil, err
+	}
+	l.r.buf = append(l.r.buf[:0], b...)
+	return l.r.buf, nil
+}
+
+func (r *reusingReader) KVLayers(id int) ([]httpapi.KVLayer, error) {
+	if id != 0 {
+		return nil, fmt.Errorf("instance %d: %w", id, httpapi.ErrNotFound)
+	}
+	return []httpapi.KVLayer{reusingLayer{r, 0}, reusingLayer{r, 1}}, nil
+}
+
+// TestChecksumsHashEachBlockAsRead: POST /cache/checksums hashes every
+// block as it is read and keeps none, so a request holds one block at a
+// time rather than a copy of every (layer, block) it names (16 MiB of
+// block ids over tens of layers was terabytes). A reader that reuses one
+// buffer shows it: kept blocks would all be the last one read.
+func TestChecksumsHashEachBlockAsRead(t *testing.T) {
+	e := start(t, envOpts{mutate: func(o *httpapi.Options) { o.KVBlocks = &reusingReader{} }})
+	blk := func(l, id int) []byte { b, _ := layer{l}.Block(id); return b }
+	m := e.expect(200, "POST", "/cache/checksums", `{"block_ids":[0,2,3],"chunk_size":2}`).json(t)
+	want := []any{md5hex(blk(0, 0), blk(0, 2), blk(1, 0), blk(1, 2)), md5hex(blk(0, 3), blk(1, 3))}
+	if got := m["chunk_checksums"]; !reflect.DeepEqual(got, want) {
+		t.Fatalf("chunk_checksums = %v, want %v", got, want)
+	}
+	m = e.expect(200, "POST", "/cache/checksums", `{"block_ids":[0,2,3],"chunk_size":2,"layerwise":true}`).json(t)
+	wantLW := map[string]any{
+		"layer_0": []any{md5hex(blk(0, 0), blk(0, 2)), md5hex(blk(0, 3))},
+		"layer_1": []any{md5hex(blk(1, 0), blk(1, 2)), md5hex(blk(1, 3))},
+	}
+	if got := m["chunk_checksums"]; !reflect.DeepEqual(got, wantLW) {
+		t.Fatalf("layerwise chunk_checksums = %v, want %v", got, wantLW)
+	}
+	// A bad block id anywhere is still the 400 before any answer.
+	e.expect(400, "POST", "/cache/checksums", `{"block_ids":[0,9],"chunk_size":1}`)
 }
