@@ -169,3 +169,61 @@ func TestL1LazyFlagsAccepted(t *testing.T) {
 		}
 	}
 }
+
+// TestDurationAndSizeBounds: every seconds, milliseconds, microseconds and
+// GiB flag the server converts into a time.Duration or an int64 byte count
+// is refused at flag time when the conversion would not hold it: past
+// about 292 years a float-to-Duration conversion gives math.MinInt64 (a
+// session TTL of 1e10 s expired every session on the next sweep), an
+// integer product wraps, and a value under a nanosecond truncates to 0,
+// which consumers read as "the default". NaN and +Inf grace periods were
+// accepted because NaN < x and +Inf < x are both false.
+func TestDurationAndSizeBounds(t *testing.T) {
+	for _, tc := range []struct {
+		flag, val, want string
+	}{
+		{"--session-ttl-seconds", "1e10", "--session-ttl-seconds: must be between 1e-09 and 9.223e+09 seconds, a time.Duration (got 1e+10)"},
+		{"--session-ttl-seconds", "1e-12", "--session-ttl-seconds: must be between 1e-09 and 9.223e+09 seconds, a time.Duration (got 1e-12)"},
+		{"--l1-read-ttl-seconds", "1e300", "--l1-read-ttl-seconds: must be between 1e-09 and 9.223e+09 seconds, a time.Duration (got 1e+300)"},
+		{"--l1-write-ttl-seconds", "9.3e9", "--l1-write-ttl-seconds: must be between 1e-09 and 9.223e+09 seconds, a time.Duration (got 9.3e+09)"},
+		{"--l2-store-retry-backoff-seconds", "1e10", "--l2-store-retry-backoff-seconds: must be between 1e-09 and 9.223e+09 seconds, a time.Duration (got 1e+10)"},
+		{"--l2-prefetch-load-timeout", "1e10", "--l2-prefetch-load-timeout: must be between 1e-09 and 9.223e+09 seconds, a time.Duration (got 1e+10)"},
+		{"--coordinator-heartbeat-interval", "1e-10", "--coordinator-heartbeat-interval: must be between 1e-09 and 9.223e+09 seconds, a time.Duration (got 1e-10)"},
+		{"--coordinator-event-flush-interval", "1e10", "--coordinator-event-flush-interval: must be between 1e-09 and 9.223e+09 seconds, a time.Duration (got 1e+10)"},
+		{"--coordinator-kafka-delivery-timeout", "1e10", "--coordinator-kafka-delivery-timeout: must be between 1e-09 and 9.223e+09 seconds, a time.Duration (got 1e+10)"},
+		{"--worker-reap-timeout-seconds", "1e10", "--worker-reap-timeout-seconds: must be between 1e-09 and 9.223e+09 seconds, a time.Duration (got 1e+10)"},
+		{"--worker-registration-grace-seconds", "NaN", "--worker-registration-grace-seconds: must be finite and >= 0 (got NaN)"},
+		{"--worker-registration-grace-seconds", "+Inf", "--worker-registration-grace-seconds: must be finite and >= 0 (got +Inf)"},
+		{"--l2-lookup-timeout-ms", "9223372036855", "--l2-lookup-timeout-ms: must be <= 9223372036854 milliseconds, a time.Duration (got 9223372036855)"},
+		{"--zmq-busy-poll-us", "9223372036854776", "--zmq-busy-poll-us: must be <= 9223372036854775 microseconds, a time.Duration (got 9223372036854776)"},
+		{"--l2-store-max-retries", "9223372036854775807", "--l2-store-max-retries: must be <= 2147483647 (got 9223372036854775807)"},
+		{"--gc-heap-floor-mb", "8796093022208", "--gc-heap-floor-mb: must be <= 8796093022207 (got 8796093022208)"},
+		{"--l1-init-size-gb", "1e10", "--l1-init-size-gb: must be < 8589934592 GiB, an int64 byte count (got 1e+10)"},
+		{"--l1-size-gb", "8589934592", "--l1-size-gb: must be < 8589934592 GiB, an int64 byte count (got 8.589934592e+09)"},
+	} {
+		if got := parseErr(t, []string{tc.flag, tc.val}, nil); got != tc.want {
+			t.Errorf("%s %s:\n got %q\nwant %q", tc.flag, tc.val, got, tc.want)
+		}
+	}
+	// The largest values that still convert, and the zeros that mean
+	// "none", are accepted.
+	for _, args := range [][]string{
+		{"--session-ttl-seconds", "9.2e9"}, {"--session-ttl-seconds", "1e-9"},
+		{"--l2-prefetch-load-timeout", "0"}, {"--worker-reap-timeout-seconds", "0", "--worker-registration-grace-seconds", "0"},
+		{"--worker-registration-grace-seconds", "9.2e9"},
+		{"--l2-lookup-timeout-ms", "9223372036854"}, {"--zmq-busy-poll-us", "9223372036854775"},
+		{"--l2-store-max-retries", "2147483647"}, {"--gc-heap-floor-mb", "8796093022207"},
+		{"--l1-size-gb", "8589934591", "--l1-init-size-gb", "8589934591"},
+	} {
+		if got := parseErr(t, args, nil); got != "" {
+			t.Errorf("%v refused: %s", args, got)
+		}
+	}
+	c, err := ParseEnv([]string{"--l1-size-gb", "8589934591", "--l1-init-size-gb", "8589934591"}, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.L1SizeBytes() <= 0 || c.L1InitSizeBytes() != c.L1SizeBytes() {
+		t.Errorf("L1SizeBytes %d, L1InitSizeBytes %d: want positive and equal", c.L1SizeBytes(), c.L1InitSizeBytes())
+	}
+}

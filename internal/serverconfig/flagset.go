@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/lmcache-go/lmcache/internal/cliflag"
 	"github.com/lmcache-go/lmcache/internal/l1"
@@ -133,6 +134,86 @@ func positiveFinite(p *float64) func() error {
 	return func() error {
 		if math.IsNaN(*p) || math.IsInf(*p, 0) || *p <= 0 {
 			return fmt.Errorf("must be finite and > 0 (got %v)", *p)
+		}
+		return nil
+	}
+}
+
+// maxSeconds is the longest time.Duration, in seconds (about 292 years):
+// the server turns every seconds flag into a time.Duration, and a longer
+// value does not convert (on amd64 it becomes math.MinInt64, a negative
+// duration: a session TTL of 1e10 s expired every session at once).
+const maxSeconds = float64(math.MaxInt64) / 1e9
+
+// seconds is the rule of a flag the server turns into a time.Duration:
+// finite, at least one nanosecond (a shorter one truncates to 0, which
+// the consumers read as "use the default" or "none") and at most
+// maxSeconds; zero too when allowZero (where 0 means "none").
+func seconds(p *float64, allowZero bool) func() error {
+	return func() error {
+		v := *p
+		switch {
+		case v == 0 && allowZero:
+			return nil
+		case math.IsNaN(v) || math.IsInf(v, 0) || v <= 0:
+			if allowZero {
+				return fmt.Errorf("must be finite and >= 0 (got %v)", v)
+			}
+			return fmt.Errorf("must be finite and > 0 (got %v)", v)
+		// The same product the server converts (v * float64(time.Second)).
+		case v*float64(time.Second) < 1 || v*float64(time.Second) >= float64(math.MaxInt64):
+			return fmt.Errorf("must be between 1e-09 and %.4g seconds, a time.Duration (got %v)", maxSeconds, v)
+		}
+		return nil
+	}
+}
+
+// maxGB is the largest GiB count whose byte count fits an int64: the
+// server sizes the pool with int64(gb * 2^30), and a larger value does not
+// convert (--l1-init-size-gb 1e10 became math.MinInt64 bytes, which the
+// cap at --l1-size-gb kept as a negative initial size).
+const maxGB = float64(math.MaxInt64) / GiB
+
+// sizeGB is the rule of a GiB flag: finite, > 0 and at most maxGB.
+func sizeGB(p *float64) func() error {
+	return func() error {
+		if err := positiveFinite(p)(); err != nil {
+			return err
+		}
+		// The same product the server converts (int64(gb * GiB)).
+		if *p*GiB >= float64(math.MaxInt64) {
+			return fmt.Errorf("must be < %.0f GiB, an int64 byte count (got %v)", maxGB, *p)
+		}
+		return nil
+	}
+}
+
+// durationInt is the rule of an integer flag counted in unit (the server
+// multiplies it into a time.Duration): at least 0, and small enough that
+// the product does not overflow (it wrapped to a negative or an arbitrary
+// duration).
+func durationInt(p *int, unit time.Duration, unitName string) func() error {
+	return func() error {
+		if err := cliflag.AtLeast(*p, 0); err != nil {
+			return err
+		}
+		if limit := int64(math.MaxInt64 / unit); int64(*p) > limit {
+			return fmt.Errorf("must be <= %d %s, a time.Duration (got %d)", limit, unitName, *p)
+		}
+		return nil
+	}
+}
+
+// inRangeInt is an integer flag's closed range: atLeast's rule and text
+// below it, and an upper bound where the server's arithmetic on the value
+// (retries + 1, megabytes << 20) would overflow past hi.
+func inRangeInt(p *int, lo, hi int) func() error {
+	return func() error {
+		if err := cliflag.AtLeast(*p, lo); err != nil {
+			return err
+		}
+		if *p > hi {
+			return fmt.Errorf("must be <= %d (got %d)", hi, *p)
 		}
 		return nil
 	}

@@ -16,6 +16,7 @@ import (
 	"io"
 	"math"
 	"strings"
+	"time"
 
 	"github.com/lmcache-go/lmcache/internal/loglevel"
 )
@@ -256,18 +257,23 @@ func (c *Config) register() *registry {
 		if v != 0 && (v < 30 || math.IsInf(v, 0) || math.IsNaN(v)) {
 			return fmt.Errorf("must be 0 or finite and >= 30 (got %v)", v)
 		}
-		return nil
+		return seconds(&c.WorkerReapTimeoutSeconds, true)()
 	}
 	r.float(&c.WorkerRegistrationGrace, "worker-registration-grace-seconds", "worker_registration_grace_seconds", mp, "", 3600, "grace before an idle registration may be reaped").Validate = func() error {
+		// NaN compares false with everything, so it passed the order
+		// check below; the seconds rule refuses it (and +Inf).
+		if err := seconds(&c.WorkerRegistrationGrace, true)(); err != nil {
+			return err
+		}
 		if c.WorkerRegistrationGrace < c.WorkerReapTimeoutSeconds {
 			return fmt.Errorf("must be >= --worker-reap-timeout-seconds (got %v < %v)", c.WorkerRegistrationGrace, c.WorkerReapTimeoutSeconds)
 		}
 		return nil
 	}
-	r.float(&c.SessionTTLSeconds, "session-ttl-seconds", "session_ttl_seconds", mp, "", 600, "drop lookup sessions idle this long").Validate = positiveFinite(&c.SessionTTLSeconds)
+	r.float(&c.SessionTTLSeconds, "session-ttl-seconds", "session_ttl_seconds", mp, "", 600, "drop lookup sessions idle this long").Validate = seconds(&c.SessionTTLSeconds, false)
 	r.intv(&c.MaxQueuedRequests, "max-queued-requests", "max_queued_requests", mp, "", 4096, "ZMQ requests that may wait for a handler; past it a request is refused at once").Validate = atLeast(&c.MaxQueuedRequests, 1)
-	r.intv(&c.ZMQBusyPollUS, "zmq-busy-poll-us", "zmq_busy_poll_us", mp, "", 0, "keep polling the ZMQ socket this long after a message before blocking, so a request right behind it (LOOKUP's second round trip) is taken without a thread wake-up; costs up to this much CPU per burst (lmcache_mp_zmq_busy_poll_seconds_total); 0: block at once").Validate = atLeast(&c.ZMQBusyPollUS, 0)
-	r.intv(&c.GCHeapFloorMB, "gc-heap-floor-mb", "gc_heap_floor_mb", mp, "", 64, "Go heap size below which the garbage collector does not start (request frames are copied into the heap; a small heap collected every few LOOKUPs); 0: GOGC alone").Validate = atLeast(&c.GCHeapFloorMB, 0)
+	r.intv(&c.ZMQBusyPollUS, "zmq-busy-poll-us", "zmq_busy_poll_us", mp, "", 0, "keep polling the ZMQ socket this long after a message before blocking, so a request right behind it (LOOKUP's second round trip) is taken without a thread wake-up; costs up to this much CPU per burst (lmcache_mp_zmq_busy_poll_seconds_total); 0: block at once").Validate = durationInt(&c.ZMQBusyPollUS, time.Microsecond, "microseconds")
+	r.intv(&c.GCHeapFloorMB, "gc-heap-floor-mb", "gc_heap_floor_mb", mp, "", 64, "Go heap size below which the garbage collector does not start (request frames are copied into the heap; a small heap collected every few LOOKUPs); 0: GOGC alone").Validate = inRangeInt(&c.GCHeapFloorMB, 0, math.MaxInt64>>20)
 	r.boolPair(&c.SeparateObjectGroups, "separate-object-groups", "separate_object_groups", mp, "", false, "store hybrid-model object groups separately")
 	r.intv(&c.KVEventLogSize, "kv-event-log-size", "kv_event_log_size", mp, "", 32768, "cache-event records kept for POLL_KV_EVENTS (workers republish them to KV-aware routers); 0 disables the channel and its kv_events capability").Validate = atLeast(&c.KVEventLogSize, 0)
 	r.str(&c.KVEventsEndpoint, "kv-events-endpoint", "kv_events_endpoint", mp, "", "", "ZMQ PUB address of the native vLLM-format KV events publisher (bound when it has * or :: or is ipc:// or inproc://, else connected, as vLLM); empty: off")
@@ -291,9 +297,9 @@ func (c *Config) register() *registry {
 	r.boolFlag(&c.EnvShowSecret, "env-show-secrets", "env_show_secrets", h, "", "GET /env shows values whose names look secret")
 
 	// storage_manager
-	r.float(&c.L1SizeGB, "l1-size-gb", "l1_size_gb", sm, "", DefaultL1SizeGB, "L1 size in GiB").Validate = positiveFinite(&c.L1SizeGB)
+	r.float(&c.L1SizeGB, "l1-size-gb", "l1_size_gb", sm, "", DefaultL1SizeGB, "L1 size in GiB").Validate = sizeGB(&c.L1SizeGB)
 	r.boolPair(&c.L1UseLazy, "l1-use-lazy", "l1_use_lazy", sm, "", true, "grow the L1 pool on demand (ignored with --shm-name, which maps it whole)")
-	r.float(&c.L1InitSizeGB, "l1-init-size-gb", "l1_init_size_gb", sm, "", 20, "initial lazy L1 size in GiB (capped at --l1-size-gb)").Validate = positiveFinite(&c.L1InitSizeGB)
+	r.float(&c.L1InitSizeGB, "l1-init-size-gb", "l1_init_size_gb", sm, "", 20, "initial lazy L1 size in GiB (capped at --l1-size-gb)").Validate = sizeGB(&c.L1InitSizeGB)
 	r.intv(&c.L1AlignBytes, "l1-align-bytes", "l1_align_bytes", sm, "", 4096, "L1 allocation alignment (power of two)").Validate = func() error {
 		if a := c.L1AlignBytes; a <= 0 || a&(a-1) != 0 {
 			return fmt.Errorf("must be a power of two (got %d)", a)
@@ -307,25 +313,20 @@ func (c *Config) register() *registry {
 		}
 		return nil
 	}
-	r.float(&c.L1WriteTTLSeconds, "l1-write-ttl-seconds", "l1_write_ttl_seconds", sm, "", 600, "write lease of an L1 object").Validate = positiveFinite(&c.L1WriteTTLSeconds)
-	r.float(&c.L1ReadTTLSeconds, "l1-read-ttl-seconds", "l1_read_ttl_seconds", sm, "", 300, "read lease of an L1 object").Validate = positiveFinite(&c.L1ReadTTLSeconds)
+	r.float(&c.L1WriteTTLSeconds, "l1-write-ttl-seconds", "l1_write_ttl_seconds", sm, "", 600, "write lease of an L1 object").Validate = seconds(&c.L1WriteTTLSeconds, false)
+	r.float(&c.L1ReadTTLSeconds, "l1-read-ttl-seconds", "l1_read_ttl_seconds", sm, "", 300, "read lease of an L1 object").Validate = seconds(&c.L1ReadTTLSeconds, false)
 	r.str(&c.EvictionPolicy, "eviction-policy", "eviction_policy", sm, "", "LRU", "L1 eviction policy: LRU, IsolatedLRU or noop").Validate = oneOf(&c.EvictionPolicy, "LRU", "IsolatedLRU", "noop")
 	r.float(&c.EvictionWatermark, "eviction-trigger-watermark", "eviction_trigger_watermark", sm, "", 0.8, "L1 usage that triggers eviction").Validate = inRange(&c.EvictionWatermark, 0, 1, true)
 	r.float(&c.EvictionRatio, "eviction-ratio", "eviction_ratio", sm, "", 0.2, "fraction of tracked keys evicted per cycle").Validate = inRange(&c.EvictionRatio, 0, 1, false)
 	r.str(&c.L2StorePolicy, "l2-store-policy", "l2_store_policy", sm, "", "default", "default or skip_l1").Validate = oneOf(&c.L2StorePolicy, "default", "skip_l1")
 	r.str(&c.L2PrefetchPolicy, "l2-prefetch-policy", "l2_prefetch_policy", sm, "", "default", "default (temporary) or retain").Validate = oneOf(&c.L2PrefetchPolicy, "default", "retain")
 	r.intv(&c.L2PrefetchMaxInFlight, "l2-prefetch-max-in-flight", "l2_prefetch_max_in_flight", sm, "", 8, "concurrent L2 prefetch requests").Validate = atLeast(&c.L2PrefetchMaxInFlight, 1)
-	r.float(&c.L2PrefetchLoadTimeout, "l2-prefetch-load-timeout", "l2_prefetch_load_timeout", sm, "", 0, "seconds before an L2 load is abandoned; 0: none").Validate = func() error {
-		if v := c.L2PrefetchLoadTimeout; v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
-			return fmt.Errorf("must be finite and >= 0 (got %v)", v)
-		}
-		return nil
-	}
-	r.intv(&c.L2LookupTimeoutMS, "l2-lookup-timeout-ms", "l2_lookup_timeout_ms", sm, "LMCACHE_L2_LOOKUP_TIMEOUT_MS", 200, "how long a lookup waits for L2 adapters to say which keys they hold before it answers with what it has (the L1 prefix); 0: no limit").Validate = atLeast(&c.L2LookupTimeoutMS, 0)
+	r.float(&c.L2PrefetchLoadTimeout, "l2-prefetch-load-timeout", "l2_prefetch_load_timeout", sm, "", 0, "seconds before an L2 load is abandoned; 0: none").Validate = seconds(&c.L2PrefetchLoadTimeout, true)
+	r.intv(&c.L2LookupTimeoutMS, "l2-lookup-timeout-ms", "l2_lookup_timeout_ms", sm, "LMCACHE_L2_LOOKUP_TIMEOUT_MS", 200, "how long a lookup waits for L2 adapters to say which keys they hold before it answers with what it has (the L1 prefix); 0: no limit").Validate = durationInt(&c.L2LookupTimeoutMS, time.Millisecond, "milliseconds")
 	r.intv(&c.PeriodicNotifierMS, "periodic-notifier-interval-ms", "periodic_notifier_interval_ms", sm, "", 5, "accepted for compatibility").Validate = atLeast(&c.PeriodicNotifierMS, 1)
 	r.list(&c.L2Adapters, "l2-adapter", "l2_adapter", sm, `L2 adapter JSON, e.g. {"type":"s3",...} (repeatable; order = cascade order)`, false)
-	r.intv(&c.L2StoreMaxRetries, "l2-store-max-retries", "l2_store_max_retries", sm, "", 5, "retries of a failed write-behind upload before it is abandoned and counted (the L1 copy stays until then)").Validate = atLeast(&c.L2StoreMaxRetries, 0)
-	r.float(&c.L2StoreRetryBackoffSecs, "l2-store-retry-backoff-seconds", "l2_store_retry_backoff_seconds", sm, "", 1, "first retry delay of a failed upload; doubles per attempt").Validate = positiveFinite(&c.L2StoreRetryBackoffSecs)
+	r.intv(&c.L2StoreMaxRetries, "l2-store-max-retries", "l2_store_max_retries", sm, "", 5, "retries of a failed write-behind upload before it is abandoned and counted (the L1 copy stays until then)").Validate = inRangeInt(&c.L2StoreMaxRetries, 0, math.MaxInt32)
+	r.float(&c.L2StoreRetryBackoffSecs, "l2-store-retry-backoff-seconds", "l2_store_retry_backoff_seconds", sm, "", 1, "first retry delay of a failed upload; doubles per attempt").Validate = seconds(&c.L2StoreRetryBackoffSecs, false)
 
 	// observability
 	r.boolFlag(&c.DisableObservability, "disable-observability", "disable_observability", ob, "", "disable metrics and event reporting")
@@ -341,16 +342,16 @@ func (c *Config) register() *registry {
 	// coordinator: flag > deprecated flag > env > default.
 	r.str(&c.CoordinatorURL, "coordinator-url", "coordinator_url", co, "LMCACHE_COORDINATOR_URL", "", "coordinator base URL; empty: not registered")
 	r.str(&c.CoordinatorAdvertiseIP, "coordinator-advertise-ip", "coordinator_advertise_ip", co, "LMCACHE_COORDINATOR_ADVERTISE_IP", "", "IP the coordinator uses to reach this server (empty: the outbound IP)")
-	r.float(&c.CoordinatorHeartbeatInterval, "coordinator-heartbeat-interval", "coordinator_heartbeat_interval", co, "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL", 5, "seconds between heartbeats").Validate = positiveFinite(&c.CoordinatorHeartbeatInterval)
+	r.float(&c.CoordinatorHeartbeatInterval, "coordinator-heartbeat-interval", "coordinator_heartbeat_interval", co, "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL", 5, "seconds between heartbeats").Validate = seconds(&c.CoordinatorHeartbeatInterval, false)
 	r.boolFlag(&c.CoordinatorEventReporting, "coordinator-event-reporting", "coordinator_event_reporting", co, "LMCACHE_COORDINATOR_EVENT_REPORTING", "report L2 store, lookup and delete events to the coordinator")
-	r.float(&c.CoordinatorEventFlushInterval, "coordinator-event-flush-interval", "coordinator_event_flush_interval", co, "LMCACHE_COORDINATOR_EVENT_FLUSH_INTERVAL", 1, "seconds between event flushes").Validate = positiveFinite(&c.CoordinatorEventFlushInterval)
+	r.float(&c.CoordinatorEventFlushInterval, "coordinator-event-flush-interval", "coordinator_event_flush_interval", co, "LMCACHE_COORDINATOR_EVENT_FLUSH_INTERVAL", 1, "seconds between event flushes").Validate = seconds(&c.CoordinatorEventFlushInterval, false)
 	r.secret(&c.CoordinatorAuthToken, "coordinator-auth-token", "coordinator_auth_token", co, "LMCACHE_COORDINATOR_AUTH_TOKEN", "bearer token sent to the coordinator; empty: none")
 	r.str(&c.CoordinatorEventEndpoint, "coordinator-event-endpoint", "coordinator_event_endpoint", co, "LMCACHE_COORDINATOR_EVENT_ENDPOINT", "auto", "where usage events go: auto (POST /events, and POST /quota/events once the coordinator answers 404 there), events or quota-events").Validate = oneOf(&c.CoordinatorEventEndpoint, "auto", "events", "quota-events")
 	// Upstream's Kafka transport flags have no environment fallback.
 	r.str(&c.CoordinatorEventTransport, "coordinator-event-transport", "coordinator_event_transport", co, "", "http", "how cache-event batches reach the coordinator: http (POST) or kafka (the Kafka topic; needs --coordinator-kafka-bootstrap-servers)").Validate = oneOf(&c.CoordinatorEventTransport, "http", "kafka")
 	r.str(&c.CoordinatorKafkaBootstrapServers, "coordinator-kafka-bootstrap-servers", "coordinator_kafka_bootstrap_servers", co, "", "", "comma-separated Kafka brokers for --coordinator-event-transport kafka")
 	r.str(&c.CoordinatorKafkaTopic, "coordinator-kafka-topic", "coordinator_kafka_topic", co, "", "lmcache-cache-events", "Kafka topic for cache-event batches")
-	r.float(&c.CoordinatorKafkaDeliveryTimeout, "coordinator-kafka-delivery-timeout", "coordinator_kafka_delivery_timeout", co, "", 300, "seconds the Kafka producer retries a record before dropping it").Validate = positiveFinite(&c.CoordinatorKafkaDeliveryTimeout)
+	r.float(&c.CoordinatorKafkaDeliveryTimeout, "coordinator-kafka-delivery-timeout", "coordinator_kafka_delivery_timeout", co, "", 300, "seconds the Kafka producer retries a record before dropping it").Validate = seconds(&c.CoordinatorKafkaDeliveryTimeout, false)
 	r.alias("coordinator-l2-event-reporting", "coordinator-event-reporting", "LMCACHE_COORDINATOR_L2_EVENT_REPORTING")
 	r.alias("coordinator-l2-event-flush-interval", "coordinator-event-flush-interval", "LMCACHE_COORDINATOR_L2_EVENT_FLUSH_INTERVAL")
 	return r
