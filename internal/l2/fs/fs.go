@@ -213,7 +213,10 @@ func (a *Adapter) enter() error { return a.gate.Enter("fs") }
 
 func (a *Adapter) leave() { a.gate.Leave() }
 
-// Store implements l2.Adapter; it stops at the first failure.
+// Store implements l2.Adapter; it stops at the first failure. The objects
+// renamed into place before that failure stay on disk, so they are counted
+// and reported as stored: uncounted, they would hold disk space outside
+// usage and eviction until a restart's recovery found them.
 func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) error {
 	if len(keys) != len(objs) {
 		return fmt.Errorf("fs: store: %d keys but %d objects", len(keys), len(objs))
@@ -223,6 +226,11 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 	}
 	defer a.leave()
 	sizes := make([]int64, len(keys))
+	written := 0
+	defer func() {
+		a.book.Stored(keys[:written], sizes[:written])
+		a.book.FireStored(keys[:written], sizes[:written])
+	}()
 	for i, k := range keys {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("fs: store: %w", err)
@@ -231,9 +239,8 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 			return err
 		}
 		sizes[i] = int64(len(objs[i]))
+		written = i + 1
 	}
-	a.book.Stored(keys, sizes)
-	a.book.FireStored(keys, sizes)
 	return nil
 }
 

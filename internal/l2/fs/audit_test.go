@@ -1,0 +1,46 @@
+package fs_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/lmcache-go/lmcache/internal/l2/l2test"
+)
+
+// TestStorePartialFailureCountsWritten: a batch that fails part-way (here
+// the second object's name is taken by a directory, as a full disk or a
+// foreign file would fail it) has already renamed the first object into
+// place. That file is on disk, so it must count in usage and reach the
+// listeners (the eviction policy), or it sits there unaccounted and never
+// evicted until a restart's recovery finds it.
+func TestStorePartialFailureCountsWritten(t *testing.T) {
+	a := newAdapter(t, nil)
+	defer a.Close()
+	rec := l2test.NewRecorder()
+	a.AddListener(rec)
+	keys := l2test.Keys(t, 2, "salt-a")
+	objs := l2test.Objects(t, 2)
+	if err := os.Mkdir(a.Path(keys[1]), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Store(context.Background(), keys, objs); err == nil {
+		t.Fatal("store over a directory succeeded")
+	}
+	if _, err := os.Stat(a.Path(keys[0])); err != nil {
+		t.Fatalf("first object not on disk: %v", err)
+	}
+	u := a.Usage()
+	if u.TotalBytesUsed != int64(len(objs[0])) || u.BytesByCacheSalt["salt-a"] != int64(len(objs[0])) {
+		t.Fatalf("usage after partial store = %d (salt %d), want the %d bytes written", u.TotalBytesUsed, u.BytesByCacheSalt["salt-a"], len(objs[0]))
+	}
+	if got := a.Status()["num_objects"]; got != 1 {
+		t.Fatalf("num_objects = %v, want 1", got)
+	}
+	if sz, ok := rec.Stored[keys[0]]; !ok || sz != int64(len(objs[0])) {
+		t.Fatalf("listener not told of the written object (stored %v)", rec.Stored)
+	}
+	if _, ok := rec.Stored[keys[1]]; ok {
+		t.Fatal("listener told of the object that failed")
+	}
+}
