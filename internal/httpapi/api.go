@@ -200,6 +200,13 @@ type Server struct {
 	// secrets are the configured secret values (the auth token, keys in
 	// the adapter JSON), scrubbed from error messages and script output.
 	secrets []string
+
+	// bg is the lifetime of work a handler leaves behind when its client
+	// goes away (releasing an abandoned lookup's locks once its job ends);
+	// Serve cancels it after the last handler returned and waits for bgWG.
+	bg       context.Context
+	bgCancel context.CancelFunc
+	bgWG     sync.WaitGroup
 }
 
 type engineHolder struct{ e Engine }
@@ -207,6 +214,7 @@ type engineHolder struct{ e Engine }
 // New validates opts and builds the server and its mux.
 func New(opts Options) (*Server, error) {
 	s := &Server{opts: opts, log: opts.Logger}
+	s.bg, s.bgCancel = context.WithCancel(context.Background())
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -334,10 +342,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		// Serve failed on its own: its connections may still run
 		// handlers, which must end before the caller closes the engine.
 		_ = srv.Stop(5 * time.Second)
+		s.stopBackground()
 		return err
 	case <-ctx.Done():
 	}
 	err := srv.Stop(5 * time.Second)
+	s.stopBackground()
 	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
 		return serr
 	}
@@ -345,4 +355,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("httpapi: shutdown: %w", err)
 	}
 	return nil
+}
+
+// stopBackground ends the work handlers left behind and waits for it, so
+// nothing uses the engine once Serve returns. An abandoned lookup whose
+// job has not ended by then keeps its read leases until they expire (the
+// engine is closed next).
+func (s *Server) stopBackground() {
+	s.bgCancel()
+	s.bgWG.Wait()
 }

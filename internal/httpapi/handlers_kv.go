@@ -413,18 +413,44 @@ func (s *Server) kvProbe(r *http.Request, e Engine, chunks [][]objkey.Key) (engi
 	}
 	res, err := e.WaitPrefetch(r.Context(), id)
 	if err != nil {
+		// The client went away (the request's context is all that ends
+		// this wait) while the job still runs: it already holds its L1
+		// hits' read locks and takes the prefix's when it ends, for an
+		// owner nobody else knows. Returning alone left them pinned until
+		// the read lease expired, so the release waits for the job off
+		// the handler (which frees the connection slot).
+		s.releaseWhenDone(e, id, chunks)
 		return res, nil, err
 	}
-	release := func() {
-		var ks []objkey.Key
-		for _, ck := range chunks[:min(res.PrefixChunks, len(chunks))] {
-			ks = append(ks, ck...)
-		}
-		if len(ks) > 0 {
-			e.ReleaseRead(id, ks, 1)
-		}
+	return res, func() { releasePrefix(e, id, chunks, res.PrefixChunks) }, res.Err
+}
+
+// releasePrefix releases the read locks a probe's job holds for owner id:
+// one per key of its first prefix chunks.
+func releasePrefix(e Engine, id string, chunks [][]objkey.Key, prefix int) {
+	var ks []objkey.Key
+	for _, ck := range chunks[:min(max(prefix, 0), len(chunks))] {
+		ks = append(ks, ck...)
 	}
-	return res, release, res.Err
+	if len(ks) > 0 {
+		e.ReleaseRead(id, ks, 1)
+	}
+}
+
+// releaseWhenDone waits, in the background, for an abandoned probe's job
+// and releases its locks. The wait ends with the job (the engine finishes
+// every job, at the latest when it stops) or when Serve stops.
+func (s *Server) releaseWhenDone(e Engine, id string, chunks [][]objkey.Key) {
+	s.log.Debug("KV request's client went away during its lookup; its locks are released when the job ends", "request_id", id)
+	s.bgWG.Add(1)
+	go func() {
+		defer s.bgWG.Done()
+		res, err := e.WaitPrefetch(s.bg, id)
+		if err != nil {
+			return
+		}
+		releasePrefix(e, id, chunks, res.PrefixChunks)
+	}()
 }
 
 func (s *Server) recordLookup(req kvRequest, chunks int, res engine.PrefetchResult) {
