@@ -325,15 +325,22 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 			return err
 		})
 	})
+	// The PUTs that succeeded are in the bucket whether or not the others
+	// failed, so they count and are reported: uncounted, they would hold
+	// bucket space outside usage and eviction.
+	var landed []objkey.Key
+	var sizes []int64
+	for i, err := range errs {
+		if err == nil {
+			landed = append(landed, keys[i])
+			sizes = append(sizes, int64(len(objs[i])))
+		}
+	}
+	a.book.Stored(landed, sizes)
+	a.book.FireStored(landed, sizes)
 	if n, first := countErrs(errs); n > 0 {
 		return fmt.Errorf("s3: store: %d of %d objects failed, first: %w", n, len(keys), first)
 	}
-	sizes := make([]int64, len(keys))
-	for i := range objs {
-		sizes[i] = int64(len(objs[i]))
-	}
-	a.book.Stored(keys, sizes)
-	a.book.FireStored(keys, sizes)
 	return nil
 }
 

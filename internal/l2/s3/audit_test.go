@@ -1,0 +1,62 @@
+package s3_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/lmcache-go/lmcache/internal/l2/l2test"
+	"github.com/lmcache-go/lmcache/internal/s3test"
+)
+
+// refusePut answers 403 to PUTs whose path ends with suffix and passes
+// everything else to the real S3 behind it.
+type refusePut struct {
+	next   http.Handler
+	suffix string
+}
+
+func (h *refusePut) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, h.suffix) {
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>denied</Message></Error>`))
+		return
+	}
+	h.next.ServeHTTP(w, r)
+}
+
+// TestStorePartialFailureCountsLanded: a store whose PUTs partly fail has
+// still put the others in the bucket. Those objects must count in usage
+// and reach the listeners (the eviction policy); uncounted, they held
+// bucket space outside usage and eviction for the life of the process.
+func TestStorePartialFailureCountsLanded(t *testing.T) {
+	keys := l2test.Keys(t, 3, "salt-a")
+	objs := l2test.Objects(t, 3)
+	h := &refusePut{suffix: keys[1].S3Name()}
+	srv := s3test.FakeWith(t, func(next http.Handler) http.Handler { h.next = next; return h })
+	a := newAdapter(t, configFor(srv, srv.Bucket))
+	defer a.Close()
+	rec := l2test.NewRecorder()
+	a.AddListener(rec)
+	if err := a.Store(context.Background(), keys, objs); err == nil {
+		t.Fatal("store with a refused PUT succeeded")
+	}
+	landed := srv.Keys(t, srv.Bucket)
+	if len(landed) != 2 {
+		t.Fatalf("bucket holds %v, want the 2 objects not refused", landed)
+	}
+	want := int64(len(objs[0]) + len(objs[2]))
+	if u := a.Usage(); u.TotalBytesUsed != want || u.BytesByCacheSalt["salt-a"] != want {
+		t.Fatalf("usage after partial store = %d (salt %d), want %d", u.TotalBytesUsed, u.BytesByCacheSalt["salt-a"], want)
+	}
+	for _, i := range []int{0, 2} {
+		if sz, ok := rec.Stored[keys[i]]; !ok || sz != int64(len(objs[i])) {
+			t.Fatalf("listener not told of landed object %d (stored %v)", i, rec.Stored)
+		}
+	}
+	if _, ok := rec.Stored[keys[1]]; ok {
+		t.Fatal("listener told of the refused object")
+	}
+}
