@@ -138,17 +138,25 @@ func (b *Book) EndDelete(victims, removed []objkey.Key) {
 }
 
 // Stored counts keys[i] with sizes[i]; keys already known are not counted
-// twice (objects are content-addressed).
+// twice (objects are content-addressed). A known key stored with another
+// size counts its new size instead: the write replaced the object (an fs
+// file recovered short, say, rewritten in full), and keeping the old size
+// would leave usage off by the difference until the key is deleted.
 func (b *Book) Stored(keys []objkey.Key, sizes []int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for i, k := range keys {
-		if _, known := b.sizes[k]; known {
+		old, known := b.sizes[k]
+		if known && old == sizes[i] {
 			continue
 		}
 		b.sizes[k] = sizes[i]
-		b.used += sizes[i]
-		b.bySalt[k.CacheSalt] += sizes[i]
+		b.used = max(0, b.used+sizes[i]-old)
+		if n := b.bySalt[k.CacheSalt] + sizes[i] - old; n > 0 {
+			b.bySalt[k.CacheSalt] = n
+		} else {
+			delete(b.bySalt, k.CacheSalt)
+		}
 	}
 }
 

@@ -149,3 +149,24 @@ func TestGateCloseWithoutCalls(t *testing.T) {
 		t.Fatalf("Close = %v, Closed %v", err, g.Closed())
 	}
 }
+
+// TestStoredAgainWithNewSize: a key stored again with another size (an
+// fs file or S3 object replaced by a full write after a short one) counts
+// its new size once, in total and in its salt.
+func TestStoredAgainWithNewSize(t *testing.T) {
+	b := bookkeep.New(0)
+	k := key(t, 1, "s")
+	b.Stored([]objkey.Key{k}, []int64{10})
+	b.Stored([]objkey.Key{k}, []int64{100})
+	if u := b.Usage(); u.TotalBytesUsed != 100 || u.BytesByCacheSalt["s"] != 100 {
+		t.Fatalf("usage after re-store = %+v, want 100", u)
+	}
+	b.Stored([]objkey.Key{k}, []int64{40})
+	if u := b.Usage(); u.TotalBytesUsed != 40 || u.BytesByCacheSalt["s"] != 40 {
+		t.Fatalf("usage after smaller re-store = %+v, want 40", u)
+	}
+	b.Forget([]objkey.Key{k})
+	if u := b.Usage(); u.TotalBytesUsed != 0 || len(u.BytesByCacheSalt) != 0 {
+		t.Fatalf("usage after forget = %+v, want 0", u)
+	}
+}
