@@ -283,7 +283,7 @@ func (e *Engine) ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]S
 		}
 	}
 	ls, err := e.table.Reserve(tag, keys, sizes)
-	if errors.Is(err, l1.ErrOutOfMemory) && e.makeRoom(keys, sizes) {
+	if errors.Is(err, l1.ErrOutOfMemory) && e.makeRoom(tag, keys, sizes) {
 		ls, err = e.table.Reserve(tag, keys, sizes)
 	}
 	if err != nil {
@@ -297,8 +297,8 @@ func (e *Engine) ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]S
 
 // makeRoom evicts what a store that did not fit needs (see
 // l1.Table.MakeRoom) and reports whether anything was evicted.
-func (e *Engine) makeRoom(keys []objkey.Key, sizes []int64) bool {
-	evicted, _ := e.table.MakeRoom(keys, sizes)
+func (e *Engine) makeRoom(tag string, keys []objkey.Key, sizes []int64) bool {
+	evicted, _ := e.table.MakeRoom(tag, keys, sizes)
 	for _, k := range evicted {
 		e.st.l1Evicted.add(k.CacheSalt, 1)
 	}

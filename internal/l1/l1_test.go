@@ -519,7 +519,7 @@ func TestMakeRoom(t *testing.T) {
 	tb.ReadLock("r", a[:1], 1)
 	// 2 slots free; 5 keys of which one is resident: 4 needed, 2 short.
 	want := append(slices.Clone(b[:1]), keyRange(100, 104)...)
-	if ev, n := tb.MakeRoom(want, sizes(len(want), 4*kib)); !slices.Equal(ev, []objkey.Key{a[1], b[1]}) || n != 8*kib {
+	if ev, n := tb.MakeRoom("w", want, sizes(len(want), 4*kib)); !slices.Equal(ev, []objkey.Key{a[1], b[1]}) || n != 8*kib {
 		t.Fatalf("evicted %v (%d bytes), want a1 (a0 is locked) and b1 (b0 is in the batch), one per salt", ev, n)
 	}
 	if _, err := tb.Reserve("w", want, sizes(len(want), 4*kib)); err != nil {
@@ -527,7 +527,7 @@ func TestMakeRoom(t *testing.T) {
 	}
 	// Pool full (4 resident, 4 staging); only a2, b0 and b2 are evictable
 	// (a0 is locked), so asking for 4 slots evicts nothing at all.
-	if ev, _ := tb.MakeRoom(keyRange(200, 204), sizes(4, 4*kib)); len(ev) != 0 {
+	if ev, _ := tb.MakeRoom("w", keyRange(200, 204), sizes(4, 4*kib)); len(ev) != 0 {
 		t.Fatalf("evicted %v for a batch that cannot fit", ev)
 	}
 	if st := tb.Stats(); st.Objects != 4 || st.StagingObjects != 4 {
@@ -535,7 +535,7 @@ func TestMakeRoom(t *testing.T) {
 	}
 	// Enough room already: nothing is evicted.
 	tb.Abort("w", want)
-	if ev, _ := tb.MakeRoom(keyRange(300, 301), sizes(1, 4*kib)); len(ev) != 0 {
+	if ev, _ := tb.MakeRoom("w", keyRange(300, 301), sizes(1, 4*kib)); len(ev) != 0 {
 		t.Fatalf("evicted %v with room to spare", ev)
 	}
 }

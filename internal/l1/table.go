@@ -252,39 +252,8 @@ func (t *Table) Reserve(tag string, keys []objkey.Key, sizes []int64) ([]Slot, e
 	defer t.mu.Unlock()
 	now := now()
 	slots := make([]Slot, len(keys))
-	var (
-		seen     = make(map[objkey.Key]struct{}, len(keys))
-		reuse    []int // indices taking over an old buffer
-		reuseObj []*object
-		fresh    []int // indices needing a new buffer
-		freshSz  []int64
-		replaced []*object // old buffers to free once the batch succeeded
-	)
-	for i, k := range keys {
-		if _, dup := seen[k]; dup {
-			continue
-		}
-		seen[k] = struct{}{}
-		if _, ok := t.resident[k]; ok {
-			continue
-		}
-		sk := stageKey{tag, k}
-		old, ok := t.staging[sk]
-		if ok && now <= old.writeExp {
-			continue
-		}
-		if !ok {
-			old, ok = t.cleared[sk]
-		}
-		if ok {
-			if t.alloc.RoundUp(old.size) == t.alloc.RoundUp(sizes[i]) {
-				reuse, reuseObj = append(reuse, i), append(reuseObj, old)
-				continue
-			}
-			replaced = append(replaced, old)
-		}
-		fresh, freshSz = append(fresh, i), append(freshSz, sizes[i])
-	}
+	p := t.plan(tag, keys, sizes, now)
+	reuse, reuseObj, fresh, freshSz, replaced := p.reuse, p.reuseObj, p.fresh, p.freshSz, p.replaced
 	offs, ok := t.alloc.AllocBatch(freshSz)
 	if !ok {
 		return nil, ErrOutOfMemory
@@ -321,6 +290,51 @@ func (t *Table) Reserve(tag string, keys []objkey.Key, sizes []int64) ([]Slot, e
 		slots[i] = Slot{o.off, o.size}
 	}
 	return slots, nil
+}
+
+// reservePlan is what a Reserve of a batch would do with each key.
+type reservePlan struct {
+	reuse    []int // indices taking over an old buffer
+	reuseObj []*object
+	fresh    []int // indices needing a new buffer
+	freshSz  []int64
+	replaced []*object // old buffers to free once the batch succeeded
+}
+
+// plan sorts tag's batch into the keys that need no slot (resident,
+// repeated, or staged by tag under a live lease), those taking over tag's
+// expired or cleared buffer of the same physical size, and those needing a
+// new buffer. Reserve follows it; MakeRoom sizes its evictions by it, so
+// that keys needing no new buffer cost no other object its place.
+func (t *Table) plan(tag string, keys []objkey.Key, sizes []int64, now int64) reservePlan {
+	var p reservePlan
+	seen := make(map[objkey.Key]struct{}, len(keys))
+	for i, k := range keys {
+		if _, dup := seen[k]; dup {
+			continue
+		}
+		seen[k] = struct{}{}
+		if _, ok := t.resident[k]; ok {
+			continue
+		}
+		sk := stageKey{tag, k}
+		old, ok := t.staging[sk]
+		if ok && now <= old.writeExp {
+			continue
+		}
+		if !ok {
+			old, ok = t.cleared[sk]
+		}
+		if ok {
+			if t.alloc.RoundUp(old.size) == t.alloc.RoundUp(sizes[i]) {
+				p.reuse, p.reuseObj = append(p.reuse, i), append(p.reuseObj, old)
+				continue
+			}
+			p.replaced = append(p.replaced, old)
+		}
+		p.fresh, p.freshSz = append(p.fresh, i), append(p.freshSz, sizes[i])
+	}
+	return p
 }
 
 // CommitOpts says how committed objects enter the table.
@@ -742,9 +756,9 @@ func (t *Table) Evict(cuts []Cut) (evicted []objkey.Key, bytes int64) {
 }
 
 // MakeRoom evicts just enough least-recent eligible objects (resident,
-// not read-locked, not pinned) that a Reserve of keys with sizes finds the
-// bytes it needs free, or nothing at all when every eligible object
-// together would not be enough. Keys already resident need no room. Under
+// not read-locked, not pinned) that a Reserve by tag of keys with sizes
+// finds the bytes it needs free, or nothing at all when every eligible object
+// together would not be enough. Keys already resident, repeated or staged by tag need no room. Under
 // IsolatedLRU the salts give up objects in turn, oldest first. With the
 // noop policy nothing is tracked, so nothing is evicted. It returns the
 // keys evicted and their physical bytes. The batch's own resident keys are
@@ -754,23 +768,31 @@ func (t *Table) Evict(cuts []Cut) (evicted []objkey.Key, bytes int64) {
 // larger than the free space below the watermark would be refused for
 // good. Fragmentation is not considered: KV objects of a model share one
 // size, so freed bytes are usable bytes.
-func (t *Table) MakeRoom(keys []objkey.Key, sizes []int64) (evicted []objkey.Key, bytes int64) {
+func (t *Table) MakeRoom(tag string, keys []objkey.Key, sizes []int64) (evicted []objkey.Key, bytes int64) {
+	if len(sizes) != len(keys) {
+		return nil, 0
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now := now()
+	// Only the buffers Reserve would allocate need room: a key repeated in
+	// the batch, one tag stages under a live lease, or one taking over
+	// tag's old buffer allocates nothing (counting them evicted other
+	// objects for nothing, or refused a batch that fits).
 	var need int64
-	keep := map[*object]bool{} // the batch's resident keys need no room, so they must stay
-	for i, k := range keys {
-		if o, ok := t.resident[k]; ok {
-			keep[o] = true
-		} else {
-			need += t.alloc.RoundUp(sizes[i])
-		}
+	for _, sz := range t.plan(tag, keys, sizes, now).freshSz {
+		need += t.alloc.RoundUp(sz)
 	}
 	short := need - (t.alloc.Total() - t.alloc.Used())
 	if short <= 0 {
 		return nil, 0
 	}
-	now := now()
+	keep := map[*object]bool{} // the batch's resident keys need no room, so they must stay
+	for _, k := range keys {
+		if o, ok := t.resident[k]; ok {
+			keep[o] = true
+		}
+	}
 	lists := t.order.lists(Cut{Global: true})
 	cursors := make([]*eviction.Elem[*object], len(lists))
 	for i, l := range lists {
