@@ -17,8 +17,19 @@ func (s *Server) evictionCycle(ctx context.Context) (periodic.Summary, error) {
 	if r.Standby {
 		return periodic.Summary{Message: "standby: the HA leader evicts"}, nil
 	}
-	return periodic.Summary{Message: fmt.Sprintf("victims=%d in_flight=%d requests=%d target=%s", r.Victims, r.InFlight, r.Requests, r.Target)}, nil
+	return periodic.Summary{Message: fmt.Sprintf("victims=%d in_flight=%d phantoms_dropped=%d requests=%d target=%s", r.Victims, r.InFlight, r.PhantomsDropped, r.Requests, r.Target)}, nil
 }
+
+// phantomDispatches is how many times a key is sent for eviction, each
+// dispatch answered 2xx, before a cycle that would send it again drops it
+// from the ledger instead (ledger.PlanOptions.MaxDispatches). The MP
+// server's DELETE reply does not say which keys it found (absent keys are
+// skipped silently), so a key whose delete event never comes back (the
+// event was lost, or applied before the store it raced) is told from one
+// whose event is merely late by the count: with the default 30 s in-flight
+// TTL that is about 90 s without news. Dropping a key that does still
+// exist only forgets it until its next store event.
+const phantomDispatches = 3
 
 // CycleResult summarises one eviction cycle.
 type CycleResult struct {
@@ -33,6 +44,10 @@ type CycleResult struct {
 	Requests int
 	// Standby: this coordinator does not lead (HA), so nothing was planned.
 	Standby bool
+	// PhantomsDropped is the number of keys removed from the ledger instead
+	// of being sent again: they were sent phantomDispatches times and no
+	// delete or store event of them came back.
+	PhantomsDropped int
 }
 
 // RunEvictionCycle runs one eviction cycle now: plan, pick one random
@@ -52,12 +67,18 @@ func (s *Server) RunEvictionCycle(ctx context.Context) CycleResult {
 	}
 	s.metrics.evictionCycles.Inc()
 	plan := s.ledger.ComputePlan(s.quotas.Snapshot(), ledger.PlanOptions{
-		Ratio:       s.cfg.EvictionRatio,
-		Watermark:   s.cfg.TriggerWatermark,
-		InflightTTL: config.Seconds(s.cfg.InflightTTL),
-		Mark:        s.cfg.InflightTTL > 0,
+		Ratio:         s.cfg.EvictionRatio,
+		Watermark:     s.cfg.TriggerWatermark,
+		InflightTTL:   config.Seconds(s.cfg.InflightTTL),
+		Mark:          s.cfg.InflightTTL > 0,
+		MaxDispatches: phantomDispatches,
 	})
-	res := CycleResult{Victims: plan.Len(), InFlight: plan.InFlight}
+	res := CycleResult{Victims: plan.Len(), InFlight: plan.InFlight, PhantomsDropped: plan.Dropped}
+	if plan.Dropped > 0 {
+		s.metrics.phantomsDropped.Add(float64(plan.Dropped))
+		s.log.Warn("eviction dropped keys from the ledger that were sent for deletion repeatedly without a delete event coming back (most likely already gone from L2)",
+			"keys", plan.Dropped, "bytes", plan.DroppedBytes, "dispatches", phantomDispatches)
+	}
 	if res.Victims == 0 {
 		return res
 	}

@@ -195,8 +195,13 @@ type entry struct {
 	k          ckey
 	size       int64
 	prev, next uint32
-	// sent is the in-flight mark: seconds since the ledger epoch, plus one,
-	// of the last dispatch of this key as an eviction victim; 0 when none.
+	// sent is the in-flight mark and the dispatch count in one word (the
+	// entry's 80 bytes have no room for another field): the low
+	// stampBits are seconds since the ledger epoch, plus one, of the last
+	// dispatch of this key as an eviction victim (0 when none); the high
+	// bits count its dispatches since it was last stored, up to
+	// maxDispatchCount, so a key whose delete event never comes back can be
+	// told from one still awaited (see PlanOptions.MaxDispatches).
 	sent uint32
 	// gen changes whenever the slot is freed, so a planned Victim can tell
 	// that its entry was deleted (or the slot reused) before dispatch. It
@@ -834,6 +839,10 @@ func (l *Ledger) storeH(cp *ckey, h uint64, size int64) {
 		e := l.at(i)
 		delta := size - e.size
 		e.size = size
+		// A store is news that L2 holds the key now, so earlier dispatches
+		// without a delete event are no evidence that it is gone; the
+		// in-flight stamp stays.
+		e.sent &= stampMask
 		s.bytes += delta
 		l.total += delta
 		if s.tail != i {
@@ -1187,6 +1196,15 @@ type PlanOptions struct {
 	Now time.Time
 	// Mark records the chosen victims as in flight.
 	Mark bool
+	// MaxDispatches, when positive, drops from the ledger, instead of
+	// choosing it, a key that was already dispatched this many times
+	// without being deleted or stored since: its delete event never came
+	// back, so the key is most likely gone from L2 (its delete event lost
+	// or applied before the store it followed) and sending it again would
+	// go on forever while its bytes hold its salt over the watermark.
+	// Dispatches are counted whether or not Mark is set; Unmark takes back
+	// a failed one. Capped at 15.
+	MaxDispatches int
 }
 
 // Victim references one planned entry: its slot and the slot's generation.
@@ -1203,6 +1221,10 @@ type Plan struct {
 	// InFlight counts keys that would have been chosen but were withheld
 	// because an earlier dispatch is still awaiting their delete events.
 	InFlight int
+	// Dropped counts the keys removed from the ledger as phantoms (see
+	// PlanOptions.MaxDispatches) and DroppedBytes their sizes.
+	Dropped      int
+	DroppedBytes int64
 }
 
 // Len is the number of victims.
@@ -1242,13 +1264,25 @@ func (l *Ledger) Materialize(vs []Victim) (keys []objkey.Key, live []Victim) {
 	return keys, live
 }
 
+// stampBits of entry.sent hold the dispatch time: 2^28 seconds is 8.5
+// years, after which stamps wrap (a wrapped key is at worst withheld or
+// re-sent once early).
+const (
+	stampBits        = 28
+	stampMask        = 1<<stampBits - 1
+	maxDispatchCount = 1<<(32-stampBits) - 1
+)
+
 func (l *Ledger) stamp(now time.Time) uint32 {
 	d := now.Sub(l.epoch)
 	if d < 0 {
 		d = 0
 	}
-	return uint32(d/time.Second) + 1
+	return uint32(d/time.Second)%stampMask + 1
 }
+
+// dispatches is how many times e was dispatched since it was last stored.
+func (e *entry) dispatches() int { return int(e.sent >> stampBits) }
 
 // ComputePlan selects victims: for each salt whose usage reaches
 // watermark × limit, ratio of its tracked keys by count (all of them when
@@ -1263,6 +1297,8 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 	defer l.mu.Unlock()
 	stamp := l.stamp(now)
 	ttl := uint32(math.Ceil(o.InflightTTL.Seconds()))
+	maxSent := min(o.MaxDispatches, maxDispatchCount)
+	count := o.MaxDispatches > 0
 	p := &Plan{}
 	// Pass 1 picks the salts and their targets so pass 2 can write every
 	// victim into one exactly-sized array (at millions of victims, growing
@@ -1344,14 +1380,28 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 			next := e.next
 			if !checkPins || l.pins[e.k] <= 0 {
 				c.taken++
-				if ttl > 0 && e.sent != 0 && stamp-e.sent < ttl {
+				sent := e.sent & stampMask
+				switch {
+				case ttl > 0 && sent != 0 && (stamp-sent)&stampMask < ttl:
 					p.InFlight++
-				} else {
+				case count && e.dispatches() >= maxSent:
+					p.Dropped++
+					p.DroppedBytes += e.size
+					// removeH unlinks e and frees its slot; next was read
+					// above, and the names it releases are swept after
+					// the walk, once no job needs its salt's state.
+					l.removeH(&e.k, l.hashOf(&e.k))
+				default:
 					all[c.off+c.n] = Victim{idx: c.at, gen: e.gen}
 					c.n++
-					if o.Mark {
-						e.sent = stamp
+					n := e.sent >> stampBits
+					if count && n < maxDispatchCount {
+						n++
 					}
+					if o.Mark {
+						sent = stamp
+					}
+					e.sent = n<<stampBits | sent
 				}
 			}
 			c.at = next
@@ -1370,18 +1420,28 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 			p.Victims = append(p.Victims, all[offs[j]:offs[j]+n:offs[j]+n])
 		}
 	}
+	if p.Dropped > 0 {
+		l.sweepNames()
+		l.hint()
+	}
 	return p
 }
 
 // Unmark clears the in-flight mark of victims whose dispatch failed, so the
-// next cycle sends them again.
+// next cycle sends them again, and takes that dispatch back from their
+// counts: a server that could not be reached or whose adapter failed says
+// nothing about whether the keys are still in L2.
 func (l *Ledger) Unmark(vs []Victim) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, v := range vs {
 		if v.idx < l.n {
 			if e := l.at(v.idx); e.gen == v.gen {
-				e.sent = 0
+				n := e.sent >> stampBits
+				if n > 0 {
+					n--
+				}
+				e.sent = n << stampBits
 			}
 		}
 	}
