@@ -80,3 +80,39 @@ func TestRecoveredShortFileRewritten(t *testing.T) {
 		t.Fatalf("usage after delete = %+v, want 0", u)
 	}
 }
+
+// TestDeleteForgetsVanishedFile: an object this adapter counts whose file
+// is gone (removed by another server sharing base_path, or by hand) is
+// dropped from usage and reported deleted when it is deleted. Kept, its
+// bytes stayed in usage for good and the eviction policy picked it again
+// every cycle, so usage could stay over the watermark with nothing left to
+// evict.
+func TestDeleteForgetsVanishedFile(t *testing.T) {
+	a := newAdapter(t, nil)
+	defer a.Close()
+	rec := l2test.NewRecorder()
+	a.AddListener(rec)
+	keys := l2test.Keys(t, 2, "salt-a")
+	objs := l2test.Objects(t, 2)
+	if err := a.Store(context.Background(), keys, objs); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(a.Path(keys[0])); err != nil {
+		t.Fatal(err)
+	}
+	deleted, err := a.Delete(context.Background(), keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(deleted) != 2 || len(rec.DeletedKeys()) != 2 {
+		t.Fatalf("Delete returned %v and notified %v, want both keys", deleted, rec.DeletedKeys())
+	}
+	if u := a.Usage(); u.TotalBytesUsed != 0 || len(u.BytesByCacheSalt) != 0 {
+		t.Fatalf("usage after deleting a vanished file = %+v, want 0", u)
+	}
+	// A key this adapter never counted is still not reported.
+	other := l2test.Keys(t, 1, "")
+	if deleted, err := a.Delete(context.Background(), other); err != nil || len(deleted) != 0 {
+		t.Fatalf("Delete of an unknown missing key = %v, %v; want none", deleted, err)
+	}
+}

@@ -321,8 +321,12 @@ func (a *Adapter) loadOne(path string, dst []byte) bool {
 	return err == nil
 }
 
-// Delete implements l2.Adapter. A file that is already gone is not
-// reported as deleted.
+// Delete implements l2.Adapter. A file that is already gone is reported
+// as deleted only when this adapter counted it (another server sharing
+// base_path, or an operator, removed it): it is gone, and usage and the
+// eviction policy must drop it, or its bytes would stay counted for good
+// and the policy would pick it again every cycle. A missing file this
+// adapter never counted is not reported.
 func (a *Adapter) Delete(ctx context.Context, keys []objkey.Key) ([]objkey.Key, error) {
 	if err := a.enter(); err != nil {
 		return nil, err
@@ -337,6 +341,9 @@ func (a *Adapter) Delete(ctx context.Context, keys []objkey.Key) ([]objkey.Key, 
 		case err == nil:
 			removed = append(removed, k)
 		case errors.Is(err, fs.ErrNotExist):
+			if _, known := a.book.Size(k); known {
+				removed = append(removed, k)
+			}
 		default:
 			if firstErr == nil {
 				firstErr = fmt.Errorf("fs: delete: %w", err)
