@@ -166,6 +166,17 @@ func NewTable(cfg TableConfig) (*Table, error) {
 
 func now() int64 { return time.Now().UnixNano() }
 
+// expiry is when a lease of ttl taken at now ends, saturating at the
+// largest time: the flags accept TTLs up to the largest time.Duration, and
+// now + ttl past 2^63 ns would wrap negative, a lease over before it
+// began.
+func expiry(now, ttl int64) int64 {
+	if ttl > math.MaxInt64-now {
+		return math.MaxInt64
+	}
+	return now + ttl
+}
+
 // liveReaders returns the object's reader count, first expiring a lease
 // that ran out (a crashed reader never wedges an object).
 func (t *Table) liveReaders(o *object, now int64) int32 {
@@ -269,7 +280,7 @@ func (t *Table) Reserve(tag string, keys []objkey.Key, sizes []int64) ([]Slot, e
 			t.expiredWrites++
 		}
 		t.stagingBytes += t.alloc.RoundUp(sizes[i]) - t.alloc.RoundUp(o.size)
-		o.size, o.writeExp, o.state = sizes[i], now+t.writeTTL, staging
+		o.size, o.writeExp, o.state = sizes[i], expiry(now, t.writeTTL), staging
 		slots[i] = Slot{o.off, o.size}
 	}
 	for _, o := range replaced {
@@ -284,7 +295,7 @@ func (t *Table) Reserve(tag string, keys []objkey.Key, sizes []int64) ([]Slot, e
 		t.free(o)
 	}
 	for j, i := range fresh {
-		o := &object{key: keys[i], off: offs[j], size: sizes[i], writeExp: now + t.writeTTL, state: staging}
+		o := &object{key: keys[i], off: offs[j], size: sizes[i], writeExp: expiry(now, t.writeTTL), state: staging}
 		t.staging[stageKey{tag, keys[i]}] = o
 		t.stagingBytes += t.alloc.RoundUp(o.size)
 		slots[i] = Slot{o.off, o.size}
@@ -457,7 +468,7 @@ func (t *Table) lock(o *object, owner string, n int, now int64) {
 	c := clampReaders(n)
 	t.liveReaders(o, now)
 	o.readers += c
-	o.readExp = now + t.readTTL
+	o.readExp = expiry(now, t.readTTL)
 	if o.state == resident {
 		t.readHeld[o] = struct{}{}
 	}
