@@ -74,6 +74,26 @@ func decodeStrict(body []byte, v any) error {
 	return nil
 }
 
+// errTrailingJSON is a body with more than one JSON value, or a stray
+// closing delimiter after the first.
+var errTrailingJSON = errors.New("trailing data after the JSON value")
+
+// decodeOneJSON decodes exactly one JSON value of b into v, numbers as
+// json.Number. json.Decoder.More alone is not the check: it reports false
+// at a closing delimiter, so {"limit_gb": 1}] or {...}} passed as one
+// object; the next token must be the end of input.
+func decodeOneJSON(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errTrailingJSON
+	}
+	return nil
+}
+
 func jsonErr(err error) error {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
@@ -330,9 +350,7 @@ func decodeChecksums(body []byte) (checksumReq, bool, error) {
 // finite and non-negative. Errors are 400s with the {"error"} shape.
 func decodeQuotaPut(body []byte) (float64, error) {
 	var raw any
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	if err := dec.Decode(&raw); err != nil || dec.More() {
+	if err := decodeOneJSON(body, &raw); err != nil {
 		return 0, errf(ErrBadRequest, "invalid JSON body")
 	}
 	obj, ok := raw.(map[string]any)

@@ -138,10 +138,8 @@ var daxFields = map[string]map[string]bool{
 func decodeReconfigure(backend, op string, body []byte) (reconfigureReq, error) {
 	obj := map[string]any{}
 	if len(bytes.TrimSpace(body)) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.UseNumber()
 		var raw any
-		if err := dec.Decode(&raw); err != nil || dec.More() {
+		if err := decodeOneJSON(body, &raw); err != nil {
 			return reconfigureReq{}, invalid("json_invalid", "JSON decode error", "body")
 		}
 		m, ok := raw.(map[string]any)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
@@ -38,7 +39,8 @@ func ParseRegisterModel(s string, chunkSize int) (engine.Layout, error) {
 	if err := dec.Decode(&m); err != nil {
 		return engine.Layout{}, fmt.Errorf("--register-model: %w", err)
 	}
-	if dec.More() {
+	// More alone misses a trailing "]" or "}" (see decodeOneJSON).
+	if _, err := dec.Token(); err != io.EOF {
 		return engine.Layout{}, fmt.Errorf("--register-model: trailing data after the JSON object")
 	}
 	if m.ModelName == "" || strings.Contains(m.ModelName, "@") {
