@@ -463,16 +463,20 @@ func clampReaders(n int) int32 {
 }
 
 // lock takes n read locks on o for owner ("" = anonymous) and renews the
-// lease.
+// lease. The count saturates at MaxInt32: every lock renews the lease, so
+// repeated lookups could otherwise add up past it and wrap negative (no
+// release would then free the object before its lease ran out). Locks not
+// counted are not held by anyone, so the holders still sum to at most
+// readers.
 func (t *Table) lock(o *object, owner string, n int, now int64) {
-	c := clampReaders(n)
 	t.liveReaders(o, now)
+	c := min(clampReaders(n), math.MaxInt32-o.readers)
 	o.readers += c
 	o.readExp = expiry(now, t.readTTL)
 	if o.state == resident {
 		t.readHeld[o] = struct{}{}
 	}
-	if owner == "" {
+	if owner == "" || c == 0 {
 		return
 	}
 	if i := o.holder(owner); i >= 0 {
