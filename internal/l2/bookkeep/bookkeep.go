@@ -5,7 +5,9 @@
 package bookkeep
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/lmcache-go/lmcache/internal/l2"
@@ -19,7 +21,11 @@ type Book struct {
 	mu       sync.Mutex
 	locks    map[objkey.Key]int      // LookupAndLock refcounts
 	deleting map[objkey.Key]struct{} // keys between BeginDelete and EndDelete
-	sizes    map[objkey.Key]int64    // objects counted in usage
+	storing  map[objkey.Key]int      // keys between BeginStore and EndStore (refcounts)
+	// deleted is closed (and cleared) by the next EndDelete; BeginStore
+	// waits on it for keys being deleted.
+	deleted  chan struct{}
+	sizes    map[objkey.Key]int64 // objects counted in usage
 	used     int64
 	bySalt   map[string]int64
 	capacity int64
@@ -33,6 +39,7 @@ func New(capacity int64) *Book {
 	return &Book{
 		locks:    map[objkey.Key]int{},
 		deleting: map[objkey.Key]struct{}{},
+		storing:  map[objkey.Key]int{},
 		sizes:    map[objkey.Key]int64{},
 		bySalt:   map[string]int64{},
 		capacity: capacity,
@@ -106,15 +113,62 @@ func (b *Book) LockedKeys() int {
 	return len(b.locks)
 }
 
-// BeginDelete picks the keys of keys that are not locked (nor already being
-// deleted, nor duplicated) and marks them as being deleted. The caller
-// removes them from storage and then calls EndDelete.
+// BeginStore marks keys as being stored, first waiting (or failing with
+// ctx's error) until none of them is being deleted. The caller writes them
+// to storage, counts those that landed with Stored, and then calls
+// EndStore. A store and a delete of one key therefore never overlap: a
+// delete between a write and its Stored removed an object that was then
+// counted (usage over the disk), and a write between a delete's removal
+// and its EndDelete put an object in place that EndDelete then forgot.
+func (b *Book) BeginStore(ctx context.Context, keys []objkey.Key) error {
+	for {
+		b.mu.Lock()
+		busy := slices.ContainsFunc(keys, func(k objkey.Key) bool {
+			_, gone := b.deleting[k]
+			return gone
+		})
+		if !busy {
+			for _, k := range keys {
+				b.storing[k]++
+			}
+			b.mu.Unlock()
+			return nil
+		}
+		if b.deleted == nil {
+			b.deleted = make(chan struct{})
+		}
+		wait := b.deleted
+		b.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for a delete of the same keys: %w", ctx.Err())
+		}
+	}
+}
+
+// EndStore ends a BeginStore of keys.
+func (b *Book) EndStore(keys []objkey.Key) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, k := range keys {
+		if n := b.storing[k]; n > 1 {
+			b.storing[k] = n - 1
+		} else {
+			delete(b.storing, k)
+		}
+	}
+}
+
+// BeginDelete picks the keys of keys that are not locked (nor being stored,
+// nor already being deleted, nor duplicated) and marks them as being
+// deleted. The caller removes them from storage and then calls EndDelete.
 func (b *Book) BeginDelete(keys []objkey.Key) []objkey.Key {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	out := make([]objkey.Key, 0, len(keys))
 	for _, k := range keys {
-		if b.locks[k] > 0 {
+		if b.locks[k] > 0 || b.storing[k] > 0 {
 			continue
 		}
 		if _, dup := b.deleting[k]; dup {
@@ -126,15 +180,21 @@ func (b *Book) BeginDelete(keys []objkey.Key) []objkey.Key {
 	return out
 }
 
-// EndDelete clears the deleting marks of all victims and forgets the sizes
-// of those actually removed.
+// EndDelete forgets the sizes of the victims actually removed, clears the
+// deleting marks of all victims and wakes the stores waiting for them. The
+// sizes go first, under the same lock: a store admitted once the marks are
+// gone must not have its count forgotten.
 func (b *Book) EndDelete(victims, removed []objkey.Key) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.forgetLocked(removed)
 	for _, k := range victims {
 		delete(b.deleting, k)
 	}
-	b.mu.Unlock()
-	b.Forget(removed)
+	if b.deleted != nil {
+		close(b.deleted)
+		b.deleted = nil
+	}
 }
 
 // Stored counts keys[i] with sizes[i]; keys already known are not counted
@@ -165,6 +225,10 @@ func (b *Book) Stored(keys []objkey.Key, sizes []int64) {
 func (b *Book) Forget(keys []objkey.Key) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.forgetLocked(keys)
+}
+
+func (b *Book) forgetLocked(keys []objkey.Key) {
 	for _, k := range keys {
 		sz, known := b.sizes[k]
 		if !known {

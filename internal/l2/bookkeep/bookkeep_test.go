@@ -1,6 +1,7 @@
 package bookkeep_test
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"sync/atomic"
@@ -169,4 +170,45 @@ func TestStoredAgainWithNewSize(t *testing.T) {
 	if u := b.Usage(); u.TotalBytesUsed != 0 || len(u.BytesByCacheSalt) != 0 {
 		t.Fatalf("usage after forget = %+v, want 0", u)
 	}
+}
+
+// TestBeginStoreWaitsForDelete: a store of a key being deleted waits for
+// the delete's end (or fails with its context), and a delete skips a key
+// being stored, so the two never overlap on one key.
+func TestBeginStoreWaitsForDelete(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := bookkeep.New(0)
+		k := key(t, 1, "")
+		b.Stored([]objkey.Key{k}, []int64{10})
+		victims := b.BeginDelete([]objkey.Key{k})
+		if len(victims) != 1 {
+			t.Fatalf("BeginDelete = %v", victims)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancelled := make(chan error, 1)
+		go func() { cancelled <- b.BeginStore(ctx, []objkey.Key{k}) }()
+		admitted := make(chan error, 1)
+		go func() { admitted <- b.BeginStore(context.Background(), []objkey.Key{k}) }()
+		synctest.Wait()
+		select {
+		case err := <-admitted:
+			t.Fatalf("BeginStore returned %v during the delete", err)
+		default:
+		}
+		cancel()
+		if err := <-cancelled; !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled BeginStore = %v", err)
+		}
+		b.EndDelete(victims, victims)
+		if err := <-admitted; err != nil {
+			t.Fatal(err)
+		}
+		if got := b.BeginDelete([]objkey.Key{k}); len(got) != 0 {
+			t.Fatalf("BeginDelete of a key being stored = %v, want none", got)
+		}
+		b.EndStore([]objkey.Key{k})
+		if got := b.BeginDelete([]objkey.Key{k}); len(got) != 1 {
+			t.Fatalf("BeginDelete after EndStore = %v, want the key", got)
+		}
+	})
 }

@@ -1,6 +1,13 @@
 package fs
 
+import "github.com/lmcache-go/lmcache/internal/objkey"
+
 // Test access to the temp file naming.
 var TmpHost = tmpHost
 
 const TmpPrefix = tmpPrefix
+
+// SetHooks installs the store and delete interleaving hooks.
+func SetHooks(a *Adapter, afterRename, afterRemove func(objkey.Key)) {
+	a.afterRename, a.afterRemove = afterRename, afterRemove
+}

@@ -56,6 +56,11 @@ type Adapter struct {
 	// name that is no object's, or an unreadable Info): they stay on disk
 	// outside usage and eviction, so /status reports them.
 	recoverSkipped int
+
+	// Test hooks (nil outside tests): afterRename runs in Store once an
+	// object's file is in place, afterRemove in Delete once a file is
+	// removed, so tests can interleave a store and a delete of one key.
+	afterRename, afterRemove func(objkey.Key)
 }
 
 var _ l2.Adapter = (*Adapter)(nil)
@@ -225,10 +230,15 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 		return err
 	}
 	defer a.leave()
+	// No delete of these keys runs between a rename and its count.
+	if err := a.book.BeginStore(ctx, keys); err != nil {
+		return fmt.Errorf("fs: store: %w", err)
+	}
 	sizes := make([]int64, len(keys))
 	written := 0
 	defer func() {
 		a.book.Stored(keys[:written], sizes[:written])
+		a.book.EndStore(keys)
 		a.book.FireStored(keys[:written], sizes[:written])
 	}()
 	for i, k := range keys {
@@ -237,6 +247,9 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 		}
 		if err := a.writeAtomic(a.Path(k), objs[i]); err != nil {
 			return err
+		}
+		if a.afterRename != nil {
+			a.afterRename(k)
 		}
 		sizes[i] = int64(len(objs[i]))
 		written = i + 1
@@ -337,6 +350,9 @@ func (a *Adapter) Delete(ctx context.Context, keys []objkey.Key) ([]objkey.Key, 
 	var firstErr error
 	for _, k := range victims {
 		err := os.Remove(a.Path(k))
+		if a.afterRemove != nil {
+			a.afterRemove(k)
+		}
 		switch {
 		case err == nil:
 			removed = append(removed, k)

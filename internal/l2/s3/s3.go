@@ -310,6 +310,12 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 	if len(keys) == 0 {
 		return nil
 	}
+	// No delete of these keys runs between a PUT's answer and its count:
+	// one in between removed an object that was then counted.
+	if err := a.book.BeginStore(ctx, keys); err != nil {
+		return fmt.Errorf("s3: store: %w", err)
+	}
+	defer a.book.EndStore(keys)
 	errs := make([]error, len(keys))
 	forEach(len(keys), func(i int) {
 		errs[i] = a.call(ctx, a.slowLimit(len(objs[i])), func(ctx context.Context) error {
