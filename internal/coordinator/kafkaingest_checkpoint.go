@@ -114,22 +114,36 @@ func (s *Server) restoreCheckpoint() (map[int32]int64, error) {
 
 // resyncSkippedForCheckpoint reports whether the startup resync is left
 // out because a checkpoint was restored, and logs and counts it when so.
-// The restored ledger already holds the keys, sizes and LRU order the
-// resync would list, and the stream (Kafka from the checkpoint's position,
-// HTTP from now on) carries what changed since: a resync would only move
-// every listed key to the MRU end in listing order, throwing the restored
-// order away, and re-read a whole L2 listing for nothing. Newer upstream
-// dropped its startup scan for the same reason (ingest.md: a scan has no
-// stream position; event replay from a durable transport needs none). A
-// cold start (no checkpoint, or a bad one moved aside) still resyncs.
+// On Kafka the restored ledger already holds the keys, sizes and LRU order
+// the resync would list, and the stream, read from the checkpoint's
+// position, carries what changed since: a resync would only move every
+// listed key to the MRU end in listing order, throwing the restored order
+// away, and re-read a whole L2 listing for nothing. Newer upstream dropped
+// its startup scan for the same reason (ingest.md: a scan has no stream
+// position; event replay from a durable transport needs none). Over HTTP
+// nothing replays the events acknowledged after the checkpoint was
+// written, so the resync runs, merging (resyncMerges). A cold start (no
+// checkpoint, or a bad one moved aside) still resyncs.
 func (s *Server) resyncSkippedForCheckpoint() bool {
 	c := s.ckpt
-	if c == nil || c.restoredFrom == "" {
+	if c == nil || c.restoredFrom == "" || s.resyncMerges() {
 		return false
 	}
 	s.resyncSkipped.Store(1)
 	s.log.Info("startup resync skipped: the ledger was restored from a checkpoint (keys, sizes and LRU order kept; remove the checkpoint to resync instead)", "path", c.restoredFrom, "keys", c.restoredKeys)
 	return true
+}
+
+// resyncMerges reports whether the startup resync merges its listing into
+// a ledger restored from a checkpoint (ledger.AddListed) instead of
+// recording every entry: with HTTP ingest and a restored checkpoint. The
+// events a server had acknowledged (200) after the last checkpoint are
+// gone with the process (kill -9) and no stream replays them, so the keys
+// they stored are added from the listing; the restored keys keep their
+// sizes and LRU order. Keys deleted after the checkpoint stay in the
+// ledger until eviction drops them as phantoms (phantomDispatches).
+func (s *Server) resyncMerges() bool {
+	return s.ckpt != nil && s.ckpt.restoredFrom != "" && !s.cfg.Ingest.Kafka()
 }
 
 func readStream(d *checkpoint.Decoder) (string, map[int32]int64) {

@@ -142,8 +142,10 @@ func parseResyncEntry(raw json.RawMessage) (ledger.Key, int64, bool) {
 func (s *Server) resyncOnStream() bool { return s.ha != nil && s.kafka != nil }
 
 // ResyncFrom pages through inst's GET /cache/objects and records every
-// well-formed entry; listing order becomes LRU order. It returns the number
-// of keys recorded and stops at the first failed page, keeping what it had.
+// well-formed entry; listing order becomes LRU order. Over a ledger
+// restored from a checkpoint with HTTP ingest it only adds the keys the
+// ledger lacks (resyncMerges). It returns the number of keys recorded and
+// stops at the first failed page, keeping what it had.
 func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 	pageSize := s.cfg.ResyncPageSize
 	if pageSize > config.MaxResyncPageSize {
@@ -156,6 +158,11 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 	// through tokens (A, B, A, ...) would otherwise keep the resync, and
 	// its loop, running until shutdown, storing the same keys again.
 	seen := map[string]bool{}
+	merge := s.resyncMerges()
+	if merge {
+		s.log.Info("startup resync merging into the ledger restored from a checkpoint: adding the keys it lacks (events acknowledged after it was written are lost over HTTP); restored keys keep their sizes and LRU order",
+			"instance_id", inst.InstanceID, "path", s.ckpt.restoredFrom)
+	}
 	s.ledger.BeginListing()
 	defer s.ledger.EndListing()
 	total := 0
@@ -173,7 +180,15 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 				skipped++
 				continue
 			}
-			if !s.ledger.StoreListed(k, size) {
+			if merge {
+				added, superseded := s.ledger.AddListed(k, size)
+				if superseded {
+					s.metrics.resyncSuperseded.Inc()
+				}
+				if !added {
+					continue
+				}
+			} else if !s.ledger.StoreListed(k, size) {
 				// Deleted since the resync began: the page is older.
 				s.metrics.resyncSuperseded.Inc()
 				continue

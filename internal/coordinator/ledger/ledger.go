@@ -1052,6 +1052,30 @@ func (l *Ledger) StoreListed(k Key, size int64) bool {
 	return true
 }
 
+// AddListed is StoreListed for a listing merged into a ledger restored from
+// a checkpoint: a key the ledger holds already keeps its size and its LRU
+// position (the checkpoint's order is the fleet's, a listing's is only the
+// adapter's), and a key it lacks (stored after the checkpoint was written,
+// its event lost with the process) is added at the MRU end. added reports
+// whether the key was added; superseded that a delete of it was applied
+// since BeginListing, so it was not.
+func (l *Ledger) AddListed(k Key, size int64) (added, superseded bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, gone := l.listed[k]; gone {
+		return false, true
+	}
+	if c, ok := l.lookupKey(&k); ok {
+		if _, _, _, _, held := l.findH(&c, l.hashOf(&c)); held {
+			return false, false
+		}
+	}
+	l.store(&k, size)
+	l.sweepNames()
+	l.hint()
+	return true, false
+}
+
 // SaltUsage is one salt's tracked bytes.
 func (l *Ledger) SaltUsage(salt string) int64 {
 	l.mu.Lock()
