@@ -124,10 +124,15 @@ func (d *device) remap(size int64) error {
 	if _, c, err := identity(d.path); err == nil {
 		isChar = c
 	}
-	if err := unix.Munmap(d.mem); err != nil {
-		return fmt.Errorf("munmap %s: %w", d.path, err)
+	// A failed remap leaves no mapping (mem nil); the remap that restores
+	// the old size must not unmap again: Munmap refuses an empty region,
+	// and the restore would always fail.
+	if d.mem != nil {
+		if err := unix.Munmap(d.mem); err != nil {
+			return fmt.Errorf("munmap %s: %w", d.path, err)
+		}
+		d.mem = nil
 	}
-	d.mem = nil
 	d.gen.Add(1)
 	mem, err := mapFile(d.file, size, isChar)
 	if err != nil {
