@@ -35,3 +35,20 @@ func TestResizeRemapFailureKeepsDevice(t *testing.T) {
 	}
 	l2test.LoadAll(t, a, more, moreObjs)
 }
+
+// TestStoreFullLeavesNoInflightStores: a store refused for want of slots
+// hands back the slots it had reserved and must also drop them from
+// inflight_store_tasks; the count used to keep them for good, so /status
+// showed stores in flight on an idle device.
+func TestStoreFullLeavesNoInflightStores(t *testing.T) {
+	a := newAdapter(t, false, 3)
+	defer a.Close()
+	keys := l2test.Keys(t, 4, "")
+	if err := a.Store(context.Background(), keys, l2test.Objects(t, 4)); err == nil {
+		t.Fatal("store beyond capacity succeeded")
+	}
+	d := devices(a)[0]
+	if d["inflight_store_tasks"] != int64(0) || d["borrowed_slot_count"] != 0 || d["free_slot_count"] != 3 {
+		t.Fatalf("device after refused store: %v", d)
+	}
+}

@@ -171,6 +171,7 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 			for _, r := range res[:i] {
 				if r.dev != nil {
 					a.releaseLocked(r)
+					r.dev.inflightStore.Add(-1)
 				}
 			}
 			a.mu.Unlock()
