@@ -487,6 +487,17 @@ func (a *Adapter) getInto(ctx context.Context, k objkey.Key, dst []byte) error {
 	if _, err := io.ReadFull(out.Body, dst); err != nil {
 		return fmt.Errorf("read body of %s: %w", k.S3Name(), err)
 	}
+	if out.ContentLength == nil {
+		// No length to compare (a chunked answer): the body must end
+		// here, or a longer object would be loaded truncated.
+		var one [1]byte
+		switch _, err := io.ReadFull(out.Body, one[:]); {
+		case err == nil:
+			return &notFound{fmt.Errorf("%w: longer than %d", errSizeMismatch, len(dst))}
+		case !errors.Is(err, io.EOF):
+			return fmt.Errorf("read body of %s: %w", k.S3Name(), err)
+		}
+	}
 	return nil
 }
 
