@@ -494,6 +494,11 @@ func (e *Engine) finishJob(j *job) {
 	j.doneAt = time.Now()
 	j.res = PrefetchResult{Done: true, LookupDone: true, LookupPrefixChunks: j.lookupPrefix, PrefixChunks: prefix, TotalKeys: j.total, L1Keys: l1Keys, L2Keys: j.l2Keys, Err: j.err, Duration: j.doneAt.Sub(j.submitted)}
 	p.mu.Unlock()
+	// A done job waits up to prefetchResultTTL for its poll (a warm
+	// prefetch may never be polled); it needs only its result, so the
+	// request's keys and the per-key state are let go now rather than
+	// held, hundreds of bytes a key, until the reaper.
+	j.req.Chunks, j.hit, j.flat, j.chunkOf, j.fromL1 = nil, nil, nil, nil, nil
 	e.st.activeJobs.Add(-1)
 	close(j.done)
 }
