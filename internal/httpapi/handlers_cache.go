@@ -109,6 +109,15 @@ func (s *Server) handleDeleteObjects(w http.ResponseWriter, r *http.Request) err
 	return nil
 }
 
+// warmJobPrefix namespaces the engine jobs of POST /cache/prefetches. The
+// engine keys every prefetch job by id, vLLM's LOOKUP jobs (by the raw
+// vLLM request id) and the KV API's probes included, so GET
+// /cache/prefetches/{request_id} must look only among the warm jobs: it
+// consumed whatever job had that id, taking a vLLM lookup's answer from
+// its worker and stranding the read locks it holds. The request_id a
+// client sees stays the bare uuid.
+const warmJobPrefix = "httpapi-warm:"
+
 // newRequestID is a uuid4 in hex (32 lowercase chars), as upstream.
 func newRequestID() string {
 	var b [16]byte
@@ -194,7 +203,7 @@ func (s *Server) handleSubmitPrefetch(w http.ResponseWriter, r *http.Request) er
 		return nil
 	}
 	id := newRequestID()
-	if err := e.Prefetch(engine.PrefetchRequest{ID: id, Chunks: chunks, Readers: 0, Sparse: true, Retain: true, Trace: trace.SpanContextFromContext(r.Context())}); err != nil {
+	if err := e.Prefetch(engine.PrefetchRequest{ID: warmJobPrefix + id, Chunks: chunks, Readers: 0, Sparse: true, Retain: true, Trace: trace.SpanContextFromContext(r.Context())}); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusAccepted, PrefetchSubmitResponse{RequestID: id, Chunks: len(chunks), Status: "submitted"})
@@ -207,7 +216,7 @@ func (s *Server) handlePollPrefetch(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	id := r.PathValue("request_id")
-	res, err := e.PollPrefetch(id)
+	res, err := e.PollPrefetch(warmJobPrefix + id)
 	if err != nil {
 		if errors.Is(err, engine.ErrNotFound) {
 			return errf(ErrNotFound, "unknown prefetch request_id='%s' (already completed or never submitted)", id)
