@@ -52,3 +52,46 @@ func TestStoreFullLeavesNoInflightStores(t *testing.T) {
 		t.Fatalf("device after refused store: %v", d)
 	}
 }
+
+// TestStoreDeviceRemovedMidStoreNotifiesCommitted: a store that loses one
+// object to a device removed during its copies still commits the others;
+// those count in usage and must reach the listeners (the eviction policy),
+// which used to hear nothing, so they were counted but never evicted.
+func TestStoreDeviceRemovedMidStoreNotifiesCommitted(t *testing.T) {
+	a := newAdapter(t, true, 2, 2)
+	defer a.Close()
+	rec := l2test.NewRecorder()
+	a.AddListener(rec)
+	second := devices(a)[1]["device_path"].(string)
+	dax.SetAfterCopy(a, func() {
+		if _, err := a.Remove(second, dax.ModeEvict, true); err != nil {
+			t.Errorf("Remove: %v", err)
+		}
+	})
+	keys, objs := l2test.Keys(t, 2, ""), l2test.Objects(t, 2)
+	if err := a.Store(context.Background(), keys, objs); err == nil {
+		t.Fatal("store across a removed device succeeded")
+	}
+	dax.SetAfterCopy(a, nil)
+	hits, err := a.LookupAndLock(context.Background(), keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Unlock(keys)
+	committed := 0
+	for i, h := range hits {
+		if !h {
+			continue
+		}
+		committed++
+		if sz, ok := rec.Stored[keys[i]]; !ok || sz != int64(len(objs[i])) {
+			t.Fatalf("committed object %d not reported to listeners (stored %v)", i, rec.Stored)
+		}
+	}
+	if committed != 1 || len(rec.Stored) != 1 {
+		t.Fatalf("committed %d objects, listeners told of %d; want 1 and 1", committed, len(rec.Stored))
+	}
+	if u := a.Usage(); u.TotalBytesUsed != slot {
+		t.Fatalf("usage = %d, want one slot", u.TotalBytesUsed)
+	}
+}

@@ -48,6 +48,10 @@ type Adapter struct {
 	devices []*device
 	seq     uint64
 	closed  bool
+
+	// afterCopy (nil outside tests) runs in Store between the copies and
+	// their commit, so tests can change a device in between.
+	afterCopy func()
 }
 
 var _ l2.Adapter = (*Adapter)(nil)
@@ -195,10 +199,14 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 		r.dev.mapMu.RUnlock()
 		r.dev.inflightStore.Add(-1)
 	}
+	if a.afterCopy != nil {
+		a.afterCopy()
+	}
 
 	a.mu.Lock()
 	var failed bool
 	var newKeys []objkey.Key
+	var newSizes []int64 // object bytes of newKeys, for the listeners
 	for i, r := range res {
 		if r.dev == nil {
 			continue
@@ -214,6 +222,7 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 		a.index[keys[i]] = loc{dev: r.dev, slot: r.slot, gen: r.gen, size: int64(len(objs[i])), seq: a.seq}
 		r.dev.liveSlots++
 		newKeys = append(newKeys, keys[i])
+		newSizes = append(newSizes, int64(len(objs[i])))
 	}
 	a.mu.Unlock()
 	slotSizes := make([]int64, len(newKeys))
@@ -222,6 +231,10 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 	}
 	a.book.Stored(newKeys, slotSizes)
 	if failed {
+		// The objects committed are stored and counted: the listeners
+		// (the eviction policy) must hear of them, or they would be
+		// counted in usage and never evicted.
+		a.book.FireStored(newKeys, newSizes)
 		return fmt.Errorf("dax: store: a device changed during the store")
 	}
 	sizes := make([]int64, len(keys))
