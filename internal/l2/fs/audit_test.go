@@ -3,6 +3,9 @@ package fs_test
 import (
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
@@ -114,5 +117,34 @@ func TestDeleteForgetsVanishedFile(t *testing.T) {
 	other := l2test.Keys(t, 1, "")
 	if deleted, err := a.Delete(context.Background(), other); err != nil || len(deleted) != 0 {
 		t.Fatalf("Delete of an unknown missing key = %v, %v; want none", deleted, err)
+	}
+}
+
+// TestStartRemovesBaseTempsWithTmpDir: a server restarted with
+// relative_tmp_dir set after running without it still removes the temp
+// files its interrupted writes left in base_path (the default place for
+// them). Only the temp directory was scanned, and recovery skips temp
+// names, so they held disk space outside usage for good.
+func TestStartRemovesBaseTempsWithTmpDir(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dir, fs.TmpPrefix+fs.TmpHost()+"."+strconv.Itoa(cmd.Process.Pid)+".00aa")
+	if err := os.WriteFile(stale, []byte("partial"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	live := filepath.Join(dir, fs.TmpPrefix+fs.TmpHost()+"."+strconv.Itoa(os.Getpid())+".00bb")
+	if err := os.WriteFile(live, []byte("partial"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := newAdapter(t, func(c *fs.Config) { c.BasePath = dir; c.RelativeTmpDir = "tmp" })
+	defer a.Close()
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("temp of a dead process in base_path survived the start: %v", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Fatalf("temp of a live process removed: %v", err)
 	}
 }

@@ -166,8 +166,18 @@ func tmpHost() string {
 // this host by a process that is no longer alive (an interrupted write of
 // an earlier run), and any older than staleTmpAge. A temp file of a live
 // process on this host, or a young one of another host, is left alone.
+// base_path is scanned as well as relative_tmp_dir: it is where temps go
+// without relative_tmp_dir, so a run before relative_tmp_dir was set left
+// its interrupted writes there, and recovery skips temp names.
 func (a *Adapter) removeStaleTemps() {
-	ents, err := os.ReadDir(a.tmpDir)
+	a.removeStaleTempsIn(a.tmpDir)
+	if a.tmpDir != a.cfg.BasePath {
+		a.removeStaleTempsIn(a.cfg.BasePath)
+	}
+}
+
+func (a *Adapter) removeStaleTempsIn(dir string) {
+	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
@@ -189,7 +199,7 @@ func (a *Adapter) removeStaleTemps() {
 			stale = err == nil && time.Since(info.ModTime()) > staleTmpAge
 		}
 		if stale {
-			_ = os.Remove(filepath.Join(a.tmpDir, e.Name()))
+			_ = os.Remove(filepath.Join(dir, e.Name()))
 		}
 	}
 }
