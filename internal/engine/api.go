@@ -293,7 +293,9 @@ type Reconfigurer interface {
 }
 
 // L1Listener observes L1 events (coordinator event reporting). Calls are
-// made synchronously outside engine locks and must not block.
+// made synchronously outside the L1 table's lock, one at a time and in the
+// order the table made the changes; they must not block, nor call engine
+// methods that store, release, delete, clear or evict.
 type L1Listener interface {
 	// OnL1Stored: objects were committed (by a store or an L2 load).
 	OnL1Stored(keys []objkey.Key, sizes []int64)

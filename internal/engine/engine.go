@@ -69,6 +69,12 @@ type Engine struct {
 
 	listenMu  sync.RWMutex
 	listeners []L1Listener
+	// evOrder (capacity 1) is held, while listeners are registered, from
+	// a change to what L1 holds until the listeners have heard of it, so
+	// they hear of changes in the order the table made them (see
+	// lockEvents). A channel, not a mutex: a waiter is durably blocked in
+	// a synctest bubble.
+	evOrder chan struct{}
 
 	store *storeCtl
 	pf    *prefetchCtl
@@ -176,6 +182,7 @@ func New(cfg Config, adapters []l2.Adapter, logger *slog.Logger) (*Engine, error
 		adapters: slices.Clone(adapters),
 		l2pol:    make([]*eviction.Locked, len(adapters)),
 		layouts:  newLayoutRegistry(),
+		evOrder:  make(chan struct{}, 1),
 	}
 	e.st.adapters = make([]*adapterStats, len(adapters))
 	for i := range adapters {
@@ -298,6 +305,7 @@ func (e *Engine) ReserveWrite(tag string, keys []objkey.Key, sizes []int64) ([]S
 // makeRoom evicts what a store that did not fit needs (see
 // l1.Table.MakeRoom) and reports whether anything was evicted.
 func (e *Engine) makeRoom(tag string, keys []objkey.Key, sizes []int64) bool {
+	defer e.unlockEvents(e.lockEvents())
 	evicted, _ := e.table.MakeRoom(tag, keys, sizes)
 	for _, k := range evicted {
 		e.st.l1Evicted.add(k.CacheSalt, 1)
@@ -328,8 +336,10 @@ func (e *Engine) CommitWrite(tag string, keys []objkey.Key) (int, error) {
 // the trace of ctx's span (the COMMIT_STORE request); ctx is not kept and
 // its cancellation does not affect the uploads.
 func (e *Engine) CommitWriteContext(ctx context.Context, tag string, keys []objkey.Key) (int, error) {
+	locked := e.lockEvents()
 	res := e.table.Commit(tag, keys, l1.CommitOpts{Pins: len(e.adapters)})
 	e.published(res.Published, trace.SpanContextFromContext(ctx))
+	e.unlockEvents(locked)
 	if res.Expired > 0 {
 		return res.Committed, fmt.Errorf("%w: %d reservations expired before commit", ErrWrongState, res.Expired)
 	}
@@ -376,6 +386,7 @@ func (e *Engine) ReadSlots(keys []objkey.Key) ([]Slot, error) {
 // (the memory is freed on the last release). It returns the number of
 // locks released.
 func (e *Engine) ReleaseRead(owner string, keys []objkey.Key, n int) int {
+	defer e.unlockEvents(e.lockEvents())
 	released, deleted := e.table.Release(owner, keys, n)
 	e.deletedL1(deleted)
 	return released
@@ -387,6 +398,28 @@ func (e *Engine) deletedL1(keys []objkey.Key) {
 	}
 }
 
+// lockEvents takes evOrder when listeners are registered and reports
+// whether it did; unlockEvents(lockEvents()) brackets a table call that
+// adds or removes resident objects together with the notify reporting it.
+// Notified after the table's mutex is released, a store's report could
+// otherwise follow the report of a Clear, eviction or delete that removed
+// the same key after it, and listeners would be left believing L1 holds a
+// key it does not. Listeners must not call back into these methods.
+func (e *Engine) lockEvents() bool {
+	if !e.hasListeners() {
+		return false
+	}
+	e.evOrder <- struct{}{}
+	return true
+}
+
+// unlockEvents releases what lockEvents took.
+func (e *Engine) unlockEvents(locked bool) {
+	if locked {
+		<-e.evOrder
+	}
+}
+
 // Touch marks keys as recently used (END_SESSION).
 func (e *Engine) Touch(keys []objkey.Key) { e.table.Touch(keys) }
 
@@ -395,6 +428,7 @@ func (e *Engine) Touch(keys []objkey.Key) { e.table.Touch(keys) }
 // upload is reclaimed only when that reference ends, so no byte in use is
 // overwritten.
 func (e *Engine) Clear() ClearResult {
+	defer e.unlockEvents(e.lockEvents())
 	keys, bytes := e.table.Clear()
 	e.deletedL1(keys)
 	return ClearResult{Objects: len(keys), Bytes: bytes}
@@ -429,8 +463,10 @@ func (e *Engine) PutContext(ctx context.Context, keys []objkey.Key, data [][]byt
 			staged = append(staged, keys[i])
 		}
 	}
+	locked := e.lockEvents()
 	res := e.table.Commit(tag, staged, l1.CommitOpts{Pins: len(e.adapters)})
 	e.published(res.Published, trace.SpanContextFromContext(ctx))
+	e.unlockEvents(locked)
 	return len(res.Published), nil
 }
 
@@ -451,6 +487,7 @@ func (e *Engine) Get(keys []objkey.Key) ([][]byte, error) {
 
 // DeleteL1 removes resident keys. Locked keys are skipped unless force.
 func (e *Engine) DeleteL1(keys []objkey.Key, force bool) (int, int) {
+	defer e.unlockEvents(e.lockEvents())
 	deleted, skipped := e.table.Delete(keys, force)
 	e.deletedL1(deleted)
 	return len(deleted), skipped

@@ -74,7 +74,9 @@ func (e *Engine) l2EvictCycle(ctx context.Context) (periodic.Summary, error) {
 //   - noop: nothing.
 func (e *Engine) l1EvictOnce() int {
 	e.st.evictTicks.Add(1)
+	locked := e.lockEvents()
 	e.deletedL1(e.table.Sweep())
+	e.unlockEvents(locked)
 	wm, ratio := e.cfg.EvictionTriggerWatermark, e.cfg.EvictionRatio
 	used, total := e.table.Usage()
 	over := total > 0 && float64(used)/float64(total) >= wm
@@ -100,6 +102,7 @@ func (e *Engine) l1EvictOnce() int {
 	if len(cuts) == 0 {
 		return 0
 	}
+	defer e.unlockEvents(e.lockEvents())
 	evicted, _ := e.table.Evict(cuts)
 	if len(evicted) == 0 {
 		return 0

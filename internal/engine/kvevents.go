@@ -13,7 +13,8 @@ const (
 // KVEventSink receives the storage events a KV-aware router needs
 // (internal/kvevents.Recorder): chunks stored in and removed from a tier.
 // Calls are synchronous, from the goroutine that changed the tier, outside
-// engine locks; they must not block.
+// the tier's locks (L1 changes one at a time, in the table's order); they
+// must not block.
 type KVEventSink interface {
 	Stored(medium string, keys []objkey.Key)
 	Removed(medium string, keys []objkey.Key)

@@ -404,18 +404,20 @@ func (e *Engine) loadFrom(ctx context.Context, ai int, j *job, tag string, keys 
 	if len(good) == 0 {
 		return
 	}
+	locked := e.lockEvents()
 	res := e.table.Commit(tag, good, l1.CommitOpts{Temporary: !j.retain, Readers: j.req.Readers, Owner: j.owner})
 	skeys := make([]objkey.Key, len(res.Published))
 	sizes := make([]int64, len(res.Published))
 	for n, h := range res.Published {
 		skeys[n], sizes[n] = h.Key(), h.Slot().Size
 	}
-	e.st.l1Write.addKeys(skeys, 1)
-	e.st.l2LoadDone.addKeys(skeys, 1)
-	j.l2Keys += len(res.Published)
 	if len(skeys) > 0 {
 		e.notify(func(l L1Listener) { l.OnL1Stored(skeys, sizes) })
 	}
+	e.unlockEvents(locked)
+	e.st.l1Write.addKeys(skeys, 1)
+	e.st.l2LoadDone.addKeys(skeys, 1)
+	j.l2Keys += len(res.Published)
 	if j.owner != "" {
 		for _, k := range res.Locked {
 			j.hit[pos[k]] = true
