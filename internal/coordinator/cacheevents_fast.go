@@ -72,7 +72,7 @@ func fastCacheBatch(w *wireCacheBatch) (cacheBatch, bool) {
 	}
 	b := cacheBatch{instance: *w.InstanceID, incarnation: *w.Incarnation, seq: *w.Seq, typ: *w.EventType, tier: *w.Tier, backend: *w.Backend, ts: *w.TS}
 	entries := *w.Entries
-	if _, known := cacheEventOps[b.typ]; !known || b.instance == "" || b.backend == "" && b.typ != "access" || b.typ == "config" && len(entries) > 0 ||
+	if _, known := cacheEventOps[b.typ]; !known || b.instance == "" || len(b.instance) > maxInstanceIDBytes || b.backend == "" && b.typ != "access" || b.typ == "config" && len(entries) > 0 ||
 		*w.CapacityBytes < 0 || *w.CapacityRevision < 0 || b.incarnation < 0 || b.seq < 1 || b.tier != "l1" && b.tier != "l2" ||
 		*w.TS < 0 || math.IsInf(*w.TS, 0) {
 		return cacheBatch{}, false

@@ -8,6 +8,7 @@ import (
 
 	gojson "github.com/goccy/go-json"
 
+	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
 	"github.com/lmcache-go/lmcache/internal/coordinator/mpclient"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
@@ -37,7 +38,8 @@ func parseTokenRequest(w http.ResponseWriter, r *http.Request, needInstance bool
 		return tokenRequest{}, err
 	}
 	var t tokenRequest
-	if jsonContentType(r) && gojson.UnmarshalNoEscape(body, &t) == nil && t.ModelName != nil && t.WorldSize != nil && (!needInstance || t.InstanceID != nil) {
+	if jsonContentType(r) && gojson.UnmarshalNoEscape(body, &t) == nil && t.ModelName != nil && t.WorldSize != nil && (!needInstance || t.InstanceID != nil) &&
+		len(*t.ModelName) <= ledger.MaxModelNameBytes && (t.InstanceID == nil || len(*t.InstanceID) <= maxInstanceIDBytes) {
 		if *t.WorldSize < 1 {
 			return t, invalid(detailItem{Type: "greater_than_equal", Loc: []any{"body", "world_size"}, Msg: "Input should be greater than or equal to 1", Input: *t.WorldSize, Ctx: map[string]any{"ge": 1}})
 		}
@@ -54,8 +56,10 @@ func parseTokenRequest(w http.ResponseWriter, r *http.Request, needInstance bool
 	var id string
 	if needInstance {
 		id = f.str("instance_id", true, "")
+		f.tooLong("instance_id", id, maxInstanceIDBytes)
 	}
 	model := f.str("model_name", true, "")
+	f.tooLong("model_name", model, ledger.MaxModelNameBytes)
 	// No upper bound, as upstream and the typed path above: pins bound
 	// chunks × world_size themselves.
 	ws := f.intRange("world_size", true, 1, 1, math.MaxInt64)

@@ -121,6 +121,7 @@ func decodeCacheBatch(i int, item any) (cacheBatch, error) {
 	}
 	f := &fields{m: m, loc: loc}
 	b := cacheBatch{instance: f.str("instance_id", true, "")}
+	f.tooLong("instance_id", b.instance, maxInstanceIDBytes)
 	b.incarnation, _ = f.integer("incarnation", true, 0)
 	b.seq, _ = f.integer("seq", true, 0)
 	b.typ = f.str("event_type", true, "")

@@ -211,7 +211,7 @@ func decodeFast(r *http.Request, body []byte, buf []ledger.Event) fastBatch {
 	if !jsonContentType(r) || !plainKeys(body) || gojson.UnmarshalNoEscape(body, &b) != nil || b.InstanceID == nil || b.Seq == nil || b.Events == nil {
 		return fastBatch{events: buf}
 	}
-	if *b.Seq > maxSeq {
+	if *b.Seq > maxSeq || len(*b.InstanceID) > maxInstanceIDBytes {
 		return fastBatch{events: buf} // the slow validator words the 422
 	}
 	// Reporters send "l2" or nothing; anything else (null, l1, a typo,
@@ -370,6 +370,7 @@ func decodeSlow(r *http.Request, body []byte) (string, int64, []ledger.Event, er
 		return "", 0, nil, err
 	}
 	instance := f.str("instance_id", true, "")
+	f.tooLong("instance_id", instance, maxInstanceIDBytes)
 	seq := f.intRange("seq", true, 1, 1, maxSeq)
 	raw, ok := f.m["events"]
 	var list []any

@@ -18,6 +18,7 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) error {
 	}
 	port := f.intRange("http_port", true, 0, 1, 65535)
 	id := strings.TrimSpace(f.str("instance_id", false, ""))
+	f.tooLong("instance_id", id, maxInstanceIDBytes)
 	md := f.strMap("metadata")
 	p2p := strings.TrimSpace(f.str("p2p_advertised_url", false, ""))
 	mq := f.intRange("mq_port", false, 0, 0, 65535)

@@ -23,6 +23,22 @@ const (
 	eventsBodyLimit = 64 << 20
 )
 
+// maxInstanceIDBytes bounds an instance_id (registration, POST
+// /quota/events, POST /events). Upstream has none; ids are host or pod
+// names (at most 253 bytes) or generated ones, and each is kept per
+// registration, per event-gate cursor and per L1 view.
+const maxInstanceIDBytes = 256
+
+// tooLong records Pydantic's max_length failure for name when v is longer
+// than max bytes, and reports whether it did.
+func (f *fields) tooLong(name, v string, max int) bool {
+	if len(v) <= max {
+		return false
+	}
+	f.fail(name, "string_too_long", fmt.Sprintf("String should have at most %d bytes", max), v, map[string]any{"max_length": max})
+	return true
+}
+
 // readBody reads at most limit bytes; an oversized body is 413.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	var buf bytes.Buffer

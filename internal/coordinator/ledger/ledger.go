@@ -265,10 +265,20 @@ type Key struct {
 	Group int64
 }
 
-// Prepare validates an encoded key (Python bytes.fromhex rules and the
-// ObjectKey invariants) into a Key.
+// MaxModelNameBytes bounds a key's model_name. Upstream has no bound; an S3
+// object name, which holds the model name, is at most 1024 bytes, so no
+// key with a longer one can be in L2, and without a bound one event could
+// make the ledger intern (and a checkpoint carry) a name of up to the
+// event body's 64 MiB.
+const MaxModelNameBytes = 1024
+
+// Prepare validates an encoded key (Python bytes.fromhex rules, the
+// ObjectKey invariants and MaxModelNameBytes) into a Key.
 func Prepare(e *objkey.Encoded) (Key, error) {
 	var k Key
+	if n := len(e.ModelName); n > MaxModelNameBytes {
+		return Key{}, &objkey.InvalidError{Reason: fmt.Sprintf("model_name exceeds max length %d bytes (got %d)", MaxModelNameBytes, n)}
+	}
 	h := e.ChunkHashHex
 	if len(h) <= 2*inlineMax && len(h)%2 == 0 {
 		// A read-only byte view of h: hex.Decode never writes its source,
