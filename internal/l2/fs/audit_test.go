@@ -148,3 +148,26 @@ func TestStartRemovesBaseTempsWithTmpDir(t *testing.T) {
 		t.Fatalf("temp of a live process removed: %v", err)
 	}
 }
+
+// TestFsyncSyncsDirectoryAfterRename: with fsync, each stored object's
+// directory entry is made durable too (the directory is synced after the
+// rename): syncing only the file left its name to the page cache, so a
+// power loss could lose an object the store reported written.
+func TestFsyncSyncsDirectoryAfterRename(t *testing.T) {
+	for _, tmpDir := range []string{"", "tmp"} {
+		a := newAdapter(t, func(c *fs.Config) { c.Fsync = true; c.RelativeTmpDir = tmpDir })
+		base := a.Status()["base_path"].(string)
+		var synced []string
+		fs.SetDirSynced(a, func(dir string) { synced = append(synced, dir) })
+		keys := l2test.Keys(t, 2, "")
+		if err := a.Store(context.Background(), keys, l2test.Objects(t, 2)); err != nil {
+			t.Fatal(err)
+		}
+		if len(synced) != 2 || synced[0] != base || synced[1] != base {
+			t.Fatalf("relative_tmp_dir %q: directories synced %q, want base_path %q once per object", tmpDir, synced, base)
+		}
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

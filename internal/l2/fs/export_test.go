@@ -11,3 +11,6 @@ const TmpPrefix = tmpPrefix
 func SetHooks(a *Adapter, afterRename, afterRemove func(objkey.Key)) {
 	a.afterRename, a.afterRemove = afterRename, afterRemove
 }
+
+// SetDirSynced installs the hook run after fsync synced a directory.
+func SetDirSynced(a *Adapter, f func(dir string)) { a.dirSynced = f }

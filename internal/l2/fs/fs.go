@@ -61,6 +61,8 @@ type Adapter struct {
 	// object's file is in place, afterRemove in Delete once a file is
 	// removed, so tests can interleave a store and a delete of one key.
 	afterRename, afterRemove func(objkey.Key)
+	// dirSynced (nil outside tests) runs after fsync synced a directory.
+	dirSynced func(dir string)
 }
 
 var _ l2.Adapter = (*Adapter)(nil)
@@ -255,25 +257,34 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("fs: store: %w", err)
 		}
-		if err := a.writeAtomic(a.Path(k), objs[i]); err != nil {
+		renamed, err := a.writeAtomic(a.Path(k), objs[i])
+		if renamed {
+			if a.afterRename != nil {
+				a.afterRename(k)
+			}
+			sizes[i] = int64(len(objs[i]))
+			written = i + 1
+		}
+		if err != nil {
 			return err
 		}
-		if a.afterRename != nil {
-			a.afterRename(k)
-		}
-		sizes[i] = int64(len(objs[i]))
-		written = i + 1
 	}
 	return nil
 }
 
-func (a *Adapter) writeAtomic(dst string, data []byte) error {
+// writeAtomic writes data to a temp file and renames it to dst; renamed
+// reports whether dst now holds data (an error after the rename, from
+// syncing the directory, leaves the object in place). With fsync the
+// directory is synced after the rename as well: the file's own fsync makes
+// its bytes durable, but only the directory's makes its name durable, so
+// without it a power loss could lose an object a store reported written.
+func (a *Adapter) writeAtomic(dst string, data []byte) (renamed bool, err error) {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	tmp := filepath.Join(a.tmpDir, tmpPrefix+tmpOwner+hex.EncodeToString(rnd[:]))
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
-		return fmt.Errorf("fs: store: %w", err)
+		return false, fmt.Errorf("fs: store: %w", err)
 	}
 	_, werr := f.Write(data)
 	if werr == nil && a.cfg.Fsync {
@@ -287,9 +298,30 @@ func (a *Adapter) writeAtomic(dst string, data []byte) error {
 	}
 	if werr != nil {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("fs: store %s: %w", filepath.Base(dst), werr)
+		return false, fmt.Errorf("fs: store %s: %w", filepath.Base(dst), werr)
 	}
-	return nil
+	if a.cfg.Fsync {
+		if err := a.syncDir(filepath.Dir(dst)); err != nil {
+			return true, fmt.Errorf("fs: store %s: sync directory: %w", filepath.Base(dst), err)
+		}
+	}
+	return true, nil
+}
+
+// syncDir fsyncs directory dir, making the names in it durable.
+func (a *Adapter) syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && a.dirSynced != nil {
+		a.dirSynced(dir)
+	}
+	return err
 }
 
 // LookupAndLock implements l2.Adapter: a hit is a non-empty file.
