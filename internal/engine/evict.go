@@ -122,7 +122,9 @@ func (e *Engine) l1EvictOnce() int {
 // adapter's usage fraction reaches the watermark; an unbounded adapter
 // (fraction -1) is never evicted that way. Victims go to one Delete call;
 // the adapter skips keys it has locked and fires OnDeleted for the rest,
-// which removes them from the policy. A Delete error is counted in the
+// which removes them from the policy; victims it kept (locked, or gone
+// from the tier without an event) become the most recent keys, so they
+// cannot stall the cycles after. A Delete error is counted in the
 // adapter's EvictionDeleteFailed and returned (wrapped); the keys the
 // adapter did delete before failing are still accounted for.
 func (e *Engine) l2EvictOnce(ctx context.Context, i int) (int, error) {
@@ -169,6 +171,26 @@ func (e *Engine) l2EvictOnce(ctx context.Context, i int) (int, error) {
 	// Remove again in case the adapter does not notify listeners of its own
 	// deletions; Remove is idempotent.
 	pol.Do(func(p eviction.Policy) { p.Remove(deleted) })
+	if err == nil && len(deleted) < len(victims) {
+		// The victims the adapter kept are locked (being read right now)
+		// or no longer on the tier (another server sharing it removed
+		// them, or it lost them without an event). Left least recent they
+		// would be every cycle's victims again, and once they filled the
+		// cycle's target nothing else would ever be evicted; moved to the
+		// most recent end, the next cycle takes the keys after them, and a
+		// key that is gone is asked for again only after a whole round.
+		gone := make(map[objkey.Key]struct{}, len(deleted))
+		for _, k := range deleted {
+			gone[k] = struct{}{}
+		}
+		kept := make([]objkey.Key, 0, len(victims)-len(deleted))
+		for _, k := range victims {
+			if _, ok := gone[k]; !ok {
+				kept = append(kept, k)
+			}
+		}
+		pol.Do(func(p eviction.Policy) { p.Touch(kept) })
+	}
 	e.st.adapters[i].evicted.Add(int64(len(deleted)))
 	for _, k := range deleted {
 		e.st.l2EvictedObj.add(k.CacheSalt, 1)
