@@ -147,7 +147,11 @@ func (b *Book) BeginStore(ctx context.Context, keys []objkey.Key) error {
 	}
 }
 
-// EndStore ends a BeginStore of keys.
+// EndStore ends a BeginStore of keys. Callers count the objects that
+// landed (Stored) and fire OnStored for them before it, while the marks
+// still hold off a delete of the same keys: fired after, a delete could
+// remove the objects and report it first, leaving listeners tracking
+// objects that are gone.
 func (b *Book) EndStore(keys []objkey.Key) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -180,14 +184,19 @@ func (b *Book) BeginDelete(keys []objkey.Key) []objkey.Key {
 	return out
 }
 
-// EndDelete forgets the sizes of the victims actually removed, clears the
-// deleting marks of all victims and wakes the stores waiting for them. The
-// sizes go first, under the same lock: a store admitted once the marks are
-// gone must not have its count forgotten.
+// EndDelete forgets the sizes of the victims actually removed, fires
+// OnDeleted for them, then clears the deleting marks of all victims and
+// wakes the stores waiting for them. Listeners hear of the removal while
+// the marks still hold off a store of the same keys, so that store's
+// OnStored comes after this OnDeleted, as the objects were: reported the
+// other way round, listeners (the eviction policy, the coordinator's
+// reporter) forgot an object that was on disk and counted. Callers do not
+// fire OnDeleted for removed themselves.
 func (b *Book) EndDelete(victims, removed []objkey.Key) {
+	b.Forget(removed)
+	b.FireDeleted(removed)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.forgetLocked(removed)
 	for _, k := range victims {
 		delete(b.deleting, k)
 	}

@@ -351,7 +351,6 @@ func (a *Adapter) Delete(ctx context.Context, keys []objkey.Key) ([]objkey.Key, 
 	victims := a.book.BeginDelete(keys)
 	removed := a.removeAll(victims)
 	a.book.EndDelete(victims, removed)
-	a.book.FireDeleted(removed)
 	return removed, nil
 }
 

@@ -290,10 +290,10 @@ func (a *Adapter) evict(keys []objkey.Key, force bool) int {
 	removed := a.removeAll(victims)
 	if force {
 		a.book.Forget(removed)
+		a.book.FireDeleted(removed)
 	} else {
 		a.book.EndDelete(victims, removed)
 	}
-	a.book.FireDeleted(removed)
 	return len(removed)
 }
 

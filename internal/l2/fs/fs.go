@@ -250,8 +250,8 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 	written := 0
 	defer func() {
 		a.book.Stored(keys[:written], sizes[:written])
-		a.book.EndStore(keys)
 		a.book.FireStored(keys[:written], sizes[:written])
+		a.book.EndStore(keys)
 	}()
 	for i, k := range keys {
 		if err := ctx.Err(); err != nil {
@@ -409,7 +409,6 @@ func (a *Adapter) Delete(ctx context.Context, keys []objkey.Key) ([]objkey.Key, 
 		}
 	}
 	a.book.EndDelete(victims, removed)
-	a.book.FireDeleted(removed)
 	return removed, firstErr
 }
 

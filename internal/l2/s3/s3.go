@@ -553,7 +553,6 @@ func (a *Adapter) Delete(ctx context.Context, keys []objkey.Key) ([]objkey.Key, 
 		}
 	}
 	a.book.EndDelete(victims, removed)
-	a.book.FireDeleted(removed)
 	if err := errors.Join(errs...); err != nil {
 		return removed, fmt.Errorf("s3: delete: %w", err)
 	}
