@@ -3,10 +3,13 @@ package dax_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
+	"testing/synctest"
 
 	"github.com/lmcache-go/lmcache/internal/l2/dax"
 	"github.com/lmcache-go/lmcache/internal/l2/l2test"
+	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
 // TestResizeRemapFailureKeepsDevice: a grow that cannot be mapped (a size
@@ -94,4 +97,69 @@ func TestStoreDeviceRemovedMidStoreNotifiesCommitted(t *testing.T) {
 	if u := a.Usage(); u.TotalBytesUsed != slot {
 		t.Fatalf("usage = %d, want one slot", u.TotalBytesUsed)
 	}
+}
+
+// blockStored blocks in its first OnStored until release is closed and
+// records the last event per key.
+type blockStored struct {
+	mu      sync.Mutex
+	last    map[objkey.Key]string
+	reached chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (l *blockStored) record(kind string, keys []objkey.Key) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range keys {
+		l.last[k] = kind
+	}
+}
+
+func (l *blockStored) OnStored(keys []objkey.Key, _ []int64) {
+	l.once.Do(func() { close(l.reached); <-l.release })
+	l.record("stored", keys)
+}
+func (l *blockStored) OnAccessed([]objkey.Key)     {}
+func (l *blockStored) OnDeleted(keys []objkey.Key) { l.record("deleted", keys) }
+
+// TestDeleteDuringStoreReportOrder: a delete of a key whose store has
+// committed but not yet reported it used to remove the object and report
+// the deletion first; the store's late report then left listeners (the
+// eviction policy, the coordinator) tracking an object that was gone,
+// and no later delete would report it. The delete now skips a key being
+// stored, so the last event matches the index.
+func TestDeleteDuringStoreReportOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newAdapter(t, false, 4)
+		defer a.Close()
+		l := &blockStored{last: map[objkey.Key]string{}, reached: make(chan struct{}), release: make(chan struct{})}
+		a.AddListener(l)
+		keys, objs := l2test.Keys(t, 1, ""), l2test.Objects(t, 1)
+		stored := make(chan error, 1)
+		go func() { stored <- a.Store(context.Background(), keys, objs) }()
+		<-l.reached
+		deleted := make(chan error, 1)
+		go func() {
+			_, err := a.Delete(context.Background(), keys)
+			deleted <- err
+		}()
+		synctest.Wait()
+		close(l.release)
+		if err := <-stored; err != nil {
+			t.Fatal(err)
+		}
+		if err := <-deleted; err != nil {
+			t.Fatal(err)
+		}
+		hits, err := a.LookupAndLock(context.Background(), keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Unlock(keys)
+		if want := map[bool]string{true: "stored", false: "deleted"}[hits[0]]; l.last[keys[0]] != want {
+			t.Fatalf("object stored: %v, but the last event listeners heard was %q", hits[0], l.last[keys[0]])
+		}
+	})
 }

@@ -158,6 +158,12 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 			return fmt.Errorf("dax: store: object %d is %d bytes, larger than slot_bytes %d", i, len(o), a.slotBytes)
 		}
 	}
+	// Held until the listeners have heard of the objects: a delete of
+	// these keys in between would remove them and report it first.
+	if err := a.book.BeginStore(ctx, keys); err != nil {
+		return fmt.Errorf("dax: store: %w", err)
+	}
+	defer a.book.EndStore(keys)
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
