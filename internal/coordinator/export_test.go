@@ -18,6 +18,14 @@ func SetMaxSeqTracked(n int) (restore func()) {
 	return func() { maxSeqTracked = old }
 }
 
+// SetMaxResyncEntries lowers the startup resync's entry bound for a test
+// and returns a function restoring it.
+func SetMaxResyncEntries(n int) (restore func()) {
+	old := maxResyncEntries
+	maxResyncEntries = n
+	return func() { maxResyncEntries = old }
+}
+
 // LedgerReserve reports the ledger's reserve counters.
 func (s *Server) LedgerReserve() ledger.ReserveStats { return s.ledger.Reserve() }
 

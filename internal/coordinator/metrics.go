@@ -35,6 +35,7 @@ type metrics struct {
 	resyncPages                             prometheus.Counter
 	resyncKeys                              prometheus.Counter
 	resyncSuperseded                        prometheus.Counter
+	resyncStopped                           *prometheus.CounterVec
 	seqGaps                                 prometheus.Counter
 	seqRegressions                          prometheus.Counter
 	// The event gate's outcomes, by door and result, and its side facts.
@@ -66,6 +67,9 @@ func newMetrics(s *Server) *metrics {
 	m.resyncPages = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_pages_total", Help: "GET /cache/objects pages read by the startup resync."})
 	m.resyncKeys = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_keys_total", Help: "Keys recorded by the startup resync."})
 	m.resyncSuperseded = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_entries_superseded_total", Help: "GET /cache/objects entries the startup resync did not record because a delete event of the key was applied after the resync began (the listing predates it)."})
+	m.resyncStopped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "resync_stopped_total", Help: "Startup resyncs that stopped before the listing's end, keeping what they had recorded, by reason: token_repeated (the server handed out a page token it had given before: its listing cycles), page_limit (ceil(67,108,864 / RESYNC_PAGE_SIZE) pages read and the listing still had not ended)."}, []string{"reason"})
+	m.resyncStopped.WithLabelValues(resyncStopTokenRepeated)
+	m.resyncStopped.WithLabelValues(resyncStopPageLimit)
 	m.seqGaps = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_gaps_total", Help: "Event batches whose seq skipped ahead of the instance's previous batch (lost batches)."})
 	m.seqRegressions = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_regressions_total", Help: "Event batches whose seq did not advance (reporter restart or replay); still applied."})
 	m.dispatchNotOK = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_dispatch_not_ok_total", Help: "DELETE /cache/objects requests answered 2xx with \"ok\": false; also counted in eviction_dispatch_failures_total and re-planned."})
@@ -104,7 +108,7 @@ func newMetrics(s *Server) *metrics {
 		}
 	}
 	reg.MustRegister(m.gateBatches, m.gateGaps, m.gateFences, m.l1FactsFenced, m.l1FactsDropped)
-	reg.MustRegister(m.seqGaps, m.seqRegressions, m.dispatchNotOK, m.phantomsDropped, m.seqTrackerResets, m.resyncSkipped, m.resyncSuperseded)
+	reg.MustRegister(m.seqGaps, m.seqRegressions, m.dispatchNotOK, m.phantomsDropped, m.seqTrackerResets, m.resyncSkipped, m.resyncSuperseded, m.resyncStopped)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "state_file_corrupt", Help: "1 when the --state-file could not be parsed at startup and was moved aside (the coordinator started with empty quotas and pins)."},
 		func() float64 {
 			if s.stateCorrupt {

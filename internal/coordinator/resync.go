@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -63,6 +64,22 @@ func (s *Server) resyncLoop(ctx context.Context) func() {
 	l := s.loops.Register(LoopResync, periodic.Medium, config.Seconds(s.cfg.ResyncPollInterval), 0, cycle)
 	return func() { defer done(); l.Run(rctx) }
 }
+
+// maxResyncEntries bounds one startup resync: it reads at most this many
+// entries' worth of pages (ceil(maxResyncEntries / page size) pages, so an
+// empty page counts as a full one). A listing only repeats tokens when it
+// cycles, which the resync detects; a server that hands out a new token
+// with every page forever (a bug, or a listing that grows as fast as it is
+// read) would otherwise keep the resync, its loop and its memory of the
+// tokens growing until shutdown. 2^26 keys is three times the largest
+// ledger measured (BENCHMARKS.md, 20M keys). A variable for tests.
+var maxResyncEntries = 1 << 26
+
+// The reasons of resync_stopped_total.
+const (
+	resyncStopTokenRepeated = "token_repeated"
+	resyncStopPageLimit     = "page_limit"
+)
 
 // resyncEntry is one GET /cache/objects entry; pointers tell missing fields
 // from zero values.
@@ -153,11 +170,14 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 		pageSize = config.MaxResyncPageSize
 	}
 	base := mpclient.BaseURL(inst.IP, inst.HTTPPort)
+	maxPages := (maxResyncEntries + pageSize - 1) / pageSize
 	var token *string
-	// seen holds every token handed out so far: a server that cycles
-	// through tokens (A, B, A, ...) would otherwise keep the resync, and
-	// its loop, running until shutdown, storing the same keys again.
-	seen := map[string]bool{}
+	// seen holds a digest of every token handed out so far: a server that
+	// cycles through tokens (A, B, A, ...) would otherwise keep the resync,
+	// and its loop, running until shutdown, storing the same keys again.
+	// Digests, because a token is the server's and may be long.
+	seen := map[[sha256.Size]byte]bool{}
+	pages := 0
 	merge := s.resyncMerges()
 	if merge {
 		s.log.Info("startup resync merging into the ledger restored from a checkpoint: adding the keys it lacks (events acknowledged after it was written are lost over HTTP); restored keys keep their sizes and LRU order",
@@ -173,6 +193,7 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 			return total
 		}
 		s.metrics.resyncPages.Inc()
+		pages++
 		skipped := 0
 		for _, raw := range page.Entries {
 			k, size, ok := parseResyncEntry(raw)
@@ -203,11 +224,19 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 		if page.NextPageToken == nil {
 			return total
 		}
-		if seen[*page.NextPageToken] {
+		d := sha256.Sum256([]byte(*page.NextPageToken))
+		if seen[d] {
+			s.metrics.resyncStopped.WithLabelValues(resyncStopTokenRepeated).Inc()
 			s.log.Warn("startup resync stopped: server repeated its page token", "token", *page.NextPageToken)
 			return total
 		}
-		seen[*page.NextPageToken] = true
+		if pages >= maxPages {
+			s.metrics.resyncStopped.WithLabelValues(resyncStopPageLimit).Inc()
+			s.log.Warn("startup resync stopped at its page bound; keeping what was recorded (the server's listing did not end)",
+				"instance_id", inst.InstanceID, "pages", pages, "max_pages", maxPages, "page_size", pageSize, "keys", total)
+			return total
+		}
+		seen[d] = true
 		token = page.NextPageToken
 	}
 }

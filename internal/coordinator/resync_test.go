@@ -132,6 +132,7 @@ func TestStartupResyncStopsOnRepeatedToken(t *testing.T) {
 			if u := c.usageBytes("r"); u != 12 {
 				t.Fatalf("usage %d, want the two keys read (12)", u)
 			}
+			metric(t, c, `lmcache_coordinator_resync_stopped_total{reason="token_repeated"} 1`)
 		})
 	}
 }
