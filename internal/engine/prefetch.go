@@ -314,7 +314,10 @@ func (e *Engine) loadL2(ctx context.Context, j *job) {
 		return
 	}
 	tag := "prefetch\x00" + j.req.ID + "\x00" + strconv.FormatUint(e.seq.Add(1), 10)
-	slots, err := e.table.Reserve(tag, j.keysAt(loadIdx), sizes)
+	// Held: this job commits or aborts every buffer once its loads
+	// return, and the adapters write into them until then, so no write
+	// lease may reclaim one meanwhile.
+	slots, err := e.table.ReserveHeld(tag, j.keysAt(loadIdx), sizes)
 	if err != nil {
 		e.st.allocFailPrefetch.Add(1)
 		j.err = mapErr(err)

@@ -251,6 +251,20 @@ func (t *Table) unindexDetached(o *object) {
 // staging object of tag whose lease expired (or that Clear removed) is
 // handed to the new writer when its size matches, as upstream does.
 func (t *Table) Reserve(tag string, keys []objkey.Key, sizes []int64) ([]Slot, error) {
+	return t.reserve(tag, keys, sizes, t.writeTTL)
+}
+
+// ReserveHeld is Reserve for a writer that always commits or aborts what
+// it staged, however long filling the buffers takes (the engine's own L2
+// loads): its buffers have no write lease. Under the clients' write lease
+// a load slower than the lease had its buffer reclaimed by Sweep and
+// handed to another writer while the load was still writing into it.
+func (t *Table) ReserveHeld(tag string, keys []objkey.Key, sizes []int64) ([]Slot, error) {
+	return t.reserve(tag, keys, sizes, math.MaxInt64)
+}
+
+// reserve is Reserve with write leases of ttl.
+func (t *Table) reserve(tag string, keys []objkey.Key, sizes []int64, ttl int64) ([]Slot, error) {
 	if len(sizes) != len(keys) {
 		return nil, fmt.Errorf("%d keys but %d sizes", len(keys), len(sizes))
 	}
@@ -280,7 +294,7 @@ func (t *Table) Reserve(tag string, keys []objkey.Key, sizes []int64) ([]Slot, e
 			t.expiredWrites++
 		}
 		t.stagingBytes += t.alloc.RoundUp(sizes[i]) - t.alloc.RoundUp(o.size)
-		o.size, o.writeExp, o.state = sizes[i], expiry(now, t.writeTTL), staging
+		o.size, o.writeExp, o.state = sizes[i], expiry(now, ttl), staging
 		slots[i] = Slot{o.off, o.size}
 	}
 	for _, o := range replaced {
@@ -295,7 +309,7 @@ func (t *Table) Reserve(tag string, keys []objkey.Key, sizes []int64) ([]Slot, e
 		t.free(o)
 	}
 	for j, i := range fresh {
-		o := &object{key: keys[i], off: offs[j], size: sizes[i], writeExp: expiry(now, t.writeTTL), state: staging}
+		o := &object{key: keys[i], off: offs[j], size: sizes[i], writeExp: expiry(now, ttl), state: staging}
 		t.staging[stageKey{tag, keys[i]}] = o
 		t.stagingBytes += t.alloc.RoundUp(o.size)
 		slots[i] = Slot{o.off, o.size}
