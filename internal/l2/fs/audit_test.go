@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
@@ -169,5 +170,41 @@ func TestFsyncSyncsDirectoryAfterRename(t *testing.T) {
 		if err := a.Close(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestRecoverSkipsNonCanonicalNames: the FS name parser is as lenient as
+// upstream's (upper-case hex, "0X" prefixes), so a foreign file can parse
+// to a key whose own file name is another. Such a file is not the key's
+// object: lookups and loads of the key open the canonical name and miss,
+// and a delete of the key cannot remove it. Adopted, it was counted in
+// usage (for good, since no delete reached it) and listed under a key
+// that does not address it; it is now skipped like any name that is no
+// object's.
+func TestRecoverSkipsNonCanonicalNames(t *testing.T) {
+	dir := t.TempDir()
+	k := goldenKey(t, "")
+	canonical := k.FSName()
+	upper := strings.Replace(canonical, "9f2c00ff10e1", "9F2C00FF10E1", 1)
+	if upper == canonical {
+		t.Fatalf("golden name %q has no lower-case hash to change", canonical)
+	}
+	if err := os.WriteFile(filepath.Join(dir, upper), []byte("foreign"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := newAdapter(t, func(c *fs.Config) { c.BasePath = dir })
+	defer a.Close()
+	if u := a.Usage(); u.TotalBytesUsed != 0 {
+		t.Fatalf("usage %d after recovering only a non-canonical name, want 0", u.TotalBytesUsed)
+	}
+	if keys, _ := a.Recovered(); len(keys) != 0 || a.RecoverSkipped() != 1 {
+		t.Fatalf("recovered %v, skipped %d; want none recovered and 1 skipped", keys, a.RecoverSkipped())
+	}
+	page, err := a.List(context.Background(), "", 10, "")
+	if err != nil || len(page.Entries) != 0 {
+		t.Fatalf("List = %+v, %v; want no entries", page, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, upper)); err != nil {
+		t.Fatalf("foreign file not left on disk: %v", err)
 	}
 }

@@ -112,7 +112,7 @@ func (a *Adapter) recover() error {
 		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), tmpPrefix) {
 			continue
 		}
-		k, err := objkey.ParseFSName(e.Name())
+		k, err := parseObjectName(e.Name())
 		if err != nil {
 			skip(e.Name(), err)
 			continue
@@ -133,6 +133,22 @@ func (a *Adapter) recover() error {
 			"base_path", a.cfg.BasePath, "count", a.recoverSkipped, "example", example, "err", exampleErr)
 	}
 	return nil
+}
+
+// parseObjectName returns the key whose object file is name. The name
+// parser is as lenient as upstream's (upper-case hex, "0X" prefixes, signs),
+// so a foreign name can parse to a key whose file is another name; such a
+// file is not that key's object (lookups, loads and deletes of the key use
+// Path), so it is refused like any name that is no object's.
+func parseObjectName(name string) (objkey.Key, error) {
+	k, err := objkey.ParseFSName(name)
+	if err != nil {
+		return k, err
+	}
+	if canon := k.FSName(); canon != name {
+		return objkey.Key{}, fmt.Errorf("%q is not the object file name of its key (%q)", name, canon)
+	}
+	return k, nil
 }
 
 // RecoverSkipped is how many files recover_on_start skipped.
@@ -441,7 +457,7 @@ func (a *Adapter) List(ctx context.Context, modelName string, pageSize int, page
 		if e.Name() <= after || !e.Type().IsRegular() {
 			continue
 		}
-		k, err := objkey.ParseFSName(e.Name())
+		k, err := parseObjectName(e.Name())
 		if err != nil || (modelName != "" && k.ModelName != modelName) {
 			continue
 		}
@@ -506,7 +522,7 @@ func (a *Adapter) knownNames() []string {
 	}
 	var out []string
 	for _, e := range ents {
-		k, err := objkey.ParseFSName(e.Name())
+		k, err := parseObjectName(e.Name())
 		if err != nil {
 			continue
 		}
