@@ -173,3 +173,33 @@ func TestLoadLongerObjectWithoutLengthNotLoaded(t *testing.T) {
 	// The exact size still loads, without a length to check against.
 	l2test.LoadAll(t, a, keys, objs)
 }
+
+// TestListSkipsNonCanonicalNames: the S3 name parser is as lenient as
+// upstream's, so a foreign object named with upper-case hex parses to a
+// key whose own name is another. Listed under that key, it looked stored
+// (the coordinator's resync adopts listings), yet every operation on the
+// key addresses the canonical name: a delete "succeeded" (S3 reports a
+// missing key deleted) and the object stayed, to be listed again.
+func TestListSkipsNonCanonicalNames(t *testing.T) {
+	srv := s3test.Fake(t)
+	a := newAdapter(t, configFor(srv, srv.Bucket))
+	defer a.Close()
+	keys := l2test.Keys(t, 1, "")
+	canonical := keys[0].S3Name()
+	upper := strings.Replace(canonical, keys[0].HashHex(), strings.ToUpper(keys[0].HashHex()), 1)
+	if upper == canonical {
+		t.Fatalf("name %q has no lower-case hash to change", canonical)
+	}
+	putRaw(t, srv, srv.Bucket, upper, []byte("foreign"))
+	page, err := a.List(context.Background(), "", 100, "")
+	if err != nil || len(page.Entries) != 0 {
+		t.Fatalf("List = %+v, %v; want no entries", page, err)
+	}
+	if err := a.Store(context.Background(), keys, l2test.Objects(t, 1)); err != nil {
+		t.Fatal(err)
+	}
+	page, err = a.List(context.Background(), keys[0].ModelName, 100, "")
+	if err != nil || len(page.Entries) != 1 || page.Entries[0].Key != keys[0] {
+		t.Fatalf("List after storing the key = %+v, %v; want the key once", page, err)
+	}
+}

@@ -560,9 +560,10 @@ func (a *Adapter) Delete(ctx context.Context, keys []objkey.Key) ([]objkey.Key, 
 }
 
 // List implements l2.Adapter with ListObjectsV2. The page token is S3's
-// continuation token, passed through. Objects whose names do not decode
-// (other tools share the bucket) are skipped, so a page may hold fewer
-// entries than asked for, even none with a non-empty token.
+// continuation token, passed through. Objects whose names do not decode,
+// or decode to a key whose name is another (other tools share the
+// bucket), are skipped, so a page may hold fewer entries than asked for,
+// even none with a non-empty token.
 func (a *Adapter) List(ctx context.Context, modelName string, pageSize int, pageToken string) (l2.Page, error) {
 	if err := a.enter(); err != nil {
 		return l2.Page{}, err
@@ -587,8 +588,13 @@ func (a *Adapter) List(ctx context.Context, modelName string, pageSize int, page
 			return err
 		}
 		for _, o := range out.Contents {
-			k, err := objkey.ParseS3Name(aws.ToString(o.Key))
-			if err != nil || (modelName != "" && k.ModelName != modelName) {
+			name := aws.ToString(o.Key)
+			k, err := objkey.ParseS3Name(name)
+			// The parser is lenient (upper-case hex, "0X"): a foreign
+			// name that parses to a key whose own name is another is
+			// not that key's object, since every call on the key
+			// addresses k.S3Name().
+			if err != nil || k.S3Name() != name || (modelName != "" && k.ModelName != modelName) {
 				continue
 			}
 			page.Entries = append(page.Entries, l2.Entry{Key: k, SizeBytes: aws.ToInt64(o.Size)})
