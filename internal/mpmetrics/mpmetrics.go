@@ -70,6 +70,9 @@ type Metrics struct {
 	ZMQReapedWorkers       *Counter
 	ZMQAbandonedTransfers  *Counter
 	ZMQProfileRefusedPeers *Counter
+	// ZMQEvictedSessions counts request sessions dropped because more
+	// than mq.Config.MaxSessions were open (the least recently used goes).
+	ZMQEvictedSessions *Counter
 	// ZMQBusyPollSeconds is the time the socket goroutine spent polling
 	// without blocking (--zmq-busy-poll-us): CPU spent to save wake-ups.
 	ZMQBusyPollSeconds *Counter
@@ -153,6 +156,7 @@ func New(instanceID string, src Source) *Metrics {
 	m.ZMQBusyPollSeconds = c(Namespace+"_zmq_busy_poll_seconds_total", "Time the ZMQ socket goroutine spent polling without blocking after a message (--zmq-busy-poll-us), CPU spent to answer the next request without a wake-up.")
 	m.ZMQReapedWorkers = c(Namespace+"_zmq_reaped_workers_total", "Worker registrations dropped by the reaper after going silent.")
 	m.ZMQAbandonedTransfers = c(Namespace+"_zmq_abandoned_transfers_total", "PREPARE_STORE/PREPARE_RETRIEVE whose COMMIT never came, dropped (staged writes aborted, read locks released): by the reaper, or still open when the data path stopped.")
+	m.ZMQEvictedSessions = c(Namespace+"_zmq_evicted_sessions_total", "Request sessions (a request's cached chunk hashes) dropped, least recently used first, because more were open than the data path keeps; the request's next message hashes its prompt again.")
 	m.ZMQProfileRefusedPeers = c(Namespace+"_zmq_wire_profile_refused_peers_total", "Client connections refused because their first request fingerprints a wire profile other than the forced --wire-profile.")
 
 	m.TransferBytes = cv(Namespace+"_transfer_bytes_total", "KV cache bytes moved between workers and L1, by direction (store, retrieve) and path (engine_driven: the worker copies; lmcache_driven_cpu, lmcache_driven_cuda: the server copies).", "direction", "path")

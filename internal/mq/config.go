@@ -74,6 +74,13 @@ type Config struct {
 	// SessionTTL is how long an idle request session (token hashes) is kept
 	// (default 600 s, as upstream).
 	SessionTTL time.Duration
+	// MaxSessions bounds the open request sessions (default 16384; upstream
+	// bounds them by the TTL only). A client that sends a new request id
+	// with every message would otherwise hold a session, and the chunk
+	// token ids it pins, per id for SessionTTL. Past it the least recently
+	// used session is dropped (counted in
+	// lmcache_mp_zmq_evicted_sessions_total); its request only hashes again.
+	MaxSessions int
 	// MaxControlInFlight bounds control requests (LOOKUP and friends) being
 	// handled at once (default 1024); later ones wait for a free handler.
 	MaxControlInFlight int
@@ -126,6 +133,7 @@ func Defaults() Config {
 		WorkerReapTimeout:       120 * time.Second,
 		WorkerRegistrationGrace: 3600 * time.Second,
 		SessionTTL:              600 * time.Second,
+		MaxSessions:             16384,
 		MaxControlInFlight:      1024,
 		MaxQueued:               4096,
 		SendHWM:                 100000,
@@ -155,6 +163,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SessionTTL == 0 {
 		c.SessionTTL = d.SessionTTL
+	}
+	if c.MaxSessions <= 0 {
+		c.MaxSessions = d.MaxSessions
 	}
 	if c.MaxControlInFlight == 0 {
 		c.MaxControlInFlight = d.MaxControlInFlight

@@ -21,17 +21,19 @@ import (
 const maxWait = 10 * time.Minute
 
 // lookupKey decodes a scheduler key (and the legacy tp_size frame) and
-// returns the number of read locks per object.
+// returns the number of read locks per object. A key that decodes but does
+// not validate is returned with the error, so its request id can still be
+// marked as having no job.
 func lookupKey(req *request) (*wire.Key, int, error) {
 	key, err := req.decodeKey()
 	if err != nil {
 		return nil, 0, err
 	}
 	if key.WorldSize < 1 || key.WorldSize > 255 {
-		return nil, 0, fmt.Errorf("world_size %d out of range", key.WorldSize)
+		return key, 0, fmt.Errorf("world_size %d out of range", key.WorldSize)
 	}
 	if err := (objkey.Key{ModelName: key.ModelName, CacheSalt: key.CacheSalt}).Validate(); err != nil {
-		return nil, 0, err
+		return key, 0, err
 	}
 	readers := key.Readers()
 	if key.NumKVReaders < 1 && len(req.payloads) > 1 {
@@ -63,6 +65,14 @@ func (st *state) noJobFor(id string, consume bool) bool {
 func (st *state) lookup(req *request) ([]byte, error) {
 	key, readers, err := lookupKey(req)
 	if err != nil {
+		if key != nil {
+			// A refused LOOKUP still replaces the id's unconsumed answer:
+			// vLLM polls the id next, and an older job's hits would
+			// describe another prompt.
+			st.mu.Lock()
+			st.noJob[key.RequestID] = time.Now()
+			st.mu.Unlock()
+		}
 		return wire.Nil, err
 	}
 	st.mu.Lock()
@@ -259,8 +269,7 @@ func (st *state) endSession(req *request) ([]byte, error) {
 	}
 	// A second frame (SessionEndInfo) is accepted and ignored.
 	st.mu.Lock()
-	sess := st.sessions[id]
-	delete(st.sessions, id)
+	sess := st.dropSessionLocked(id)
 	delete(st.noJob, id)
 	st.mu.Unlock()
 	if sess == nil || len(sess.hashes) == 0 || sess.world < 1 {

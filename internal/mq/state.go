@@ -1,6 +1,7 @@
 package mq
 
 import (
+	"container/list"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -39,6 +40,10 @@ type state struct {
 	writes   map[pendingKey]*pendingWrite
 	reads    map[pendingKey]*pendingRead
 	sessions map[string]*session
+	// sessionLRU orders sessions by last use, most recent at the front, so
+	// the one to drop past Config.MaxSessions is found at once.
+	sessionLRU  list.List
+	maxSessions int // Config.MaxSessions, or its default
 	// prefixes holds chunk hashes across requests; it has its own lock.
 	prefixes *prefixCache
 	// noJob holds the request ids (and when) whose LOOKUP started no
@@ -127,13 +132,19 @@ type session struct {
 	world    int
 	salt     string
 	lastUsed time.Time
+	elem     *list.Element // in state.sessionLRU; its Value is the request id
 }
 
 func newState(s *Server) *state {
-	return &state{s: s, log: s.log, regs: map[int64]*registration{}, layouts: map[layoutKey]*layoutRef{},
+	st := &state{s: s, log: s.log, regs: map[int64]*registration{}, layouts: map[layoutKey]*layoutRef{},
 		writes: map[pendingKey]*pendingWrite{}, reads: map[pendingKey]*pendingRead{},
 		sessions: map[string]*session{}, noJob: map[string]time.Time{}, lastWarn: map[string]time.Time{},
-		lookups: map[string]lookupMeta{}, prefixes: newPrefixCache(s.cfg.PrefixHashChunks, s.hasher)}
+		lookups: map[string]lookupMeta{}, prefixes: newPrefixCache(s.cfg.PrefixHashChunks, s.hasher),
+		maxSessions: s.cfg.MaxSessions}
+	if st.maxSessions <= 0 { // a Config that did not go through withDefaults
+		st.maxSessions = Defaults().MaxSessions
+	}
+	return st
 }
 
 // warnOnce logs msg once per key (a peer and a kind of refusal) and hour,
@@ -262,7 +273,12 @@ func (st *state) serve(ctx context.Context, req *request) []byte {
 			st.warnEvery("oom", 10*time.Second, "L1 pool full: stores are skipped until eviction frees room (logged at most every 10 s)",
 				"op", req.op.EnumName(), "peer", req.peer.idString(), "err", err)
 		default:
-			st.log.Warn("request failed", "op", req.op.EnumName(), "peer", req.peer.idString(), "err", err)
+			// Once per peer, request type and 10 s: a worker whose every
+			// step fails the same way (a PREPARE/COMMIT_RETRIEVE pair per
+			// request) would otherwise write two lines per request. The
+			// client gets the negative reply each time.
+			st.warnEvery("failed/"+req.op.EnumName()+"/"+req.peer.idString(), protocolWarnEvery, "request failed (logged at most every 10 s per peer and request type)",
+				"op", req.op.EnumName(), "peer", req.peer.idString(), "err", err)
 		}
 		if resp == nil {
 			resp = wire.NegativeReply(req.op)
@@ -636,8 +652,9 @@ func (st *state) chunkHashes(k *wire.Key, last int) ([][]byte, error) {
 	st.mu.Lock()
 	sess := st.sessions[k.RequestID]
 	if sess == nil {
-		sess = &session{}
-		st.sessions[k.RequestID] = sess
+		sess = st.newSessionLocked(k.RequestID)
+	} else {
+		st.sessionLRU.MoveToFront(sess.elem)
 	}
 	if len(nodes) >= len(sess.nodes) {
 		sess.nodes, sess.hashes = nodes, hashes
@@ -882,6 +899,33 @@ func (st *state) loops() []*periodic.Loop {
 	}
 }
 
+// newSessionLocked opens id's session, dropping the least recently used
+// one when MaxSessions are open. st.mu is held.
+func (st *state) newSessionLocked(id string) *session {
+	for len(st.sessions) >= st.maxSessions {
+		oldest := st.sessionLRU.Back()
+		if oldest == nil {
+			break
+		}
+		st.dropSessionLocked(oldest.Value.(string))
+		st.s.metrics.ZMQEvictedSessions.Inc()
+	}
+	sess := &session{}
+	sess.elem = st.sessionLRU.PushFront(id)
+	st.sessions[id] = sess
+	return sess
+}
+
+// dropSessionLocked forgets id's session, if any. st.mu is held.
+func (st *state) dropSessionLocked(id string) *session {
+	sess := st.sessions[id]
+	if sess != nil {
+		st.sessionLRU.Remove(sess.elem)
+		delete(st.sessions, id)
+	}
+	return sess
+}
+
 // sweepSessions forgets idle sessions, old warnings and lookup records
 // nobody polled, and returns how many sessions expired.
 func (st *state) sweepSessions(now time.Time) int {
@@ -891,7 +935,7 @@ func (st *state) sweepSessions(now time.Time) int {
 	defer st.mu.Unlock()
 	for id, s := range st.sessions {
 		if now.Sub(s.lastUsed) > ttl {
-			delete(st.sessions, id)
+			st.dropSessionLocked(id)
 			n++
 		}
 	}
