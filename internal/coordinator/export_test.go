@@ -1,6 +1,10 @@
 package coordinator
 
-import "github.com/lmcache-go/lmcache/internal/coordinator/ledger"
+import (
+	"time"
+
+	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
+)
 
 // HoldEvictionCycles blocks every eviction cycle (the loop's and
 // RunEvictionCycle's) until release is called, wedging the eviction loop
@@ -24,6 +28,13 @@ func SetMaxResyncEntries(n int) (restore func()) {
 	old := maxResyncEntries
 	maxResyncEntries = n
 	return func() { maxResyncEntries = old }
+}
+
+// SetWarnClock replaces the clock of the throttled WARN lines (registry
+// full, event-gate reset) for a test.
+func (s *Server) SetWarnClock(now func() time.Time) {
+	s.registryFullWarn.setClock(now)
+	s.gateResetWarn.setClock(now)
 }
 
 // LedgerReserve reports the ledger's reserve counters.

@@ -31,7 +31,15 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) error {
 		// Register returns no id when it refuses: the line names the one
 		// asked for ("" when the coordinator was to generate it).
 		n := s.reg.Len()
-		s.log.Warn("registration refused: the registry is full", "instance_id", requested, "ip", ip, "registered", n)
+		s.metrics.registrationsRefused.Inc()
+		if ok, held := s.registryFullWarn.allow(); ok {
+			args := []any{"instance_id", requested, "ip", ip, "registered", n}
+			if held > 0 {
+				// Refusals since the last line, which named only its own.
+				args = append(args, "suppressed", held)
+			}
+			s.log.Warn("registration refused: the registry is full", args...)
+		}
 		return withMsg(err, "registry full: %d instances registered; retry once stale ones are swept", n)
 	}
 	if re {

@@ -107,6 +107,10 @@ type Server struct {
 	// checkpoint was restored (resyncSkippedForCheckpoint) or, in HA mode
 	// on Kafka, this coordinator came to lead (resyncSkippedOnStream).
 	resyncSkipped atomic.Int64
+
+	// registryFullWarn and gateResetWarn throttle their WARN lines
+	// (logthrottle.go).
+	registryFullWarn, gateResetWarn *logThrottle
 }
 
 // Option adjusts a Server.
@@ -153,6 +157,7 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 		tombs:        newTombstones(),
 		l1:           newL1View(),
 	}
+	s.registryFullWarn, s.gateResetWarn = newLogThrottle(warnInterval), newLogThrottle(warnInterval)
 	for _, o := range opts {
 		o(s)
 	}
@@ -367,7 +372,13 @@ func (s *Server) countReset(out eventgate.Outcome) {
 		// cursor means the next gap or duplicate of each stream goes
 		// unnoticed, so the reset itself is counted.
 		s.metrics.seqTrackerResets.Inc()
-		s.log.Warn("usage-event seq tracker reset: too many distinct instance ids", "limit", maxSeqTracked)
+		if ok, held := s.gateResetWarn.allow(); ok {
+			args := []any{"limit", maxSeqTracked}
+			if held > 0 {
+				args = append(args, "suppressed", held)
+			}
+			s.log.Warn("usage-event seq tracker reset: too many distinct instance ids", args...)
+		}
 	}
 }
 
