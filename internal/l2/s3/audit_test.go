@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/l2test"
+	"github.com/lmcache-go/lmcache/internal/l2/s3"
 	"github.com/lmcache-go/lmcache/internal/s3test"
 )
 
@@ -201,5 +203,28 @@ func TestListSkipsNonCanonicalNames(t *testing.T) {
 	page, err = a.List(context.Background(), keys[0].ModelName, 100, "")
 	if err != nil || len(page.Entries) != 1 || page.Entries[0].Key != keys[0] {
 		t.Fatalf("List after storing the key = %+v, %v; want the key once", page, err)
+	}
+}
+
+// TestSecondsOutOfRangeRefused: a seconds key whose value does not fit a
+// time.Duration (over about 292 years) or rounds to zero is refused.
+// The conversion used to wrap such a value to a negative or zero
+// duration, which New then silently replaced with the default: a user
+// asking for a very long timeout got 30 s without a word.
+func TestSecondsOutOfRangeRefused(t *testing.T) {
+	for _, key := range []string{"s3_breaker_cooldown_s", "s3_op_timeout_s", "s3_connect_timeout_s", "s3_slow_call_s"} {
+		for _, v := range []string{"1e10", "1e-12"} {
+			_, err := l2.ParseSpec(1, []byte(`{"type":"s3","s3_endpoint":"s3://b","s3_region":"r","`+key+`":`+v+`}`))
+			if err == nil || !strings.Contains(err.Error(), key) {
+				t.Errorf("%s = %s: err %v, want an error naming the key", key, v, err)
+			}
+		}
+	}
+	spec, err := l2.ParseSpec(1, []byte(`{"type":"s3","s3_endpoint":"s3://b","s3_region":"r","s3_op_timeout_s":86400}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := spec.Options.(s3.Config).OpTimeout; got != 24*time.Hour {
+		t.Fatalf("s3_op_timeout_s 86400 = %v, want 24h", got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strings"
 	"time"
@@ -69,6 +70,10 @@ func Defaults() Config {
 	}
 }
 
+// maxSeconds bounds the seconds keys: about 146 years, half a Duration's
+// range.
+const maxSeconds = float64(math.MaxInt64/2) / float64(time.Second)
+
 // ParseConfig decodes the s3 keys.
 func ParseConfig(f *l2.Fields) (Config, error) {
 	c := Defaults()
@@ -96,6 +101,13 @@ func ParseConfig(f *l2.Fields) (Config, error) {
 			v, err = f.Float(key, dst.Seconds())
 			if err == nil && v <= 0 {
 				err = fmt.Errorf("%s must be > 0, got %v", key, v)
+			}
+			// Out of a Duration's range the conversion wraps (negative)
+			// or rounds to 0, and New would then put the default in its
+			// place without a word. maxSeconds leaves room for the
+			// per-MiB additions of slowLimit and transferTimeout.
+			if err == nil && (v > maxSeconds || time.Duration(v*float64(time.Second)) <= 0) {
+				err = fmt.Errorf("%s must be between 1e-9 and %v seconds, got %v", key, maxSeconds, v)
 			}
 			*dst = time.Duration(v * float64(time.Second))
 		}
