@@ -271,7 +271,7 @@ func (s *Server) ingestCollectors() []prometheus.Collector {
 	// on Kafka.
 	if s.ckpt != nil || s.resyncOnStream() {
 		out = append(out, counter("startup_resync_skipped_total",
-			"Startup resyncs not run (0 or 1 per process): the ledger was restored from a checkpoint, or, in HA mode on Kafka, this coordinator came to lead with the ledger its own consumer group fed. ENABLE_STARTUP_RESYNC still applies to a cold start otherwise.",
+			"Startup resyncs not run (0 or 1 per process): with Kafka ingest, the ledger was restored from a checkpoint, or, in HA mode, this coordinator came to lead with the ledger its own consumer group fed. With HTTP ingest a restored ledger is resynced by merging (only keys it lacks are added), so this stays 0. ENABLE_STARTUP_RESYNC still applies to a cold start otherwise.",
 			func() float64 { return float64(s.resyncSkipped.Load()) }))
 	}
 	c := s.ckpt

@@ -208,3 +208,31 @@ func TestHAKafkaGroupPerCoordinator(t *testing.T) {
 		t.Errorf("group without HA: %q, want lmcache-coordinator", got)
 	}
 }
+
+// TestWarmRestartOnKafkaStillSkipsResync: with Kafka ingest a restored
+// checkpoint still skips the startup resync (the stream is read from the
+// checkpoint's position, so nothing acknowledged is lost): no resync
+// thread, the skip counted, the restored keys kept.
+func TestWarmRestartOnKafkaStillSkipsResync(t *testing.T) {
+	path, _ := checkpointFixture(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	broker := ln.Addr().String()
+	ln.Close()
+	c := startCoord(t, func(cfg *config.Config) {
+		cfg.Ingest.CheckpointPath, cfg.Ingest.CheckpointInterval = path, 0
+		cfg.Ingest.EventTransport, cfg.Ingest.KafkaBootstrapServers = config.TransportKafka, broker
+		cfg.EnableStartupResync = true
+		cfg.ResyncPollInterval, cfg.ResyncMaxWait = 0.01, 10
+	})
+	if code, raw := c.do("GET", "/periodic-threads/coordinator-startup-resync", nil); code != 404 {
+		t.Fatalf("resync thread after a warm restart on kafka: %d %s", code, raw)
+	}
+	metric(t, c, "lmcache_coordinator_startup_resync_skipped_total 1")
+	metric(t, c, "lmcache_coordinator_checkpoint_restored_keys 3")
+	if !c.logs.Has(`msg="startup resync skipped: the ledger was restored from a checkpoint`) {
+		t.Errorf("no log line about the skipped resync:\n%s", c.logs.String())
+	}
+}
