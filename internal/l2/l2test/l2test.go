@@ -32,6 +32,7 @@ func Run(t *testing.T, newAdapter func(t *testing.T) l2.Adapter) {
 	t.Run("DeleteSkipsLockedAndNotifies", func(t *testing.T) { testDelete(t, open(t, newAdapter)) })
 	t.Run("ListPages", func(t *testing.T) { testList(t, open(t, newAdapter)) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, open(t, newAdapter)) })
+	t.Run("StoreDeleteSameKeys", func(t *testing.T) { testStoreDeleteSameKeys(t, open(t, newAdapter)) })
 	t.Run("ClosedIsUnavailable", func(t *testing.T) { testClosed(t, newAdapter(t)) })
 }
 
@@ -431,6 +432,91 @@ func testConcurrent(t *testing.T, a l2.Adapter) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// lastEvent is a Listener that keeps the last stored or deleted event of
+// each key.
+type lastEvent struct {
+	mu   sync.Mutex
+	last map[objkey.Key]string
+}
+
+func (l *lastEvent) set(kind string, keys []objkey.Key) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range keys {
+		l.last[k] = kind
+	}
+}
+
+func (l *lastEvent) OnStored(keys []objkey.Key, _ []int64) { l.set("stored", keys) }
+func (l *lastEvent) OnAccessed([]objkey.Key)               {}
+func (l *lastEvent) OnDeleted(keys []objkey.Key)           { l.set("deleted", keys) }
+
+// testStoreDeleteSameKeys runs stores and deletes of the same keys at once.
+// Whichever wins each race, afterwards a key is found exactly when the last
+// event listeners heard for it was a store (the eviction policy and the
+// coordinator track what the adapter holds), and deleting everything
+// brings usage back to where it started.
+func testStoreDeleteSameKeys(t *testing.T, a l2.Adapter) {
+	ctx := context.Background()
+	before := a.Usage()
+	l := &lastEvent{last: map[objkey.Key]string{}}
+	a.AddListener(l)
+	keys := Keys(t, 4, "race")
+	objs := Objects(t, 4)
+	const workers, rounds = 4, 8
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*workers)
+	for w := range workers {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				if err := a.Store(ctx, keys, objs); err != nil {
+					errs <- fmt.Errorf("store %d: %w", w, err)
+					return
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				if _, err := a.Delete(ctx, keys); err != nil {
+					errs <- fmt.Errorf("delete %d: %w", w, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	hits, err := a.LookupAndLock(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Unlock(keys)
+	l.mu.Lock()
+	for i, k := range keys {
+		if got := l.last[k]; hits[i] != (got == "stored") {
+			t.Errorf("key %d found: %v, but the last event listeners heard was %q", i, hits[i], got)
+		}
+	}
+	l.mu.Unlock()
+	if _, err := a.Delete(ctx, keys); err != nil {
+		t.Fatal(err)
+	}
+	after := a.Usage()
+	if after.TotalBytesUsed != before.TotalBytesUsed || after.BytesByCacheSalt["race"] != before.BytesByCacheSalt["race"] {
+		t.Fatalf("usage after deleting everything = %+v, want %+v", after, before)
+	}
+	if hits, _ := a.LookupAndLock(ctx, keys); slices.Contains(hits, true) {
+		a.Unlock(keys)
+		t.Fatalf("keys found after deleting everything: %v", hits)
 	}
 }
 
