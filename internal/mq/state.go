@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tinylib/msgp/msgp"
@@ -55,6 +57,8 @@ type state struct {
 	// answer can be counted in the metrics when it is consumed. Entries of
 	// jobs nobody polls are swept after the session TTL.
 	lookups map[string]lookupMeta
+	// storeSeq numbers PREPARE_STOREs for their write tags (storeTag).
+	storeSeq atomic.Uint64
 	// lmd holds the lmcache-driven registrations (lmdriven.go).
 	lmd lmDriven
 }
@@ -84,7 +88,7 @@ type registration struct {
 	dtype      string
 	objBytes   int64
 	hybrid     string // non-empty: why this registration is not served
-	tag        string // the engine's write-reservation owner
+	tag        string // the prefix of the engine write tags of its stores (storeTag)
 	lastPing   time.Time
 	pinged     bool
 }
@@ -694,6 +698,18 @@ func workerKeys(k *wire.Key, hashes [][]byte, first, last int) []objkey.Key {
 	return objectKeys(k.ModelName, int(k.WorldSize), k.CacheSalt, hashes[first:last], int(k.WorkerID.V))
 }
 
+// storeTag is the engine write tag of one PREPARE_STORE of r: its own, so
+// that no two transfers share a staging buffer. The engine hands a tag's
+// expired buffer to that tag's next reservation of the key; under one tag
+// per worker a second request sharing a chunk with a first whose lease ran
+// out took over the first's buffer, and the first's late COMMIT or abort
+// then published or freed it while the second worker was writing into it.
+// Two transfers of one chunk now write two buffers; the second commit
+// finds the chunk resident and frees its copy.
+func (st *state) storeTag(r *registration) string {
+	return r.tag + "/" + strconv.FormatUint(st.storeSeq.Add(1), 10)
+}
+
 func (st *state) prepareStore(req *request) ([]byte, error) {
 	key, r, err := st.workerRequest(req)
 	if err != nil {
@@ -739,7 +755,8 @@ func (st *state) prepareStore(req *request) ([]byte, error) {
 	for i := range sizes {
 		sizes[i] = r.objBytes
 	}
-	slots, err := st.s.eng.ReserveWrite(r.tag, keys, sizes)
+	tag := st.storeTag(r)
+	slots, err := st.s.eng.ReserveWrite(tag, keys, sizes)
 	if err != nil {
 		return nil, fmt.Errorf("reserve %d chunks of %d bytes: %w", len(keys), r.objBytes, err)
 	}
@@ -756,7 +773,7 @@ func (st *state) prepareStore(req *request) ([]byte, error) {
 	}
 	if len(reserved) > 0 {
 		st.mu.Lock()
-		st.writes[pk] = &pendingWrite{tag: r.tag, keys: reserved, created: time.Now()}
+		st.writes[pk] = &pendingWrite{tag: tag, keys: reserved, created: time.Now()}
 		st.mu.Unlock()
 	}
 	return wire.EncodeStoreReply(outSlots, outIdx), nil
