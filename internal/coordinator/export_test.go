@@ -33,8 +33,7 @@ func SetMaxResyncEntries(n int) (restore func()) {
 // SetWarnClock replaces the clock of the throttled WARN lines (registry
 // full, event-gate reset) for a test.
 func (s *Server) SetWarnClock(now func() time.Time) {
-	s.registryFullWarn.setClock(now)
-	s.gateResetWarn.setClock(now)
+	s.warns.SetClock(now)
 }
 
 // LedgerReserve reports the ledger's reserve counters.

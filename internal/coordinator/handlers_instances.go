@@ -32,7 +32,7 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) error {
 		// asked for ("" when the coordinator was to generate it).
 		n := s.reg.Len()
 		s.metrics.registrationsRefused.Inc()
-		if ok, held := s.registryFullWarn.allow(); ok {
+		if ok, held := s.warns.Allow("registry_full", warnInterval); ok {
 			args := []any{"instance_id", requested, "ip", ip, "registered", n}
 			if held > 0 {
 				// Refusals since the last line, which named only its own.

@@ -29,6 +29,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordinator/statefile"
 	"github.com/lmcache-go/lmcache/internal/httplimit"
 	"github.com/lmcache-go/lmcache/internal/httproute"
+	"github.com/lmcache-go/lmcache/internal/logthrottle"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/redact"
@@ -108,10 +109,17 @@ type Server struct {
 	// on Kafka, this coordinator came to lead (resyncSkippedOnStream).
 	resyncSkipped atomic.Int64
 
-	// registryFullWarn and gateResetWarn throttle their WARN lines
-	// (logthrottle.go).
-	registryFullWarn, gateResetWarn *logThrottle
+	// warns throttles the WARN lines that can repeat once per request:
+	// "registry_full" and "gate_reset", each at most every warnInterval.
+	warns *logthrottle.Limiter
 }
+
+// warnInterval is how often a throttled WARN (a registry-full refusal, an
+// event-gate reset) is logged at most. Both can repeat once per request
+// under load (a fleet past the registry's bound re-registering every few
+// seconds, a flood of new instance ids), and a line per request says no
+// more than the first; the metrics count every occurrence.
+const warnInterval = 10 * time.Second
 
 // Option adjusts a Server.
 type Option func(*Server)
@@ -157,7 +165,7 @@ func New(cfg config.Config, opts ...Option) (*Server, error) {
 		tombs:        newTombstones(),
 		l1:           newL1View(),
 	}
-	s.registryFullWarn, s.gateResetWarn = newLogThrottle(warnInterval), newLogThrottle(warnInterval)
+	s.warns = logthrottle.New()
 	for _, o := range opts {
 		o(s)
 	}
@@ -372,7 +380,7 @@ func (s *Server) countReset(out eventgate.Outcome) {
 		// cursor means the next gap or duplicate of each stream goes
 		// unnoticed, so the reset itself is counted.
 		s.metrics.seqTrackerResets.Inc()
-		if ok, held := s.gateResetWarn.allow(); ok {
+		if ok, held := s.warns.Allow("gate_reset", warnInterval); ok {
 			args := []any{"limit", maxSeqTracked}
 			if held > 0 {
 				args = append(args, "suppressed", held)

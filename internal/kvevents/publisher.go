@@ -13,6 +13,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/lmcache-go/lmcache/internal/logthrottle"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 )
 
@@ -123,9 +124,8 @@ type Publisher struct {
 	// (Config.ReplayFailed; never nil once New or NewPublisher returned).
 	// Set before Run starts.
 	replayFailed func(reason string)
-	// lastWarn rate-limits warnings per kind; owned by the publishing
-	// goroutine.
-	lastWarn map[string]time.Time
+	// warns rate-limits warnings per kind (a fixed set of keys).
+	warns *logthrottle.Limiter
 }
 
 // NewPublisher opens the sockets and registers the publishing loop in
@@ -142,7 +142,7 @@ func NewPublisher(cfg PublisherConfig, loops *periodic.Registry, logger *slog.Lo
 		logger = slog.New(slog.DiscardHandler)
 	}
 	p := &Publisher{cfg: cfg, log: logger, queue: make(chan []Record, cfg.MaxQueueSize), topic: []byte(cfg.Topic),
-		dropped: func(string, int) {}, replayFailed: func(string) {}, lastWarn: map[string]time.Time{}}
+		dropped: func(string, int) {}, replayFailed: func(string) {}, warns: logthrottle.New()}
 	if err := p.open(); err != nil {
 		p.close()
 		return nil, err
@@ -350,13 +350,15 @@ func (p *Publisher) replayAborted(what string, seq uint64, err error) {
 	p.warnEvery("replay_"+ReplayAborted, "KV events replay aborted: send failed (logged at most every 10 s; counted in lmcache_mp_kv_events_replay_requests_failed_total{reason=\"aborted\"})", "sending", what, "seq", seq, "err", err)
 }
 
-// warnEvery logs msg at most once per publisherWarnEvery per key. Only the
-// publishing goroutine calls it, so lastWarn needs no lock.
+// warnEvery logs msg at most once per publisherWarnEvery per key; a line
+// after held-back ones says how many (suppressed).
 func (p *Publisher) warnEvery(key, msg string, args ...any) {
-	now := time.Now()
-	if last, seen := p.lastWarn[key]; seen && now.Sub(last) < publisherWarnEvery {
+	ok, held := p.warns.Allow(key, publisherWarnEvery)
+	if !ok {
 		return
 	}
-	p.lastWarn[key] = now
+	if held > 0 {
+		args = append(args, "suppressed", held)
+	}
 	p.log.Warn(msg, args...)
 }

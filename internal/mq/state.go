@@ -19,6 +19,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/httpapi"
+	"github.com/lmcache-go/lmcache/internal/logthrottle"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
@@ -51,8 +52,8 @@ type state struct {
 	// noJob holds the request ids (and when) whose LOOKUP started no
 	// engine job (no layout, empty range, bad tokens): they answer 0 even
 	// if an older, unconsumed job of the same id is still in the engine.
-	noJob    map[string]time.Time
-	lastWarn map[string]time.Time // warnEvery's keys; swept after an hour
+	noJob map[string]time.Time
+	warns *logthrottle.Limiter // warnEvery's keys; forgotten after an hour by the sweep
 	// lookups remembers what each running LOOKUP job asked for, so its
 	// answer can be counted in the metrics when it is consumed. Entries of
 	// jobs nobody polls are swept after the session TTL.
@@ -142,7 +143,7 @@ type session struct {
 func newState(s *Server) *state {
 	st := &state{s: s, log: s.log, regs: map[int64]*registration{}, layouts: map[layoutKey]*layoutRef{},
 		writes: map[pendingKey]*pendingWrite{}, reads: map[pendingKey]*pendingRead{},
-		sessions: map[string]*session{}, noJob: map[string]time.Time{}, lastWarn: map[string]time.Time{},
+		sessions: map[string]*session{}, noJob: map[string]time.Time{}, warns: logthrottle.New(),
 		lookups: map[string]lookupMeta{}, prefixes: newPrefixCache(s.cfg.PrefixHashChunks, s.hasher),
 		maxSessions: s.cfg.MaxSessions}
 	if st.maxSessions <= 0 { // a Config that did not go through withDefaults
@@ -165,19 +166,17 @@ func (st *state) warnEvery(key string, every time.Duration, msg string, args ...
 	st.logEvery(slog.LevelWarn, key, every, msg, args...)
 }
 
-// logEvery is warnEvery at another level.
+// logEvery is warnEvery at another level. A line after held-back ones
+// says how many (suppressed).
 func (st *state) logEvery(level slog.Level, key string, every time.Duration, msg string, args ...any) {
-	now := time.Now()
-	st.mu.Lock()
-	last, seen := st.lastWarn[key]
-	due := !seen || now.Sub(last) >= every
-	if due {
-		st.lastWarn[key] = now
+	ok, held := st.warns.Allow(key, every)
+	if !ok {
+		return
 	}
-	st.mu.Unlock()
-	if due {
-		st.log.Log(context.Background(), level, msg, args...)
+	if held > 0 {
+		args = append(args, "suppressed", held)
 	}
+	st.log.Log(context.Background(), level, msg, args...)
 }
 
 // ---- inline handlers (router goroutine) ----
@@ -956,11 +955,7 @@ func (st *state) sweepSessions(now time.Time) int {
 			n++
 		}
 	}
-	for k, t := range st.lastWarn {
-		if now.Sub(t) > time.Hour {
-			delete(st.lastWarn, k)
-		}
-	}
+	st.warns.Forget(time.Hour)
 	for id, t := range st.noJob {
 		if now.Sub(t) > ttl {
 			delete(st.noJob, id)

@@ -8,5 +8,5 @@ import (
 // NewSDKErrors is the error handler Start installs, with its clock and
 // throttle interval given.
 func NewSDKErrors(log *slog.Logger, every time.Duration, now func() time.Time) interface{ Handle(error) } {
-	return &sdkErrors{log: log, every: every, now: now}
+	return newSDKErrors(log, every, now)
 }

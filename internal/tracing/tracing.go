@@ -23,7 +23,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +34,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lmcache-go/lmcache/internal/logthrottle"
 )
 
 // Level is how deep spans go.
@@ -154,7 +155,7 @@ func Start(ctx context.Context, cfg Config) (*Provider, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	otel.SetErrorHandler(&sdkErrors{log: logger, every: sdkErrorEvery, now: time.Now})
+	otel.SetErrorHandler(newSDKErrors(logger, sdkErrorEvery, time.Now))
 	return &Provider{st: st}, nil
 }
 
@@ -324,25 +325,21 @@ const sdkErrorEvery = 10 * time.Second
 type sdkErrors struct {
 	log   *slog.Logger
 	every time.Duration
-	now   func() time.Time
+	warns *logthrottle.Limiter
+}
 
-	mu         sync.Mutex
-	last       time.Time // when the last logged error was logged
-	suppressed int       // errors since then not logged
+func newSDKErrors(log *slog.Logger, every time.Duration, now func() time.Time) *sdkErrors {
+	h := &sdkErrors{log: log, every: every, warns: logthrottle.New()}
+	h.warns.SetClock(now)
+	return h
 }
 
 // Handle implements otel.ErrorHandler.
 func (h *sdkErrors) Handle(err error) {
-	now := h.now()
-	h.mu.Lock()
-	if !h.last.IsZero() && now.Sub(h.last) < h.every {
-		h.suppressed++
-		h.mu.Unlock()
+	ok, skipped := h.warns.Allow("sdk", h.every)
+	if !ok {
 		return
 	}
-	skipped := h.suppressed
-	h.last, h.suppressed = now, 0
-	h.mu.Unlock()
 	h.log.Warn("opentelemetry error (logged at most every 10 s; lost spans are counted in the trace_spans_dropped_total metric)",
 		"err", err, "not_logged_since_last", skipped)
 }
