@@ -49,3 +49,6 @@ func SetSharedGroupCycles(n int64) (restore func()) {
 	old := sharedGroupCycles.Swap(n)
 	return func() { sharedGroupCycles.Store(old) }
 }
+
+// MaxInstanceIDBytes is the instance_id bound the validators enforce.
+const MaxInstanceIDBytes = maxInstanceIDBytes

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/coordinator"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
+	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
 	"github.com/lmcache-go/lmcache/internal/httproute"
 )
 
@@ -151,5 +152,37 @@ func TestOpenAPIPrefetchStatusSchema(t *testing.T) {
 	}
 	if err := s.VisitJSON(bad); err == nil {
 		t.Fatal(`{"status":"done"} validates; the enum is not in the schema`)
+	}
+}
+
+// TestOpenAPINameBounds: the request schemas state the name bounds the
+// validators enforce (TestNameLengthBounds): instance_id at most
+// MaxInstanceIDBytes, model_name at most ledger.MaxModelNameBytes, so the
+// document's literal maxLength tags cannot drift from the constants.
+func TestOpenAPINameBounds(t *testing.T) {
+	c := startCoord(t, nil)
+	doc := c.openAPI(t)
+	cases := []struct {
+		method, path, field string
+		want                uint64
+	}{
+		{"POST", "/instances", "instance_id", coordinator.MaxInstanceIDBytes},
+		{"POST", "/quota/events", "instance_id", coordinator.MaxInstanceIDBytes},
+		{"POST", "/cache/prefetches", "instance_id", coordinator.MaxInstanceIDBytes},
+		{"POST", "/cache/prefetches", "model_name", ledger.MaxModelNameBytes},
+		{"POST", "/cache/pins", "model_name", ledger.MaxModelNameBytes},
+		{"DELETE", "/cache/pins", "model_name", ledger.MaxModelNameBytes},
+	}
+	for _, tc := range cases {
+		op := doc.Paths.Value(tc.path).GetOperation(tc.method)
+		s := op.RequestBody.Value.Content["application/json"].Schema.Value
+		p := s.Properties[tc.field]
+		if p == nil || p.Value.MaxLength == nil || *p.Value.MaxLength != tc.want {
+			t.Errorf("%s %s %s: maxLength %v, want %d", tc.method, tc.path, tc.field, p, tc.want)
+		}
+	}
+	batch := doc.Paths.Value("/events").Post.RequestBody.Value.Content["application/json"].Schema.Value.Properties["batches"].Value.Items.Value
+	if n := batch.Properties["instance_id"].Value.MaxLength; n == nil || *n != coordinator.MaxInstanceIDBytes {
+		t.Errorf("POST /events batches[].instance_id maxLength %v, want %d", n, coordinator.MaxInstanceIDBytes)
 	}
 }

@@ -17,7 +17,7 @@ import (
 type RegisterRequest struct {
 	IP               string            `json:"ip"`
 	HTTPPort         int               `json:"http_port" doc:"1..65535"`
-	InstanceID       string            `json:"instance_id,omitempty" doc:"default ip:http_port"`
+	InstanceID       string            `json:"instance_id,omitempty" maxLength:"256" doc:"default ip:http_port"`
 	Metadata         map[string]string `json:"metadata,omitempty"`
 	P2PAdvertisedURL string            `json:"p2p_advertised_url,omitempty"`
 	MQPort           int               `json:"mq_port,omitempty"`
@@ -105,7 +105,7 @@ type UsageEvent struct {
 
 // ReportUsageRequest documents the POST /quota/events body.
 type ReportUsageRequest struct {
-	InstanceID string       `json:"instance_id"`
+	InstanceID string       `json:"instance_id" maxLength:"256"`
 	Seq        int64        `json:"seq" doc:">= 1"`
 	Tier       string       `json:"tier,omitempty" enum:"l2"`
 	Events     []UsageEvent `json:"events"`
@@ -127,7 +127,7 @@ type CacheEventEntry struct {
 
 // CacheEventBatch documents one batch of POST /events.
 type CacheEventBatch struct {
-	InstanceID       string            `json:"instance_id"`
+	InstanceID       string            `json:"instance_id" maxLength:"256"`
 	Incarnation      int64             `json:"incarnation"`
 	Seq              int64             `json:"seq"`
 	EventType        string            `json:"event_type" enum:"store,delete,access,config"`
@@ -154,8 +154,8 @@ type CacheEventsResponse struct {
 
 // PrefetchRequest documents the POST /cache/prefetches body.
 type PrefetchRequest struct {
-	InstanceID string  `json:"instance_id"`
-	ModelName  string  `json:"model_name"`
+	InstanceID string  `json:"instance_id" maxLength:"256"`
+	ModelName  string  `json:"model_name" maxLength:"1024"`
 	WorldSize  int64   `json:"world_size" doc:">= 1"`
 	TokenIDs   []int64 `json:"token_ids,omitempty"`
 	CacheSalt  string  `json:"cache_salt,omitempty"`
@@ -163,7 +163,7 @@ type PrefetchRequest struct {
 
 // PinRequest documents the POST and DELETE /cache/pins body.
 type PinRequest struct {
-	ModelName string  `json:"model_name"`
+	ModelName string  `json:"model_name" maxLength:"1024"`
 	WorldSize int64   `json:"world_size" doc:">= 1"`
 	TokenIDs  []int64 `json:"token_ids,omitempty"`
 	CacheSalt string  `json:"cache_salt,omitempty"`

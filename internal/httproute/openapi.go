@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -204,12 +205,20 @@ func schemaFor(v any, contentType string) (*openapi3.SchemaRef, error) {
 }
 
 // requireFields marks struct fields without omitempty as required and
-// reads a field's `enum:"a,b"` and `doc:"..."` tags.
+// reads a field's `enum:"a,b"`, `maxLength:"n"` (bytes, as the services
+// bound names) and `doc:"..."` tags.
 func requireFields(name string, t reflect.Type, tag reflect.StructTag, s *openapi3.Schema) error {
 	if e := tag.Get("enum"); e != "" {
 		for _, v := range strings.Split(e, ",") {
 			s.Enum = append(s.Enum, v)
 		}
+	}
+	if m := tag.Get("maxLength"); m != "" {
+		n, err := strconv.ParseUint(m, 10, 64)
+		if err != nil {
+			return fmt.Errorf("field %s: maxLength tag %q: %w", name, m, err)
+		}
+		s.MaxLength = &n
 	}
 	if d := tag.Get("doc"); d != "" {
 		s.Description = d

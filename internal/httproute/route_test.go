@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 var errGone = errors.New("gone")
 
 type item struct {
-	Name  string   `json:"name"`
+	Name  string   `json:"name" maxLength:"64"`
 	Size  int64    `json:"size_bytes"`
 	Tags  []string `json:"tags,omitempty"`
 	Level string   `json:"level" enum:"low,high"`
@@ -212,6 +212,9 @@ func TestOpenAPIFromTypes(t *testing.T) {
 	}
 	if lv := s.Properties["level"].Value; len(lv.Enum) != 2 || lv.Enum[1] != "high" {
 		t.Errorf("level enum = %v", lv.Enum)
+	}
+	if n := s.Properties["name"].Value.MaxLength; n == nil || *n != 64 {
+		t.Errorf("name maxLength = %v, want 64 (from the maxLength tag)", n)
 	}
 	if e := get.Responses.Value("404").Value.Content["application/json"].Schema.Value; e.Properties["error"] == nil {
 		t.Errorf("404 schema is not the error shape: %v", e.Properties)
