@@ -2,14 +2,22 @@ package httpapi_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/lmcache-go/lmcache/internal/engine"
 	"github.com/lmcache-go/lmcache/internal/httpapi"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/tokenhash"
@@ -370,4 +378,114 @@ func TestChecksumsHashEachBlockAsRead(t *testing.T) {
 	}
 	// A bad block id anywhere is still the 400 before any answer.
 	e.expect(400, "POST", "/cache/checksums", `{"block_ids":[0,9],"chunk_size":1}`)
+}
+
+// gatedReader is one layer whose first Block call waits until the request
+// that asked for it has ended (its context is handed over by the test's
+// handler wrapper), and which counts its calls.
+type gatedReader struct {
+	reqCtx chan context.Context
+	mu     sync.Mutex
+	calls  int
+}
+
+func (g *gatedReader) KVLayers(int) ([]httpapi.KVLayer, error) { return []httpapi.KVLayer{g}, nil }
+
+func (g *gatedReader) Block(id int) ([]byte, error) {
+	g.mu.Lock()
+	g.calls++
+	first := g.calls == 1
+	g.mu.Unlock()
+	if first {
+		select {
+		case ctx := <-g.reqCtx:
+			select {
+			case <-ctx.Done():
+			case <-time.After(10 * time.Second):
+				return nil, errors.New("the request context was not cancelled")
+			}
+		case <-time.After(10 * time.Second):
+			return nil, errors.New("no request context")
+		}
+	}
+	return []byte{byte(id)}, nil
+}
+
+// TestChecksumsStopWhenClientGoes: POST /cache/checksums stops reading
+// blocks once its client has gone (a request may name millions of blocks
+// per layer, and nobody reads the answer), instead of hashing every one.
+func TestChecksumsStopWhenClientGoes(t *testing.T) {
+	g := &gatedReader{reqCtx: make(chan context.Context, 1)}
+	srv, err := httpapi.New(httpapi.Options{KVBlocks: g, ChunkSize: testChunk, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.New(engine.Config{L1SizeBytes: 1 << 20}, nil, quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		stop()
+		wg.Wait()
+		if err := eng.CloseChecked(); err != nil {
+			t.Error(err)
+		}
+	}()
+	wg.Go(func() { _ = eng.Run(ctx) })
+	if err := srv.SetEngine(eng); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the engine to become ready", eng.Ready)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	handlerDone := make(chan struct{})
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(handlerDone)
+		g.reqCtx <- r.Context()
+		srv.Handler().ServeHTTP(w, r)
+	})}
+	wg.Go(func() { _ = hs.Serve(ln) })
+	defer hs.Close()
+
+	ids := make([]string, 10000)
+	for i := range ids {
+		ids[i] = strconv.Itoa(i % 256)
+	}
+	body := `{"block_ids":[` + strings.Join(ids, ",") + `],"chunk_size":1}`
+	cctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(cctx, "POST", "http://"+ln.Addr().String()+"/cache/checksums", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	errc := make(chan error, 1)
+	go func() {
+		res, err := (&http.Client{Transport: tr}).Do(req)
+		if err == nil {
+			res.Body.Close()
+		}
+		errc <- err
+	}()
+	// Cancel once the handler is reading its first block.
+	waitFor(t, "the first block read", func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.calls > 0 })
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("client: %v", err)
+	}
+	select {
+	case <-handlerDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not return")
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.calls != 1 {
+		t.Errorf("read %d of the 10000 blocks in all, want 1 (the one being read when the client went away)", g.calls)
+	}
 }

@@ -298,6 +298,11 @@ func (s *Server) handleChecksums(w http.ResponseWriter, r *http.Request) error {
 	// both modes, in the order the digests consume them.
 	read := func(h hash.Hash, li int, c int) error {
 		for i := c * req.ChunkSize; i < min((c+1)*req.ChunkSize, n); i++ {
+			// A request may name millions of blocks per layer; once the
+			// client is gone nobody reads the answer, so stop reading.
+			if err := r.Context().Err(); err != nil {
+				return fmt.Errorf("checksums abandoned by the client: %w", err)
+			}
 			id := req.BlockIDs[i]
 			b, err := layers[li].Block(id)
 			if err != nil {
