@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/quota"
 )
 
@@ -39,6 +40,15 @@ func (s *Server) handleQuotaPut(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// Only a salt a store can carry (objkey's rules, the ones every store
+	// and lookup path applies) can ever be charged, so a quota for any
+	// other is meaningless; refusing it also bounds what one PUT keeps
+	// (the path segment could otherwise be as long as the header limit,
+	// and every such quota stays in memory and in GET /quota).
+	salt := quota.FromPath(seg)
+	if err := objkey.ValidateSalt(salt); err != nil {
+		return errf(ErrBadRequest, "%s", objkey.Reason(err))
+	}
 	e, err := s.quotaEngine()
 	if err != nil {
 		return err
@@ -47,7 +57,7 @@ func (s *Server) handleQuotaPut(w http.ResponseWriter, r *http.Request) error {
 	if bytes >= math.MaxInt64 {
 		return errf(ErrBadRequest, "limit_gb must be finite")
 	}
-	if err := e.SetQuota(quota.FromPath(seg), int64(bytes)); err != nil {
+	if err := e.SetQuota(salt, int64(bytes)); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, QuotaPutResponse{CacheSalt: seg, LimitGB: gb, Status: "ok"})

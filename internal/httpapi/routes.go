@@ -108,7 +108,7 @@ func routes() []route {
 		// Quota.
 		{method: "GET", path: "/quota", tag: "quota", shape: shapeError, auth: authAlways, summary: "Every registered cache_salt quota with live usage.", statuses: st(200, "quotas", 503, notInit), resp: QuotaListResponse{}, h: (*Server).handleQuotaList},
 		{method: "PUT", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, body: ctJSON, summary: "Set a cache_salt quota in GB (_default = empty salt).",
-			statuses: st(200, "set", 400, "invalid limit_gb", 503, notInit), req: QuotaPutRequest{}, resp: QuotaPutResponse{}, h: (*Server).handleQuotaPut},
+			statuses: st(200, "set", 400, "invalid limit_gb, or a cache_salt no store can carry", 503, notInit), req: QuotaPutRequest{}, resp: QuotaPutResponse{}, h: (*Server).handleQuotaPut},
 		{method: "GET", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, summary: "One cache_salt's quota and usage (never 404).", statuses: st(200, "quota", 503, notInit), resp: QuotaGetResponse{}, h: (*Server).handleQuotaGet},
 		{method: "DELETE", path: "/quota/{cache_salt}", tag: "quota", shape: shapeError, auth: authAlways, summary: "Remove a cache_salt quota.", statuses: st(200, "removed or not_found", 503, notInit), resp: QuotaDeleteResponse{}, h: (*Server).handleQuotaDelete},
 		// Runtime L2 reconfiguration.
