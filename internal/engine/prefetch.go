@@ -34,12 +34,18 @@ import (
 // Dropped work, documented and counted: a job whose L2 phase does not fit
 // in the queue completes with its L1 result (Counters.PrefetchDropped);
 // finished jobs nobody polls for prefetchResultTTL are discarded
-// (Counters.PrefetchReaped) so abandoned warm prefetches do not accumulate.
+// (Counters.PrefetchReaped) so abandoned warm prefetches do not accumulate,
+// and so is the oldest finished one when more than maxUnpolledJobs wait (a
+// client sending a new request id per lookup and never polling would
+// otherwise hold one per id for the whole TTL).
 // Neither drops a read lock: locks end by release or by lease expiry.
 
 const (
 	prefetchQueueCap  = 4096
 	prefetchResultTTL = 10 * time.Minute
+	// maxUnpolledJobs bounds the finished jobs waiting for their poll;
+	// vLLM polls each lookup at once, so only abandoned ones pile up.
+	maxUnpolledJobs = 65536
 )
 
 type job struct {
@@ -63,6 +69,9 @@ type job struct {
 	// before L2 loads start.
 	lookupDone   bool
 	lookupPrefix int
+	// listed: finished, still in the jobs table, and counted in
+	// prefetchCtl.unpolled (guarded by prefetchCtl.mu).
+	listed bool
 }
 
 type prefetchCtl struct {
@@ -71,10 +80,22 @@ type prefetchCtl struct {
 	mu     sync.Mutex
 	jobs   map[string]*job
 	closed bool // set by shutdown; no job is queued afterwards
+	// finished lists jobs in the order they finished, oldest first, so
+	// the oldest unpolled one is dropped first past maxUnpolled. Entries
+	// of jobs consumed or replaced since (listed false) are skipped when
+	// met and pruned by reap; unpolled counts the listed ones.
+	finished    []finishedJob
+	unpolled    int
+	maxUnpolled int
+}
+
+type finishedJob struct {
+	id string
+	j  *job
 }
 
 func newPrefetchCtl(e *Engine) *prefetchCtl {
-	return &prefetchCtl{e: e, queue: make(chan *job, prefetchQueueCap), jobs: map[string]*job{}}
+	return &prefetchCtl{e: e, queue: make(chan *job, prefetchQueueCap), jobs: map[string]*job{}, maxUnpolled: maxUnpolledJobs}
 }
 
 // Prefetch starts a job: L1 hits are read-locked at once (Readers > 0), L2
@@ -131,6 +152,9 @@ func (e *Engine) Prefetch(req PrefetchRequest) error {
 	// then drains) cannot miss a job.
 	queued := false
 	p.mu.Lock()
+	if old := p.jobs[req.ID]; old != nil {
+		p.unlistLocked(old)
+	}
 	p.jobs[req.ID] = j
 	if missing && len(e.adapters) > 0 && !p.closed {
 		select {
@@ -498,6 +522,9 @@ func (e *Engine) finishJob(j *job) {
 	}
 	j.doneAt = time.Now()
 	j.res = PrefetchResult{Done: true, LookupDone: true, LookupPrefixChunks: j.lookupPrefix, PrefixChunks: prefix, TotalKeys: j.total, L1Keys: l1Keys, L2Keys: j.l2Keys, Err: j.err, Duration: j.doneAt.Sub(j.submitted)}
+	if p.jobs[j.req.ID] == j { // not replaced by a newer job of its id
+		p.listLocked(j)
+	}
 	p.mu.Unlock()
 	// A done job waits up to prefetchResultTTL for its poll (a warm
 	// prefetch may never be polled); it needs only its result, so the
@@ -525,6 +552,7 @@ func (p *prefetchCtl) jobState(id string, consume bool) (PrefetchResult, error) 
 	case <-j.done:
 		if consume {
 			delete(p.jobs, id)
+			p.unlistLocked(j)
 		}
 		return j.res, nil
 	default:
@@ -553,10 +581,12 @@ func (e *Engine) WaitPrefetch(ctx context.Context, id string) (PrefetchResult, e
 		return PrefetchResult{}, fmt.Errorf("%w: prefetch request_id='%s' already consumed", ErrNotFound, id)
 	}
 	delete(p.jobs, id)
+	p.unlistLocked(j)
 	return j.res, nil
 }
 
-// reap discards finished jobs nobody consumed within prefetchResultTTL.
+// reap discards finished jobs nobody consumed within prefetchResultTTL and
+// prunes the finished list of jobs no longer listed.
 func (p *prefetchCtl) reap(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -565,9 +595,60 @@ func (p *prefetchCtl) reap(now time.Time) {
 		case <-j.done:
 			if now.Sub(j.doneAt) > prefetchResultTTL {
 				delete(p.jobs, id)
+				p.unlistLocked(j)
 				p.e.st.prefetchReaped.Add(1)
 			}
 		default:
 		}
 	}
+	p.pruneFinishedLocked()
+}
+
+// listLocked records a finished job still in the table as waiting for its
+// poll and, past maxUnpolled waiting, discards the oldest (counted in
+// PrefetchReaped, as the TTL's discards). Its read locks stay until
+// released or expired, as for a job the TTL discards.
+func (p *prefetchCtl) listLocked(j *job) {
+	j.listed = true
+	p.unpolled++
+	p.finished = append(p.finished, finishedJob{j.req.ID, j})
+	for p.unpolled > p.maxUnpolled && len(p.finished) > 0 {
+		f := p.finished[0]
+		p.finished[0] = finishedJob{}
+		p.finished = p.finished[1:]
+		if f.j.listed {
+			delete(p.jobs, f.id)
+			p.unlistLocked(f.j)
+			p.e.st.prefetchReaped.Add(1)
+		}
+	}
+	// Consumed jobs leave their entries behind; reap prunes them every
+	// tick, and this bounds them should a burst outpace it.
+	if len(p.finished) > 4*p.maxUnpolled {
+		p.pruneFinishedLocked()
+	}
+}
+
+// unlistLocked forgets that j waits for its poll (it was consumed,
+// replaced or discarded).
+func (p *prefetchCtl) unlistLocked(j *job) {
+	if j.listed {
+		j.listed = false
+		p.unpolled--
+	}
+}
+
+// pruneFinishedLocked drops the entries of jobs no longer listed, into a
+// fresh slice so the space before the oldest entry is given back.
+func (p *prefetchCtl) pruneFinishedLocked() {
+	if len(p.finished) == p.unpolled {
+		return // nothing to drop
+	}
+	kept := make([]finishedJob, 0, p.unpolled)
+	for _, f := range p.finished {
+		if f.j.listed {
+			kept = append(kept, f)
+		}
+	}
+	p.finished = kept
 }
