@@ -326,8 +326,14 @@ var (
 	// A Go addition: upstream only logs a failed eviction delete.
 	dEvictDelFail = desc{"l2_eviction_delete_failures_total", "L2 eviction cycles whose Delete call on the adapter failed (the victims stay on the tier and are retried next cycle).", []string{"l2_name"}}
 	dL2Usage      = desc{"l2_usage_bytes", "L2 bytes in use.", []string{"l2_name"}}
-	dInflightSt   = desc{"num_inflight_l2_stores", "L2 store tasks in flight.", []string{"l2_name", "adapter_index"}}
-	dInflightLd   = desc{"num_inflight_l2_loads", "L2 load tasks in flight.", []string{"l2_name", "adapter_index"}}
+	// Dropped work the engine counts (Go additions; upstream only logs or
+	// does not bound these).
+	dPrefDropped    = desc{"prefetch_dropped_jobs_total", "Prefetch work dropped, by reason: queue_full (the L2 job queue was full: the job answered with its L1 hits only), unpolled (a finished job nobody polled, discarded after 10 minutes, or the oldest waiting one once 65,536 were).", []string{"reason"}}
+	dStoreAbandoned = desc{"l2_store_abandoned_objects_total", "Objects whose upload to the adapter was given up after its last retry; L1 may then evict them without an L2 copy.", []string{"l2_name"}}
+	dStoreDropped   = desc{"l2_store_dropped_objects_total", "Uploads still queued when the engine stopped, dropped.", nil}
+	dLeaseExpired   = desc{"l1_expired_leases_total", "L1 leases that ran out, by kind: read (the object's read locks voided), write (an uncommitted reservation reclaimed or refused at commit).", []string{"kind"}}
+	dInflightSt     = desc{"num_inflight_l2_stores", "L2 store tasks in flight.", []string{"l2_name", "adapter_index"}}
+	dInflightLd     = desc{"num_inflight_l2_loads", "L2 load tasks in flight.", []string{"l2_name", "adapter_index"}}
 	// A Go addition: upstream reports the S3 breaker only in /status.
 	dBreaker = desc{"l2_breaker_state", "L2 adapter circuit breaker: 0 closed, 1 open (calls fail at once), 2 half-open (one probe decides); 0 for adapters without a breaker.", []string{"l2_name", "adapter_index"}}
 )
@@ -382,6 +388,11 @@ func (e *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	// Lookups answered without L2 because --l2-lookup-timeout-ms ran out.
 	counter(dPrefFail, c.L2LookupTimeouts, b.L2LookupTimeouts, "lookup_timeout")
 	counter(dPrefFail, c.L2LookupUnavailable, b.L2LookupUnavailable, "adapter_unavailable")
+	counter(dPrefDropped, c.PrefetchDropped, b.PrefetchDropped, "queue_full")
+	counter(dPrefDropped, c.PrefetchReaped, b.PrefetchReaped, "unpolled")
+	counter(dStoreDropped, c.StoreQueueDropped, b.StoreQueueDropped)
+	counter(dLeaseExpired, c.L1ReadLeasesExpired, b.L1ReadLeasesExpired, "read")
+	counter(dLeaseExpired, c.L1WriteLeasesExpired, b.L1WriteLeasesExpired, "write")
 	gauge(dActiveJobs, float64(c.ActivePrefetchJobs))
 	counter(dPrefReq, c.PrefetchRequests, b.PrefetchRequests)
 	counter(dPrefHit, c.PrefetchHitChunksL1, b.PrefetchHitChunksL1, "l1")
@@ -411,6 +422,7 @@ func (e *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(dStoreDone, a.StoreCompleted, ob.StoreCompleted, name)
 		counter(dLoadDone, a.LoadCompleted, ob.LoadCompleted, name)
 		counter(dEvictDelFail, a.EvictionDeleteFailed, ob.EvictionDeleteFailed, name)
+		counter(dStoreAbandoned, a.StoreAbandoned, ob.StoreAbandoned, name)
 		gauge(dL2Usage, float64(a.UsageBytes), name)
 		gauge(dInflightSt, float64(a.InflightStores), name, idx)
 		gauge(dInflightLd, float64(a.InflightLoads), name, idx)
