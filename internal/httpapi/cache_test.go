@@ -489,3 +489,21 @@ func TestChecksumsStopWhenClientGoes(t *testing.T) {
 		t.Errorf("read %d of the 10000 blocks in all, want 1 (the one being read when the client went away)", g.calls)
 	}
 }
+
+// TestChecksumsHugeChunkSize: a chunk_size near the int maximum is one
+// chunk over every block. The chunk count was (n + chunk_size - 1) /
+// chunk_size, whose sum overflowed to a negative count, and the handler
+// panicked allocating it (a 500 the route does not document).
+func TestChecksumsHugeChunkSize(t *testing.T) {
+	e := start(t, envOpts{mutate: func(o *httpapi.Options) { o.KVBlocks = blockReader{} }})
+	blk := func(l, id int) []byte { b, _ := layer{l}.Block(id); return b }
+	m := e.expect(200, "POST", "/cache/checksums", `{"block_ids":[0,1],"chunk_size":9223372036854775807}`).json(t)
+	want := []any{md5hex(blk(0, 0), blk(0, 1), blk(1, 0), blk(1, 1))}
+	if m["num_chunks"] != float64(1) || !reflect.DeepEqual(m["chunk_checksums"], want) {
+		t.Fatalf("checksums = %v, want one chunk %v", m, want)
+	}
+	m = e.expect(200, "POST", "/cache/checksums", `{"block_ids":[0,1,2],"chunk_size":9223372036854775807,"layerwise":true}`).json(t)
+	if lw := m["chunk_checksums"].(map[string]any); len(lw["layer_0"].([]any)) != 1 {
+		t.Fatalf("layerwise = %v, want one chunk per layer", lw)
+	}
+}

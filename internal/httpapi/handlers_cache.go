@@ -289,7 +289,9 @@ func (s *Server) handleChecksums(w http.ResponseWriter, r *http.Request) error {
 		return errf(ErrNotFound, "kv_caches empty")
 	}
 	n := len(req.BlockIDs)
-	numChunks := (n + req.ChunkSize - 1) / req.ChunkSize
+	// ceil(n / chunk_size) without n + chunk_size - 1, which overflows
+	// for a chunk_size near the int maximum (n >= 1 here).
+	numChunks := (n-1)/req.ChunkSize + 1
 	// Each block is hashed as soon as it is read and never kept: holding
 	// every (layer, block) copy until the end made a request of N ids over
 	// L layers hold L*N blocks at once (16 MiB of ids over 32 layers of
