@@ -77,6 +77,9 @@ func (a *Adapter) addDevice(path string, size int64) (*device, error) {
 	if size < a.slotBytes {
 		return nil, fmt.Errorf("device %s: %d bytes cannot hold one slot of %d bytes", path, size, a.slotBytes)
 	}
+	if err := a.checkSlots(path, size); err != nil {
+		return nil, err
+	}
 	f, mem, id, err := mapDevice(path, size)
 	if err != nil {
 		return nil, fmt.Errorf("map device %s: %w", path, err)
@@ -93,6 +96,22 @@ func (a *Adapter) addDevice(path string, size int64) (*device, error) {
 	a.updateCapacityLocked()
 	a.mu.Unlock()
 	return d, nil
+}
+
+// MaxSlotsPerDevice bounds a device's slot count: the adapter keeps a free
+// list entry (8 bytes) per slot, so a tiny slot_bytes or a huge sparse file
+// would otherwise exhaust memory at start or at a /reconfigure instead of
+// failing as a configuration error. 2^24 slots is a 16 TiB device at
+// 1 MiB slots, a 128 MiB free list.
+const MaxSlotsPerDevice = 1 << 24
+
+// checkSlots refuses a device of size bytes with more than
+// MaxSlotsPerDevice slots.
+func (a *Adapter) checkSlots(path string, size int64) error {
+	if n := size / a.slotBytes; n > MaxSlotsPerDevice {
+		return fmt.Errorf("device %s: %d bytes is %d slots of %d bytes, more than the %d a device may have; raise slot_bytes", path, size, n, a.slotBytes, MaxSlotsPerDevice)
+	}
+	return nil
 }
 
 func (a *Adapter) updateCapacityLocked() {

@@ -117,6 +117,9 @@ func (a *Adapter) precheck(path string, size int64, needSize bool) error {
 		if size < a.slotBytes {
 			return fmt.Errorf("%w: size %d cannot hold one slot of %d bytes", ErrBadRequest, size, a.slotBytes)
 		}
+		if err := a.checkSlots(path, size); err != nil {
+			return fmt.Errorf("%w: %w", ErrBadRequest, err)
+		}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
