@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -99,4 +100,8 @@ func TestKVLookupClientGoneReleasesLocks(t *testing.T) {
 	waitFor(t, "the handler to end", func() bool { return logs.Has("path=/api/kv/lookup") })
 	releaseStall()
 	waitFor(t, "the abandoned lookup's locks to be released", func() bool { return len(e.eng.Leaks()) == 0 })
+	// A client that stopped waiting is no server failure: no ERROR line.
+	if out := logs.String(); strings.Contains(out, "level=ERROR") {
+		t.Errorf("an abandoned lookup logged an ERROR:\n%s", out)
+	}
 }

@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"sort"
 
@@ -254,7 +256,14 @@ func (s *Server) buildTable() (*httproute.Table, error) {
 		Log:                    s.log,
 		OnError: func(r *http.Request, _ *httproute.Route, code int, err error) error {
 			msg := s.scrub(err.Error())
-			if code >= 500 && code != http.StatusServiceUnavailable && code != http.StatusNotImplemented {
+			switch {
+			case code < 500 || code == http.StatusServiceUnavailable || code == http.StatusNotImplemented:
+			case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+				// The client went away (a lookup it stopped waiting for):
+				// nothing failed on the server, and an ERROR line per
+				// cancelled request is a false alarm.
+				s.log.Debug("http request abandoned by its client", "method", r.Method, "path", r.URL.Path, "err", msg)
+			default:
 				s.log.Error("http request failed", "method", r.Method, "path", r.URL.Path, "status", code, "err", msg)
 			}
 			// The body shows the whole chain's text, with the configured
