@@ -14,3 +14,6 @@ func SetHooks(a *Adapter, afterRename, afterRemove func(objkey.Key)) {
 
 // SetDirSynced installs the hook run after fsync synced a directory.
 func SetDirSynced(a *Adapter, f func(dir string)) { a.dirSynced = f }
+
+// SetDirRead installs the hook run after List read base_path.
+func SetDirRead(a *Adapter, f func()) { a.dirRead = f }

@@ -21,8 +21,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -63,7 +65,24 @@ type Adapter struct {
 	afterRename, afterRemove func(objkey.Key)
 	// dirSynced (nil outside tests) runs after fsync synced a directory.
 	dirSynced func(dir string)
+	// dirRead (nil outside tests) runs after List read base_path.
+	dirRead func()
+
+	// listMu guards listNames, the sorted regular-file names of base_path
+	// as the first page of the latest listing read them, and listAt, when.
+	// The later pages of a listing continue in it rather than reading the
+	// whole directory again per page (which made a listing of n files in
+	// pages of p cost n²/p entries: hours for the coordinator's resync of
+	// a million objects). Files written since are not in it; a listing is
+	// no snapshot of a changing directory either way.
+	listMu    sync.Mutex
+	listNames []string
+	listAt    time.Time
 }
+
+// listSnapshotTTL is how long later pages may continue in the names the
+// first page read; a page after that reads the directory again.
+const listSnapshotTTL = time.Minute
 
 var _ l2.Adapter = (*Adapter)(nil)
 
@@ -447,17 +466,15 @@ func (a *Adapter) List(ctx context.Context, modelName string, pageSize int, page
 		}
 		after = string(b)
 	}
-	ents, err := os.ReadDir(a.cfg.BasePath) // sorted by name
+	names, err := a.listing(pageToken == "")
 	if err != nil {
-		return l2.Page{}, fmt.Errorf("fs: list: %w", err)
+		return l2.Page{}, err
 	}
 	var page l2.Page
 	last := ""
-	for _, e := range ents {
-		if e.Name() <= after || !e.Type().IsRegular() {
-			continue
-		}
-		k, err := parseObjectName(e.Name())
+	// names is sorted: the page starts right after the token's name.
+	for _, name := range names[sort.SearchStrings(names, after+"\x00"):] {
+		k, err := parseObjectName(name)
 		if err != nil || (modelName != "" && k.ModelName != modelName) {
 			continue
 		}
@@ -465,14 +482,45 @@ func (a *Adapter) List(ctx context.Context, modelName string, pageSize int, page
 			page.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(last))
 			break
 		}
-		info, err := e.Info()
-		if err != nil {
-			continue // deleted since ReadDir
+		info, err := os.Lstat(filepath.Join(a.cfg.BasePath, name))
+		if err != nil || !info.Mode().IsRegular() {
+			continue // deleted (or replaced) since the directory was read
 		}
 		page.Entries = append(page.Entries, l2.Entry{Key: k, SizeBytes: info.Size()})
-		last = e.Name()
+		last = name
+	}
+	if page.NextPageToken == "" {
+		a.listMu.Lock()
+		a.listNames = nil // the listing is over: do not hold its names
+		a.listMu.Unlock()
 	}
 	return page, nil
+}
+
+// listing returns the sorted regular-file names of base_path: read afresh
+// for a first page (fresh), or when the names the last first page read are
+// gone or older than listSnapshotTTL; otherwise those names.
+func (a *Adapter) listing(fresh bool) ([]string, error) {
+	a.listMu.Lock()
+	defer a.listMu.Unlock()
+	if !fresh && a.listNames != nil && time.Since(a.listAt) < listSnapshotTTL {
+		return a.listNames, nil
+	}
+	ents, err := os.ReadDir(a.cfg.BasePath) // sorted by name
+	if err != nil {
+		return nil, fmt.Errorf("fs: list: %w", err)
+	}
+	if a.dirRead != nil {
+		a.dirRead()
+	}
+	names := make([]string, 0, len(ents))
+	for _, e := range ents {
+		if e.Type().IsRegular() {
+			names = append(names, e.Name())
+		}
+	}
+	a.listNames, a.listAt = names, time.Now()
+	return names, nil
 }
 
 // Usage implements l2.Adapter.
