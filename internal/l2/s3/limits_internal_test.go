@@ -28,3 +28,15 @@ func TestSlowLimitAndTransferTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestDeleteSlowLimitScalesWithKeys: a DeleteObjects batch counts as slow
+// after 2 s plus 2 ms per key (4 s for a full batch of 1000), not after the
+// plain 2 s that a healthy large batch can exceed.
+func TestDeleteSlowLimitScalesWithKeys(t *testing.T) {
+	a := &Adapter{cfg: Defaults()}
+	for n, want := range map[int]time.Duration{1: 2002 * time.Millisecond, 500: 3 * time.Second, deleteBatch: 4 * time.Second} {
+		if got := a.deleteSlowLimit(n); got != want {
+			t.Errorf("deleteSlowLimit(%d) = %v, want %v", n, got, want)
+		}
+	}
+}

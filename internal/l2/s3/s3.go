@@ -273,6 +273,15 @@ func (a *Adapter) slowLimit(n int) time.Duration {
 	return a.cfg.SlowCall + time.Duration(n>>20)*100*time.Millisecond
 }
 
+// deleteSlowLimit is when a DeleteObjects of n keys counts as slow: the
+// s3_slow_call_s threshold plus 2 ms per key. S3 deletes a batch's objects
+// one by one server-side, so a healthy 1000-key batch can take seconds;
+// held to the plain limit, three of them opened the breaker and aborted
+// every call in flight.
+func (a *Adapter) deleteSlowLimit(n int) time.Duration {
+	return a.cfg.SlowCall + time.Duration(n)*2*time.Millisecond
+}
+
 // transferTimeout bounds one PUT or GET of n bytes: the op timeout plus
 // one second per MiB (a 1 MiB/s floor), so a server that stops reading or
 // sending mid-body cannot stall a request forever.
@@ -528,7 +537,7 @@ func (a *Adapter) Delete(ctx context.Context, keys []objkey.Key) ([]objkey.Key, 
 		for i, k := range batch {
 			ids[i] = types.ObjectIdentifier{Key: aws.String(k.S3Name())}
 		}
-		err := a.call(ctx, a.slowLimit(0), func(ctx context.Context) error {
+		err := a.call(ctx, a.deleteSlowLimit(len(batch)), func(ctx context.Context) error {
 			ctx, cancel := context.WithTimeout(ctx, a.cfg.OpTimeout)
 			defer cancel()
 			out, err := a.client.DeleteObjects(ctx, &s3.DeleteObjectsInput{
