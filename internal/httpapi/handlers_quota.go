@@ -111,10 +111,11 @@ func (s *Server) handleReconfigureStatus(w http.ResponseWriter, r *http.Request)
 		}
 		adapters = append(adapters, ReconfigureAdapter{AdapterIndex: len(adapters), Status: st})
 	}
-	writeJSON(w, http.StatusOK, ReconfigureStatusResponse{
+	// An adapter's status and results are its own maps, like /status's
+	// storage manager: they leave through redaction too.
+	return writeRedactedJSON(w, http.StatusOK, ReconfigureStatusResponse{
 		Enabled: len(adapters) > 0, Backend: backend, NumAdapters: len(adapters), Adapters: adapters,
 	})
-	return nil
 }
 
 // backendAdapters lists the reconfigurable adapters of one backend type, in
@@ -336,6 +337,5 @@ func (s *Server) handleReconfigure(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", backend, op, err)
 	}
-	writeJSON(w, http.StatusOK, newReconfigureResponse(res, req.AdapterIndex))
-	return nil
+	return writeRedactedJSON(w, http.StatusOK, newReconfigureResponse(res, req.AdapterIndex))
 }
