@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/lmcache-go/lmcache/internal/redact"
 )
 
 // DefaultAffinityTag is upstream's affinity_tag when the key is absent.
@@ -358,6 +360,16 @@ func (f *Fields) Raw(key string) json.RawMessage {
 	return f.raw[key]
 }
 
+// shown is key's raw value as an error message may quote it: a credential
+// (aws_secret_access_key, a token) is shown as redact.Marker, since these
+// errors reach the start-up log and the HTTP answers of /reconfigure.
+func (f *Fields) shown(key string) string {
+	if redact.IsSecretName(key) {
+		return redact.Marker
+	}
+	return string(f.raw[key])
+}
+
 func (f *Fields) rawText(key string) string {
 	if v, ok := f.raw[key]; ok {
 		return string(v)
@@ -383,7 +395,7 @@ func (f *Fields) String(key, def string) (string, error) {
 	var s string
 	ok, err := f.decode(key, &s)
 	if err != nil {
-		return "", fmt.Errorf("%s must be a string, got %s", key, f.raw[key])
+		return "", fmt.Errorf("%s must be a string, got %s", key, f.shown(key))
 	}
 	if !ok {
 		return def, nil
@@ -396,7 +408,7 @@ func (f *Fields) Bool(key string, def bool) (bool, error) {
 	var b bool
 	ok, err := f.decode(key, &b)
 	if err != nil {
-		return false, fmt.Errorf("%s must be a boolean, got %s", key, f.raw[key])
+		return false, fmt.Errorf("%s must be a boolean, got %s", key, f.shown(key))
 	}
 	if !ok {
 		return def, nil
@@ -409,7 +421,7 @@ func (f *Fields) Int(key string, def int64) (int64, error) {
 	var n json.Number
 	ok, err := f.decode(key, &n)
 	if err != nil {
-		return 0, fmt.Errorf("%s must be an integer, got %s", key, f.raw[key])
+		return 0, fmt.Errorf("%s must be an integer, got %s", key, f.shown(key))
 	}
 	if !ok {
 		return def, nil
@@ -438,7 +450,7 @@ func (f *Fields) Float(key string, def float64) (float64, error) {
 	var n json.Number
 	ok, err := f.decode(key, &n)
 	if err != nil {
-		return 0, fmt.Errorf("%s must be a number, got %s", key, f.raw[key])
+		return 0, fmt.Errorf("%s must be a number, got %s", key, f.shown(key))
 	}
 	if !ok {
 		return def, nil
@@ -470,7 +482,7 @@ func (f *Fields) Object(key string) (*Fields, error) {
 	var m map[string]json.RawMessage
 	ok, err := f.decode(key, &m)
 	if err != nil {
-		return nil, fmt.Errorf("%s must be an object, got %s", key, f.raw[key])
+		return nil, fmt.Errorf("%s must be an object, got %s", key, f.shown(key))
 	}
 	if !ok {
 		return nil, nil
