@@ -227,3 +227,19 @@ func TestDurationAndSizeBounds(t *testing.T) {
 		t.Errorf("L1SizeBytes %d, L1InitSizeBytes %d: want positive and equal", c.L1SizeBytes(), c.L1InitSizeBytes())
 	}
 }
+
+// TestPreallocatedSizesBounded: the flags whose value the server allocates
+// at start (the KV event log's ring, the publisher's queue) stop at 2^22
+// entries with a flag error; a larger value panicked (makeslice) or
+// exhausted memory before the server started. 2^22 itself is accepted.
+func TestPreallocatedSizesBounded(t *testing.T) {
+	for _, flag := range []string{"--kv-event-log-size", "--kv-events-max-queue-size"} {
+		want := flag + ": must be <= 4194304 (got 4194305)"
+		if got := parseErr(t, []string{flag, "4194305"}, nil); got != want {
+			t.Errorf("%s 4194305:\n got %q\nwant %q", flag, got, want)
+		}
+		if got := parseErr(t, []string{flag, "4194304"}, nil); got != "" {
+			t.Errorf("%s 4194304 refused: %s", flag, got)
+		}
+	}
+}

@@ -204,6 +204,12 @@ func durationInt(p *int, unit time.Duration, unitName string) func() error {
 	}
 }
 
+// MaxPreallocated bounds the flags whose value the server allocates up
+// front (the KV event log's ring, the KV event publisher's queue): 2^22
+// entries is far past any default, and a larger value panicked or
+// exhausted memory at start instead of being a flag error.
+const MaxPreallocated = 1 << 22
+
 // inRangeInt is an integer flag's closed range: atLeast's rule and text
 // below it, and an upper bound where the server's arithmetic on the value
 // (retries + 1, megabytes << 20) would overflow past hi.
