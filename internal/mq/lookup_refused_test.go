@@ -61,6 +61,15 @@ func TestFailedRequestWarnThrottled(t *testing.T) {
 			t.Fatalf("refused LOOKUP reply: %v, want nil", err)
 		}
 	}
+	// A LOOKUP answered on the socket goroutine sends its nil reply before
+	// its work (and the failure's log line); a QUERY_PREFETCH_STATUS from
+	// the same peer is handled on that goroutine after it, so its answer
+	// means the LOOKUPs before it were logged or held back.
+	for _, c := range []*mqclient.Client{a, b} {
+		if n, ready, err := c.QueryPrefetchStatus("r"); err != nil || !ready || n != 0 {
+			t.Fatalf("QUERY_PREFETCH_STATUS r = %d %v %v, want 0 ready (the refused LOOKUPs started no job)", n, ready, err)
+		}
+	}
 	if n := strings.Count(h.logs.String(), "request failed"); n != 2 {
 		t.Fatalf("%d \"request failed\" lines for 3 failures of one peer and 1 of another, want 2:\n%s", n, h.logs.String())
 	}
