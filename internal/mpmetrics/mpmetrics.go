@@ -73,6 +73,10 @@ type Metrics struct {
 	// ZMQEvictedSessions counts request sessions dropped because more
 	// than mq.Config.MaxSessions were open (the least recently used goes).
 	ZMQEvictedSessions *Counter
+	// ZMQDroppedRecords counts per-request records dropped past their
+	// bound, by {kind}: no_job (a LOOKUP that started no job), lookup
+	// (a running lookup's metrics metadata: that lookup goes uncounted).
+	ZMQDroppedRecords *prometheus.CounterVec
 	// ZMQBusyPollSeconds is the time the socket goroutine spent polling
 	// without blocking (--zmq-busy-poll-us): CPU spent to save wake-ups.
 	ZMQBusyPollSeconds *Counter
@@ -156,6 +160,7 @@ func New(instanceID string, src Source) *Metrics {
 	m.ZMQBusyPollSeconds = c(Namespace+"_zmq_busy_poll_seconds_total", "Time the ZMQ socket goroutine spent polling without blocking after a message (--zmq-busy-poll-us), CPU spent to answer the next request without a wake-up.")
 	m.ZMQReapedWorkers = c(Namespace+"_zmq_reaped_workers_total", "Worker registrations dropped by the reaper after going silent.")
 	m.ZMQAbandonedTransfers = c(Namespace+"_zmq_abandoned_transfers_total", "PREPARE_STORE/PREPARE_RETRIEVE whose COMMIT never came, dropped (staged writes aborted, read locks released): by the reaper, or still open when the data path stopped.")
+	m.ZMQDroppedRecords = cv(Namespace+"_zmq_dropped_request_records_total", "Per-request records the data path dropped because 65,536 were kept (a client sending new request ids and never polling), by kind: no_job (the id of a LOOKUP that started no job; its next poll asks the engine), lookup (a running lookup's metadata; that lookup is not counted in the lookup metrics).", "kind")
 	m.ZMQEvictedSessions = c(Namespace+"_zmq_evicted_sessions_total", "Request sessions (a request's cached chunk hashes) dropped, least recently used first, because more were open than the data path keeps; the request's next message hashes its prompt again.")
 	m.ZMQProfileRefusedPeers = c(Namespace+"_zmq_wire_profile_refused_peers_total", "Client connections refused because their first request fingerprints a wire profile other than the forced --wire-profile.")
 

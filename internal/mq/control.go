@@ -50,6 +50,47 @@ func lookupKey(req *request) (*wire.Key, int, error) {
 	return key, min(readers, l1.MaxReaders), nil
 }
 
+// maxRequestRecords bounds the per-request-id records the data path keeps
+// besides sessions (lookups without a job, running lookups' metrics
+// metadata): each is a few dozen bytes, but a client sending a new request
+// id with every LOOKUP and never polling would otherwise add one per id for
+// SessionTTL. vLLM polls every lookup at once, so only abandoned ones are
+// dropped.
+const maxRequestRecords = 65536
+
+// markNoJobLocked records that id's last LOOKUP started no job. Past
+// maxRequestRecords an arbitrary older record goes: its id then polls the
+// engine, which answers 0 unless an older job of that id is still there.
+// st.mu is held.
+func (st *state) markNoJobLocked(id string) {
+	if _, known := st.noJob[id]; !known && len(st.noJob) >= maxRequestRecords {
+		dropOne(st.noJob)
+		st.s.metrics.ZMQDroppedRecords.WithLabelValues("no_job").Inc()
+	}
+	st.noJob[id] = time.Now()
+}
+
+// recordLookupLocked keeps what a started LOOKUP job asked for, for the
+// lookup metrics when it is consumed. Jobs nobody polls leave their records
+// until the sweep, so past maxRequestRecords an arbitrary one goes (that
+// lookup is then not counted). st.mu is held.
+func (st *state) recordLookupLocked(id string, m lookupMeta) {
+	if _, known := st.lookups[id]; !known && len(st.lookups) >= maxRequestRecords {
+		dropOne(st.lookups)
+		st.s.metrics.ZMQDroppedRecords.WithLabelValues("lookup").Inc()
+	}
+	st.lookups[id] = m
+}
+
+// dropOne deletes one entry of m, whichever the map iteration yields
+// first.
+func dropOne[V any](m map[string]V) {
+	for k := range m {
+		delete(m, k)
+		return
+	}
+}
+
 // noJobFor reports whether id's last LOOKUP started no job (its answer is
 // 0), forgetting that if consume.
 func (st *state) noJobFor(id string, consume bool) bool {
@@ -70,7 +111,7 @@ func (st *state) lookup(req *request) ([]byte, error) {
 			// vLLM polls the id next, and an older job's hits would
 			// describe another prompt.
 			st.mu.Lock()
-			st.noJob[key.RequestID] = time.Now()
+			st.markNoJobLocked(key.RequestID)
 			st.mu.Unlock()
 		}
 		return wire.Nil, err
@@ -80,7 +121,7 @@ func (st *state) lookup(req *request) ([]byte, error) {
 	st.mu.Unlock()
 	if started, err := st.startPrefetch(key, readers, req.span, req.inline); !started {
 		st.mu.Lock()
-		st.noJob[key.RequestID] = time.Now()
+		st.markNoJobLocked(key.RequestID)
 		st.mu.Unlock()
 		return wire.Nil, err
 	}
@@ -120,7 +161,7 @@ func (st *state) startPrefetch(key *wire.Key, readers int, parent trace.SpanCont
 	}
 	if st.s.cfg.Metrics != nil {
 		st.mu.Lock()
-		st.lookups[key.RequestID] = lookupMeta{model: key.ModelName, salt: key.CacheSalt, chunks: last - first, started: time.Now()}
+		st.recordLookupLocked(key.RequestID, lookupMeta{model: key.ModelName, salt: key.CacheSalt, chunks: last - first, started: time.Now()})
 		st.mu.Unlock()
 	}
 	return true, nil
