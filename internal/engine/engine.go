@@ -563,14 +563,18 @@ func (e *Engine) ReconfigureStatus(i int) (map[string]any, error) {
 	return r.ReconfigureStatus(), nil
 }
 
-// QuotaUsage is salt's usage in bytes as /quota reports it: the sum over L2
-// adapters (upstream counts L2 only).
-func (e *Engine) QuotaUsage(salt string) int64 {
-	var n int64
+// QuotaUsage is the usage in bytes of every cache salt as /quota reports
+// it: the sum over L2 adapters (upstream counts L2 only). Each adapter's
+// usage is read once, so GET /quota costs one copy of each adapter's
+// per-salt map, not one per quota.
+func (e *Engine) QuotaUsage() map[string]int64 {
+	out := map[string]int64{}
 	for _, a := range e.adapters {
-		n += a.Usage().BytesByCacheSalt[salt]
+		for salt, n := range a.Usage().BytesByCacheSalt {
+			out[salt] += n
+		}
 	}
-	return n
+	return out
 }
 
 // --- listeners ---

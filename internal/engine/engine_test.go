@@ -578,7 +578,7 @@ func TestFSAdapterRoundTrip(t *testing.T) {
 	}
 	h.mustReadBack(t, keys)
 	h.ReleaseRead("again", keys, 1)
-	if u := h.QuotaUsage("tenant"); u != int64(len(keys))*objSize {
+	if u := h.QuotaUsage()["tenant"]; u != int64(len(keys))*objSize {
 		t.Fatalf("quota usage = %d", u)
 	}
 }

@@ -78,7 +78,7 @@ type Engine interface {
 	DeleteQuota(salt string) bool
 	Quota(salt string) (limitBytes int64, exists bool)
 	Quotas() map[string]int64
-	QuotaUsage(salt string) int64
+	QuotaUsage() map[string]int64
 }
 
 var _ Engine = (*engine.Engine)(nil)

@@ -23,8 +23,9 @@ func (s *Server) handleQuotaList(w http.ResponseWriter, _ *http.Request) error {
 		return err
 	}
 	users := map[string]QuotaUsage{}
+	usage := e.QuotaUsage()
 	for salt, limit := range e.Quotas() {
-		users[quota.ToPath(salt)] = QuotaUsage{LimitGB: float64(limit) / gib, CurrentUsageGB: float64(e.QuotaUsage(salt)) / gib}
+		users[quota.ToPath(salt)] = QuotaUsage{LimitGB: float64(limit) / gib, CurrentUsageGB: float64(usage[salt]) / gib}
 	}
 	writeJSON(w, http.StatusOK, QuotaListResponse{Users: users})
 	return nil
@@ -73,7 +74,7 @@ func (s *Server) handleQuotaGet(w http.ResponseWriter, r *http.Request) error {
 	salt := quota.FromPath(seg)
 	limit, exists := e.Quota(salt)
 	writeJSON(w, http.StatusOK, QuotaGetResponse{
-		CacheSalt: seg, LimitGB: float64(limit) / gib, CurrentUsageGB: float64(e.QuotaUsage(salt)) / gib, Exists: exists,
+		CacheSalt: seg, LimitGB: float64(limit) / gib, CurrentUsageGB: float64(e.QuotaUsage()[salt]) / gib, Exists: exists,
 	})
 	return nil
 }
