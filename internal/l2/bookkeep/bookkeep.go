@@ -78,11 +78,17 @@ func (b *Book) LockHits(keys []objkey.Key, hits []bool) {
 func (b *Book) Unlock(keys []objkey.Key) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	release(b.locks, keys)
+}
+
+// release drops one reference per key from refs, deleting a key's entry
+// with its last reference; keys without one are ignored.
+func release(refs map[objkey.Key]int, keys []objkey.Key) {
 	for _, k := range keys {
-		if n := b.locks[k]; n > 1 {
-			b.locks[k] = n - 1
+		if n := refs[k]; n > 1 {
+			refs[k] = n - 1
 		} else {
-			delete(b.locks, k)
+			delete(refs, k)
 		}
 	}
 }
@@ -155,13 +161,7 @@ func (b *Book) BeginStore(ctx context.Context, keys []objkey.Key) error {
 func (b *Book) EndStore(keys []objkey.Key) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, k := range keys {
-		if n := b.storing[k]; n > 1 {
-			b.storing[k] = n - 1
-		} else {
-			delete(b.storing, k)
-		}
-	}
+	release(b.storing, keys)
 }
 
 // BeginDelete picks the keys of keys that are not locked (nor being stored,
