@@ -20,6 +20,16 @@ const DefaultSentinel = "_default"
 // ErrNegative is returned for a negative limit.
 var ErrNegative = errors.New("quota limit must be non-negative")
 
+// MaxQuotas bounds the registered limits. Each is kept in memory, listed by
+// GET /quota and walked by every IsolatedLRU eviction cycle; a script
+// registering a quota per request id would otherwise grow all three
+// without bound. Replacing or deleting a registered limit is always
+// allowed.
+const MaxQuotas = 100_000
+
+// ErrTooMany is returned for a new salt once MaxQuotas are registered.
+var ErrTooMany = fmt.Errorf("too many quotas: at most %d cache_salt limits may be registered; delete unused ones first", MaxQuotas)
+
 // FromPath maps an HTTP path segment to a salt ("_default" → "").
 func FromPath(segment string) string {
 	if segment == DefaultSentinel {
@@ -53,8 +63,11 @@ func (m *Manager) Set(salt string, limitBytes int64) error {
 		return fmt.Errorf("%w (got %d)", ErrNegative, limitBytes)
 	}
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, known := m.limits[salt]; !known && len(m.limits) >= MaxQuotas {
+		return ErrTooMany
+	}
 	m.limits[salt] = limitBytes
-	m.mu.Unlock()
 	return nil
 }
 
