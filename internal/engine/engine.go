@@ -336,10 +336,11 @@ func (e *Engine) CommitWrite(tag string, keys []objkey.Key) (int, error) {
 // the trace of ctx's span (the COMMIT_STORE request); ctx is not kept and
 // its cancellation does not affect the uploads.
 func (e *Engine) CommitWriteContext(ctx context.Context, tag string, keys []objkey.Key) (int, error) {
-	locked := e.lockEvents()
-	res := e.table.Commit(tag, keys, l1.CommitOpts{Pins: len(e.adapters)})
-	e.published(res.Published, trace.SpanContextFromContext(ctx))
-	e.unlockEvents(locked)
+	var res l1.CommitResult
+	e.withEvents(func() {
+		res = e.table.Commit(tag, keys, l1.CommitOpts{Pins: len(e.adapters)})
+		e.published(res.Published, trace.SpanContextFromContext(ctx))
+	})
 	if res.Expired > 0 {
 		return res.Committed, fmt.Errorf("%w: %d reservations expired before commit", ErrWrongState, res.Expired)
 	}
@@ -413,6 +414,15 @@ func (e *Engine) lockEvents() bool {
 	return true
 }
 
+// withEvents runs f, a table change and the notify reporting it, with the
+// event order held (lockEvents), and releases it however f ends: a panic
+// recovered further up (the periodic loops and the HTTP router recover
+// them) must not leave every later L1 change waiting for it.
+func (e *Engine) withEvents(f func()) {
+	defer e.unlockEvents(e.lockEvents())
+	f()
+}
+
 // unlockEvents releases what lockEvents took.
 func (e *Engine) unlockEvents(locked bool) {
 	if locked {
@@ -463,10 +473,11 @@ func (e *Engine) PutContext(ctx context.Context, keys []objkey.Key, data [][]byt
 			staged = append(staged, keys[i])
 		}
 	}
-	locked := e.lockEvents()
-	res := e.table.Commit(tag, staged, l1.CommitOpts{Pins: len(e.adapters)})
-	e.published(res.Published, trace.SpanContextFromContext(ctx))
-	e.unlockEvents(locked)
+	var res l1.CommitResult
+	e.withEvents(func() {
+		res = e.table.Commit(tag, staged, l1.CommitOpts{Pins: len(e.adapters)})
+		e.published(res.Published, trace.SpanContextFromContext(ctx))
+	})
 	return len(res.Published), nil
 }
 

@@ -74,9 +74,7 @@ func (e *Engine) l2EvictCycle(ctx context.Context) (periodic.Summary, error) {
 //   - noop: nothing.
 func (e *Engine) l1EvictOnce() int {
 	e.st.evictTicks.Add(1)
-	locked := e.lockEvents()
-	e.deletedL1(e.table.Sweep())
-	e.unlockEvents(locked)
+	e.withEvents(func() { e.deletedL1(e.table.Sweep()) })
 	wm, ratio := e.cfg.EvictionTriggerWatermark, e.cfg.EvictionRatio
 	used, total := e.table.Usage()
 	over := total > 0 && float64(used)/float64(total) >= wm

@@ -217,8 +217,18 @@ func (p *prefetchCtl) shutdown() {
 // runJob is the L2 phase of one job; the L2 locks are released before the
 // job is published as done.
 func (e *Engine) runJob(ctx context.Context, j *job) {
+	defer func() {
+		// However the L2 phase ends: a panic in an adapter (the worker
+		// loop recovers it and records it) must still complete the job,
+		// or its waiter (a vLLM LOOKUP) would never get an answer.
+		if r := recover(); r != nil {
+			j.err = fmt.Errorf("prefetch L2 phase panicked: %v", r)
+			e.finishJob(j)
+			panic(r)
+		}
+		e.finishJob(j)
+	}()
 	e.loadL2(ctx, j)
-	e.finishJob(j)
 }
 
 func (e *Engine) loadL2(ctx context.Context, j *job) {
@@ -341,12 +351,18 @@ func (e *Engine) loadL2(ctx context.Context, j *job) {
 	// Held: this job commits or aborts every buffer once its loads
 	// return, and the adapters write into them until then, so no write
 	// lease may reclaim one meanwhile.
-	slots, err := e.table.ReserveHeld(tag, j.keysAt(loadIdx), sizes)
+	held := j.keysAt(loadIdx)
+	slots, err := e.table.ReserveHeld(tag, held, sizes)
 	if err != nil {
 		e.st.allocFailPrefetch.Add(1)
 		j.err = mapErr(err)
 		return
 	}
+	// loadFrom commits or aborts each buffer; this catches those it never
+	// reached (an adapter's Load that panicked, recovered by the worker
+	// loop): held buffers have no lease that would reclaim them. Abort
+	// skips the keys already committed.
+	defer e.table.Abort(tag, held)
 	slotOf := make(map[int]l1.Slot, len(loadIdx))
 	var already []int // became resident meanwhile: lock the resident copy
 	for n, idx := range loadIdx {
@@ -431,17 +447,19 @@ func (e *Engine) loadFrom(ctx context.Context, ai int, j *job, tag string, keys 
 	if len(good) == 0 {
 		return
 	}
-	locked := e.lockEvents()
-	res := e.table.Commit(tag, good, l1.CommitOpts{Temporary: !j.retain, Readers: j.req.Readers, Owner: j.owner})
-	skeys := make([]objkey.Key, len(res.Published))
-	sizes := make([]int64, len(res.Published))
-	for n, h := range res.Published {
-		skeys[n], sizes[n] = h.Key(), h.Slot().Size
-	}
-	if len(skeys) > 0 {
-		e.notify(func(l L1Listener) { l.OnL1Stored(skeys, sizes) })
-	}
-	e.unlockEvents(locked)
+	var res l1.CommitResult
+	var skeys []objkey.Key
+	e.withEvents(func() {
+		res = e.table.Commit(tag, good, l1.CommitOpts{Temporary: !j.retain, Readers: j.req.Readers, Owner: j.owner})
+		skeys = make([]objkey.Key, len(res.Published))
+		sizes := make([]int64, len(res.Published))
+		for n, h := range res.Published {
+			skeys[n], sizes[n] = h.Key(), h.Slot().Size
+		}
+		if len(skeys) > 0 {
+			e.notify(func(l L1Listener) { l.OnL1Stored(skeys, sizes) })
+		}
+	})
 	e.st.l1Write.addKeys(skeys, 1)
 	e.st.l2LoadDone.addKeys(skeys, 1)
 	j.l2Keys += len(res.Published)

@@ -293,11 +293,11 @@ func (s *storeCtl) done(i int, it *storeItem, ok bool) {
 	}
 	e.table.Unpin(it.obj.h)
 	if it.obj.remaining.Add(-1) == 0 && e.cfg.L2StorePolicy == StorePolicySkipL1 && !it.obj.failed.Load() {
-		locked := e.lockEvents()
-		if e.table.DropIfIdle(it.obj.h) {
-			e.deletedL1([]objkey.Key{it.obj.h.Key()})
-		}
-		e.unlockEvents(locked)
+		e.withEvents(func() {
+			if e.table.DropIfIdle(it.obj.h) {
+				e.deletedL1([]objkey.Key{it.obj.h.Key()})
+			}
+		})
 	}
 }
 
