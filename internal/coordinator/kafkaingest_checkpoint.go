@@ -135,7 +135,7 @@ func (s *Server) resyncSkippedForCheckpoint() bool {
 }
 
 // resyncMerges reports whether the startup resync merges its listing into
-// a ledger restored from a checkpoint (ledger.AddListed) instead of
+// a ledger restored from a checkpoint (ledger.StoreListed with keepKnown) instead of
 // recording every entry: with HTTP ingest and a restored checkpoint. The
 // events a server had acknowledged (200) after the last checkpoint are
 // gone with the process (kill -9) and no stream replays them, so the keys

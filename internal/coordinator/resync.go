@@ -201,17 +201,12 @@ func (s *Server) ResyncFrom(ctx context.Context, inst registry.Instance) int {
 				skipped++
 				continue
 			}
-			if merge {
-				added, superseded := s.ledger.AddListed(k, size)
-				if superseded {
-					s.metrics.resyncSuperseded.Inc()
-				}
-				if !added {
-					continue
-				}
-			} else if !s.ledger.StoreListed(k, size) {
+			stored, superseded := s.ledger.StoreListed(k, size, merge)
+			if superseded {
 				// Deleted since the resync began: the page is older.
 				s.metrics.resyncSuperseded.Inc()
+			}
+			if !stored {
 				continue
 			}
 			total++

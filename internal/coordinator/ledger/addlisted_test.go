@@ -6,10 +6,10 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
 )
 
-// TestAddListedKeepsKnownKeys: merging a listing into a restored ledger
-// adds the keys it lacks at the MRU end with their listed sizes, leaves
-// the keys it holds at their sizes and LRU positions, and refuses a key
-// deleted since the listing began.
+// TestAddListedKeepsKnownKeys: StoreListed with keepKnown, merging a
+// listing into a restored ledger, adds the keys it lacks at the MRU end
+// with their listed sizes, leaves the keys it holds at their sizes and LRU
+// positions, and refuses a key deleted since the listing began.
 func TestAddListedKeepsKnownKeys(t *testing.T) {
 	l := New()
 	l.Apply([]Event{{Op: OpStore, Key: key(t, "01", "m", "s"), Bytes: 10}, {Op: OpStore, Key: key(t, "02", "m", "s"), Bytes: 10}})
@@ -19,7 +19,7 @@ func TestAddListedKeepsKnownKeys(t *testing.T) {
 		hash              string
 		added, superseded bool
 	}{{"02", false, false}, {"04", true, false}, {"01", false, false}, {"03", false, true}} {
-		added, superseded := l.AddListed(key(t, tc.hash, "m", "s"), 7)
+		added, superseded := l.StoreListed(key(t, tc.hash, "m", "s"), 7, true)
 		if added != tc.added || superseded != tc.superseded {
 			t.Fatalf("%s: added %v superseded %v, want %v %v", tc.hash, added, superseded, tc.added, tc.superseded)
 		}

@@ -1047,37 +1047,25 @@ func (l *Ledger) noteListedDelete(k Key) {
 }
 
 // StoreListed records one key a listing returned, like Store, unless a
-// delete of it was applied since BeginListing; it reports whether the key
-// was stored. A key deleted and stored again meanwhile is in the ledger
-// already, from its store event.
-func (l *Ledger) StoreListed(k Key, size int64) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, gone := l.listed[k]; gone {
-		return false
-	}
-	l.store(&k, size)
-	l.sweepNames()
-	l.hint()
-	return true
-}
-
-// AddListed is StoreListed for a listing merged into a ledger restored from
-// a checkpoint: a key the ledger holds already keeps its size and its LRU
+// delete of it was applied since BeginListing (superseded: a key deleted
+// and stored again meanwhile is in the ledger already, from its store
+// event). With keepKnown, for a listing merged into a ledger restored from
+// a checkpoint, a key the ledger holds already keeps its size and its LRU
 // position (the checkpoint's order is the fleet's, a listing's is only the
-// adapter's), and a key it lacks (stored after the checkpoint was written,
-// its event lost with the process) is added at the MRU end. added reports
-// whether the key was added; superseded that a delete of it was applied
-// since BeginListing, so it was not.
-func (l *Ledger) AddListed(k Key, size int64) (added, superseded bool) {
+// adapter's), and only a key it lacks (stored after the checkpoint was
+// written, its event lost with the process) is added, at the MRU end.
+// stored reports whether the key was recorded.
+func (l *Ledger) StoreListed(k Key, size int64, keepKnown bool) (stored, superseded bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, gone := l.listed[k]; gone {
 		return false, true
 	}
-	if c, ok := l.lookupKey(&k); ok {
-		if _, _, _, _, held := l.findH(&c, l.hashOf(&c)); held {
-			return false, false
+	if keepKnown {
+		if c, ok := l.lookupKey(&k); ok {
+			if _, _, _, _, held := l.findH(&c, l.hashOf(&c)); held {
+				return false, false
+			}
 		}
 	}
 	l.store(&k, size)
