@@ -63,11 +63,7 @@ const maxRequestRecords = 65536
 // engine, which answers 0 unless an older job of that id is still there.
 // st.mu is held.
 func (st *state) markNoJobLocked(id string) {
-	if _, known := st.noJob[id]; !known && len(st.noJob) >= maxRequestRecords {
-		dropOne(st.noJob)
-		st.s.metrics.ZMQDroppedRecords.WithLabelValues("no_job").Inc()
-	}
-	st.noJob[id] = time.Now()
+	putBounded(st, st.noJob, id, time.Now(), "no_job")
 }
 
 // recordLookupLocked keeps what a started LOOKUP job asked for, for the
@@ -75,20 +71,21 @@ func (st *state) markNoJobLocked(id string) {
 // until the sweep, so past maxRequestRecords an arbitrary one goes (that
 // lookup is then not counted). st.mu is held.
 func (st *state) recordLookupLocked(id string, m lookupMeta) {
-	if _, known := st.lookups[id]; !known && len(st.lookups) >= maxRequestRecords {
-		dropOne(st.lookups)
-		st.s.metrics.ZMQDroppedRecords.WithLabelValues("lookup").Inc()
-	}
-	st.lookups[id] = m
+	putBounded(st, st.lookups, id, m, "lookup")
 }
 
-// dropOne deletes one entry of m, whichever the map iteration yields
-// first.
-func dropOne[V any](m map[string]V) {
-	for k := range m {
-		delete(m, k)
-		return
+// putBounded sets m[id] to v. A new id past maxRequestRecords first drops
+// one entry, whichever the map iteration yields first, counted under kind
+// in lmcache_mp_zmq_dropped_request_records_total. st.mu is held.
+func putBounded[V any](st *state, m map[string]V, id string, v V, kind string) {
+	if _, known := m[id]; !known && len(m) >= maxRequestRecords {
+		for k := range m {
+			delete(m, k)
+			break
+		}
+		st.s.metrics.ZMQDroppedRecords.WithLabelValues(kind).Inc()
 	}
+	m[id] = v
 }
 
 // noJobFor reports whether id's last LOOKUP started no job (its answer is
