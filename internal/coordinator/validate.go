@@ -108,12 +108,10 @@ func parseObject(r *http.Request, b []byte) (*fields, error) {
 			Msg: "Input should be a valid dictionary or object to extract fields from", Input: string(b)})
 	}
 	var raw any
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(&raw); err != nil || dec.More() {
-		msg := "invalid JSON"
-		if err != nil {
-			msg = err.Error()
+	if err := httproute.DecodeJSON(b, &raw); err != nil {
+		msg := err.Error()
+		if errors.Is(err, httproute.ErrTrailingJSON) {
+			msg = "invalid JSON"
 		}
 		return nil, invalid(detailItem{Type: "json_invalid", Loc: []any{"body", 0}, Msg: "JSON decode error", Input: map[string]any{}, Ctx: map[string]any{"error": msg}})
 	}

@@ -60,36 +60,11 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, limit int64) (
 // DisallowUnknownFields error has no type or sentinel to tell it apart
 // but its message text.
 func decodeStrict(body []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	if err := dec.Decode(v); err != nil {
+	switch err := httproute.DecodeJSON(body, v); {
+	case errors.Is(err, httproute.ErrTrailingJSON):
+		return invalid("json_invalid", "JSON decode error: trailing data after the JSON value", "body")
+	case err != nil:
 		return jsonErr(err)
-	}
-	if dec.More() {
-		return invalid("json_invalid", "JSON decode error: trailing data after the JSON value", "body")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return invalid("json_invalid", "JSON decode error: trailing data after the JSON value", "body")
-	}
-	return nil
-}
-
-// errTrailingJSON is a body with more than one JSON value, or a stray
-// closing delimiter after the first.
-var errTrailingJSON = errors.New("trailing data after the JSON value")
-
-// decodeOneJSON decodes exactly one JSON value of b into v, numbers as
-// json.Number. json.Decoder.More alone is not the check: it reports false
-// at a closing delimiter, so {"limit_gb": 1}] or {...}} passed as one
-// object; the next token must be the end of input.
-func decodeOneJSON(b []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errTrailingJSON
 	}
 	return nil
 }
@@ -350,7 +325,7 @@ func decodeChecksums(body []byte) (checksumReq, bool, error) {
 // finite and non-negative. Errors are 400s with the {"error"} shape.
 func decodeQuotaPut(body []byte) (float64, error) {
 	var raw any
-	if err := decodeOneJSON(body, &raw); err != nil {
+	if err := httproute.DecodeJSON(body, &raw); err != nil {
 		return 0, errf(ErrBadRequest, "invalid JSON body")
 	}
 	obj, ok := raw.(map[string]any)

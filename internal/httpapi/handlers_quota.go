@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/quota"
 )
@@ -151,7 +152,7 @@ func decodeReconfigure(backend, op string, body []byte) (reconfigureReq, error) 
 	obj := map[string]any{}
 	if len(bytes.TrimSpace(body)) > 0 {
 		var raw any
-		if err := decodeOneJSON(body, &raw); err != nil {
+		if err := httproute.DecodeJSON(body, &raw); err != nil {
 			return reconfigureReq{}, invalid("json_invalid", "JSON decode error", "body")
 		}
 		m, ok := raw.(map[string]any)

@@ -130,7 +130,7 @@ func frameReadErr(err error) error {
 // prefix, and whose type is a string.
 func decodeFrameHeader(b []byte, plen uint64) (kvFrame, error) {
 	var f kvFrame
-	if err := decodeOneJSON(b, &f.header); err != nil || f.header == nil {
+	if err := httproute.DecodeJSON(b, &f.header); err != nil || f.header == nil {
 		if err == nil {
 			err = errors.New("not a single JSON object")
 		}

@@ -39,7 +39,7 @@ func ParseRegisterModel(s string, chunkSize int) (engine.Layout, error) {
 	if err := dec.Decode(&m); err != nil {
 		return engine.Layout{}, fmt.Errorf("--register-model: %w", err)
 	}
-	// More alone misses a trailing "]" or "}" (see decodeOneJSON).
+	// More alone misses a trailing "]" or "}" (see httproute.DecodeJSON).
 	if _, err := dec.Token(); err != io.EOF {
 		return engine.Layout{}, fmt.Errorf("--register-model: trailing data after the JSON object")
 	}

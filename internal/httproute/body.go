@@ -2,7 +2,9 @@ package httproute
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"time"
@@ -68,4 +70,25 @@ func ReadBody(buf *bytes.Buffer, w http.ResponseWriter, r *http.Request, limit i
 	}
 	_, err := buf.ReadFrom(r.Body)
 	return BodyError(err)
+}
+
+// ErrTrailingJSON is a JSON body with data after its one value: another
+// value, or a stray closing delimiter.
+var ErrTrailingJSON = errors.New("trailing data after the JSON value")
+
+// DecodeJSON decodes exactly one JSON value of b into v, numbers as
+// json.Number, for the request bodies of both services. json.Decoder.More
+// alone is not the end-of-input check: it reports false at a closing
+// delimiter, so {"limit_gb": 1}] or {...}} passed as one object; the next
+// token must be the end of input, else the error is ErrTrailingJSON.
+func DecodeJSON(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return ErrTrailingJSON
+	}
+	return nil
 }

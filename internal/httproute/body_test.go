@@ -3,6 +3,7 @@ package httproute_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -131,5 +132,23 @@ func TestFreeFormBodies(t *testing.T) {
 	}
 	if got, want := strings.Join(httproute.FreeFormBodies(doc), "|"), "POST /free 200|POST /free request"; got != want {
 		t.Fatalf("free-form bodies %q, want %q", got, want)
+	}
+}
+
+// TestDecodeJSONOneValue: exactly one JSON value is accepted, numbers as
+// json.Number; a stray closing delimiter or a second value after it is
+// ErrTrailingJSON, and a syntax error is the decoder's own.
+func TestDecodeJSONOneValue(t *testing.T) {
+	var v map[string]any
+	if err := httproute.DecodeJSON([]byte(` {"n": 1} `), &v); err != nil || v["n"] != json.Number("1") {
+		t.Fatalf("one object: %v, %v", v, err)
+	}
+	for _, b := range []string{`{"n": 1}]`, `{"n": 1}}`, `{"n": 1} {}`, `{"n": 1} 2`} {
+		if err := httproute.DecodeJSON([]byte(b), &v); !errors.Is(err, httproute.ErrTrailingJSON) {
+			t.Errorf("%s: %v, want ErrTrailingJSON", b, err)
+		}
+	}
+	if err := httproute.DecodeJSON([]byte(`{"n": `), &v); err == nil || errors.Is(err, httproute.ErrTrailingJSON) {
+		t.Errorf("truncated object: %v, want a syntax error", err)
 	}
 }
