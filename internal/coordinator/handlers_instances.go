@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"log/slog"
 	"net/http"
 	"strings"
 
@@ -32,14 +33,10 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) error {
 		// asked for ("" when the coordinator was to generate it).
 		n := s.reg.Len()
 		s.metrics.registrationsRefused.Inc()
-		if ok, held := s.warns.Allow("registry_full", warnInterval); ok {
-			args := []any{"instance_id", requested, "ip", ip, "registered", n}
-			if held > 0 {
-				// Refusals since the last line, which named only its own.
-				args = append(args, "suppressed", held)
-			}
-			s.log.Warn("registration refused: the registry is full", args...)
-		}
+		// A line after held-back refusals says how many (suppressed); it
+		// names only its own instance.
+		s.warns.Log(s.log, slog.LevelWarn, "registry_full", warnInterval, "registration refused: the registry is full",
+			"instance_id", requested, "ip", ip, "registered", n)
 		return withMsg(err, "registry full: %d instances registered; retry once stale ones are swept", n)
 	}
 	if re {

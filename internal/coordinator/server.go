@@ -380,13 +380,7 @@ func (s *Server) countReset(out eventgate.Outcome) {
 		// cursor means the next gap or duplicate of each stream goes
 		// unnoticed, so the reset itself is counted.
 		s.metrics.seqTrackerResets.Inc()
-		if ok, held := s.warns.Allow("gate_reset", warnInterval); ok {
-			args := []any{"limit", maxSeqTracked}
-			if held > 0 {
-				args = append(args, "suppressed", held)
-			}
-			s.log.Warn("usage-event seq tracker reset: too many distinct instance ids", args...)
-		}
+		s.warns.Log(s.log, slog.LevelWarn, "gate_reset", warnInterval, "usage-event seq tracker reset: too many distinct instance ids", "limit", maxSeqTracked)
 	}
 }
 

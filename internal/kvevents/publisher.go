@@ -353,12 +353,5 @@ func (p *Publisher) replayAborted(what string, seq uint64, err error) {
 // warnEvery logs msg at most once per publisherWarnEvery per key; a line
 // after held-back ones says how many (suppressed).
 func (p *Publisher) warnEvery(key, msg string, args ...any) {
-	ok, held := p.warns.Allow(key, publisherWarnEvery)
-	if !ok {
-		return
-	}
-	if held > 0 {
-		args = append(args, "suppressed", held)
-	}
-	p.log.Warn(msg, args...)
+	p.warns.Log(p.log, slog.LevelWarn, key, publisherWarnEvery, msg, args...)
 }

@@ -10,6 +10,8 @@
 package logthrottle
 
 import (
+	"context"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -60,6 +62,20 @@ func (l *Limiter) Allow(key string, every time.Duration) (ok bool, suppressed in
 	}
 	suppressed, s.suppressed, s.last = s.suppressed, 0, now
 	return true, suppressed
+}
+
+// Log writes msg at level to logger if Allow lets key through, adding
+// "suppressed" with the number held back since the key's last line when
+// there were any.
+func (l *Limiter) Log(logger *slog.Logger, level slog.Level, key string, every time.Duration, msg string, args ...any) {
+	ok, held := l.Allow(key, every)
+	if !ok {
+		return
+	}
+	if held > 0 {
+		args = append(args, "suppressed", held)
+	}
+	logger.Log(context.Background(), level, msg, args...)
 }
 
 // Forget drops the keys whose last line is older than age; a later

@@ -1,6 +1,8 @@
 package logthrottle
 
 import (
+	"bytes"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -63,5 +65,30 @@ func TestForget(t *testing.T) {
 	}
 	if ok, _ := l.Allow("young", time.Hour); ok {
 		t.Fatal("young within its hour was let through after Forget")
+	}
+}
+
+// TestLogAddsSuppressed: Log writes the first line, holds back the next
+// within the interval, and the line after the interval carries how many
+// were held back; a line with none held back has no suppressed field.
+func TestLogAddsSuppressed(t *testing.T) {
+	clk := manualclock.New(time.Unix(1_700_000_000, 0))
+	l := New()
+	l.SetClock(clk.Now)
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}}))
+	for range 3 {
+		l.Log(logger, slog.LevelWarn, "k", 10*time.Second, "full", "peer", "p1")
+	}
+	clk.Advance(10 * time.Second)
+	l.Log(logger, slog.LevelWarn, "k", 10*time.Second, "full", "peer", "p1")
+	want := "level=WARN msg=full peer=p1\nlevel=WARN msg=full peer=p1 suppressed=2\n"
+	if got := buf.String(); got != want {
+		t.Fatalf("log\n%s\nwant\n%s", got, want)
 	}
 }

@@ -169,14 +169,7 @@ func (st *state) warnEvery(key string, every time.Duration, msg string, args ...
 // logEvery is warnEvery at another level. A line after held-back ones
 // says how many (suppressed).
 func (st *state) logEvery(level slog.Level, key string, every time.Duration, msg string, args ...any) {
-	ok, held := st.warns.Allow(key, every)
-	if !ok {
-		return
-	}
-	if held > 0 {
-		args = append(args, "suppressed", held)
-	}
-	st.log.Log(context.Background(), level, msg, args...)
+	st.warns.Log(st.log, level, key, every, msg, args...)
 }
 
 // ---- inline handlers (router goroutine) ----
