@@ -102,22 +102,25 @@ func New(cfg Config) (*Adapter, error) {
 			return nil, fmt.Errorf("fs: create relative_tmp_dir: %w", err)
 		}
 	}
+	// base_path is read once for both start-up passes: it may hold
+	// millions of files.
+	baseEnts, baseErr := os.ReadDir(cfg.BasePath)
+	if baseErr != nil && cfg.RecoverOnStart {
+		return nil, fmt.Errorf("fs: scan base_path: %w", baseErr)
+	}
 	// Interrupted writes of earlier runs go first, with or without
 	// recover_on_start: they hold disk space and nobody will rename them.
-	a.removeStaleTemps()
+	a.removeStaleTemps(baseEnts)
 	if cfg.RecoverOnStart {
-		if err := a.recover(); err != nil {
+		if err := a.recover(baseEnts); err != nil {
 			return nil, err
 		}
 	}
 	return a, nil
 }
 
-func (a *Adapter) recover() error {
-	ents, err := os.ReadDir(a.cfg.BasePath)
-	if err != nil {
-		return fmt.Errorf("fs: scan base_path: %w", err)
-	}
+// recover adopts the object files among ents, base_path's entries.
+func (a *Adapter) recover(ents []os.DirEntry) error {
 	var example string
 	var exampleErr error
 	skip := func(name string, err error) {
@@ -206,18 +209,19 @@ func tmpHost() string {
 // base_path is scanned as well as relative_tmp_dir: it is where temps go
 // without relative_tmp_dir, so a run before relative_tmp_dir was set left
 // its interrupted writes there, and recovery skips temp names.
-func (a *Adapter) removeStaleTemps() {
-	a.removeStaleTempsIn(a.tmpDir)
+// baseEnts are base_path's entries, read by the caller.
+func (a *Adapter) removeStaleTemps(baseEnts []os.DirEntry) {
+	a.removeStaleTempsIn(a.cfg.BasePath, baseEnts)
 	if a.tmpDir != a.cfg.BasePath {
-		a.removeStaleTempsIn(a.cfg.BasePath)
+		if ents, err := os.ReadDir(a.tmpDir); err == nil {
+			a.removeStaleTempsIn(a.tmpDir, ents)
+		}
 	}
 }
 
-func (a *Adapter) removeStaleTempsIn(dir string) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
+// removeStaleTempsIn removes the stale temp files among ents, dir's
+// entries.
+func (a *Adapter) removeStaleTempsIn(dir string, ents []os.DirEntry) {
 	host := tmpHost()
 	for _, e := range ents {
 		name, ok := strings.CutPrefix(e.Name(), tmpPrefix)
