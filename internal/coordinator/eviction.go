@@ -17,7 +17,7 @@ func (s *Server) evictionCycle(ctx context.Context) (periodic.Summary, error) {
 	if r.Standby {
 		return periodic.Summary{Message: "standby: the HA leader evicts"}, nil
 	}
-	return periodic.Summary{Message: fmt.Sprintf("victims=%d in_flight=%d phantoms_dropped=%d requests=%d target=%s", r.Victims, r.InFlight, r.PhantomsDropped, r.Requests, r.Target)}, nil
+	return periodic.Summary{Message: fmt.Sprintf("victims=%d in_flight=%d phantoms_dropped=%d walked=%d requests=%d target=%s", r.Victims, r.InFlight, r.PhantomsDropped, r.Walked, r.Requests, r.Target)}, nil
 }
 
 // phantomDispatches is how many times a key is sent for eviction, each
@@ -44,6 +44,9 @@ type CycleResult struct {
 	Requests int
 	// Standby: this coordinator does not lead (HA), so nothing was planned.
 	Standby bool
+	// Walked is how many ledger entries the plan visited under the ledger
+	// lock (ledger.Plan.Walked), the cycle's cost to ingest.
+	Walked int
 	// PhantomsDropped is the number of keys removed from the ledger instead
 	// of being sent again: they were sent phantomDispatches times and no
 	// delete or store event of them came back.
@@ -73,7 +76,7 @@ func (s *Server) RunEvictionCycle(ctx context.Context) CycleResult {
 		Mark:          s.cfg.InflightTTL > 0,
 		MaxDispatches: phantomDispatches,
 	})
-	res := CycleResult{Victims: plan.Len(), InFlight: plan.InFlight, PhantomsDropped: plan.Dropped}
+	res := CycleResult{Victims: plan.Len(), InFlight: plan.InFlight, PhantomsDropped: plan.Dropped, Walked: plan.Walked}
 	if plan.Dropped > 0 {
 		s.metrics.phantomsDropped.Add(float64(plan.Dropped))
 		s.log.Warn("eviction dropped keys from the ledger that were sent for deletion repeatedly without a delete event coming back (most likely already gone from L2)",

@@ -94,8 +94,9 @@ func TestEvictionSendsExactLRUVictims(t *testing.T) {
 	if u := c.usageBytes("a"); u != 6*mib {
 		t.Fatalf("usage changed before delete events: %d", u)
 	}
-	// Still in flight: the next cycle does not re-send them.
-	if r := c.srv.RunEvictionCycle(context.Background()); r.Victims != 0 || r.InFlight != 3 {
+	// Still in flight: the next cycle does not re-send them, and walks only
+	// them: the first parked the pinned key.
+	if r := c.srv.RunEvictionCycle(context.Background()); r.Victims != 0 || r.InFlight != 3 || r.Walked != 3 {
 		t.Fatalf("second cycle %+v", r)
 	}
 	c.srv.WaitDispatches()

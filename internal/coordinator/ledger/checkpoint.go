@@ -11,7 +11,8 @@ import (
 
 // Checkpoint export and import (the coordinator's --checkpoint-path). The
 // section holds the model names, then per salt its name and its keys from
-// least to most recently used, each with its size; pins are operator intent
+// least to most recently used (its parked keys first, see saltState), each
+// with its size; pins are operator intent
 // and live in the state file, in-flight marks are not kept (a restarted
 // coordinator may re-send a victim once).
 //
@@ -31,8 +32,10 @@ func (l *Ledger) AppendCheckpoint(e *checkpoint.Encoder) {
 	// Only models some key uses are written (a restore interns no other).
 	used := make([]bool, len(l.models.list))
 	for _, s := range l.salts {
-		for i := s.head; i != nilIdx; i = l.at(i).next {
-			used[l.at(i).k.model] = true
+		for _, ls := range s.inOrder() {
+			for i := ls.head; i != nilIdx; i = l.at(i).next {
+				used[l.at(i).k.model] = true
+			}
 		}
 	}
 	var models []string
@@ -59,21 +62,28 @@ func (l *Ledger) AppendCheckpoint(e *checkpoint.Encoder) {
 	for _, s := range salts {
 		e.String(s.name)
 		e.Uvarint(uint64(s.count))
-		for i := s.head; i != nilIdx; {
-			en := l.at(i)
-			c := &en.k
-			e.Uvarint(remap[c.model])
-			e.Varint(c.rank)
-			if c.hlen == longHash {
-				e.Uvarint(longHash)
-				e.String(l.longs.list[binary.LittleEndian.Uint32(c.hash[:4])])
-			} else {
-				e.Bytes(c.hash[:c.hlen])
-				e.Uvarint(uint64(c.group))
-			}
-			e.Varint(en.size)
-			i = en.next
+		for _, ls := range s.inOrder() {
+			l.appendList(e, ls, remap)
 		}
+	}
+}
+
+// appendList writes the entries of ls in order; must hold mu.
+func (l *Ledger) appendList(e *checkpoint.Encoder, ls *list, remap []uint64) {
+	for i := ls.head; i != nilIdx; {
+		en := l.at(i)
+		c := &en.k
+		e.Uvarint(remap[c.model])
+		e.Varint(c.rank)
+		if c.hlen == longHash {
+			e.Uvarint(longHash)
+			e.String(l.longs.list[binary.LittleEndian.Uint32(c.hash[:4])])
+		} else {
+			e.Bytes(c.hash[:c.hlen])
+			e.Uvarint(uint64(c.group))
+		}
+		e.Varint(en.size)
+		i = en.next
 	}
 }
 
@@ -143,6 +153,9 @@ func (l *Ledger) ReplacePins(pins []PinCount) {
 		l.release(&c)
 	}
 	clear(l.pins)
+	// Parked keys must be pinned; the next plan parks again those that
+	// pins still holds. This path is rare (a failed state-file write).
+	l.unparkAll()
 	l.mu.Unlock()
 	l.RestorePins(pins)
 }

@@ -210,12 +210,30 @@ type entry struct {
 	gen uint32
 }
 
+// list is a doubly linked list of entries through their prev and next.
+type list struct{ head, tail uint32 }
+
+var emptyList = list{head: nilIdx, tail: nilIdx}
+
+// saltState is one salt's keys and usage. Its keys are in one of two lists,
+// as the entry's parkedBit says. lru orders them from least (head) to most
+// recently used. parked holds pinned keys the planner stepped over, in the
+// order it met them (their LRU order), so that a later plan does not walk
+// them again: with many old pinned keys, every cycle used to walk all of
+// them under the ledger lock before it found a victim. An unpinned key goes
+// back to the head of lru, behind nothing but keys already planned as
+// victims (see relinkUnpinned); a store or lookup of a parked key moves it
+// to the tail of lru, as for any key.
 type saltState struct {
-	name       string
-	head, tail uint32 // LRU: head is least recently used
-	count      int
-	bytes      int64
+	name        string
+	lru, parked list
+	count       int
+	bytes       int64
 }
+
+// inOrder is s's two lists, least recent first: a parked key is older than
+// every key in lru but the victims planned ahead of it.
+func (s *saltState) inOrder() [2]*list { return [2]*list{&s.parked, &s.lru} }
 
 // Op is a usage event type.
 type Op uint8
@@ -701,7 +719,7 @@ func (l *Ledger) saltID(s string) uint32 {
 	id, fresh := l.saltNames.internNew(s)
 	if fresh {
 		if int(id) == len(l.salts) {
-			l.salts = append(l.salts, &saltState{head: nilIdx, tail: nilIdx})
+			l.salts = append(l.salts, &saltState{lru: emptyList, parked: emptyList})
 		}
 		l.salts[id].name = l.saltNames.list[id]
 	}
@@ -732,7 +750,7 @@ func (l *Ledger) release(c *ckey) {
 // end of the batch. Must hold mu.
 func (l *Ledger) sweepNames() {
 	l.models.sweep(nil)
-	l.saltNames.sweep(func(id uint32) { *l.salts[id] = saltState{head: nilIdx, tail: nilIdx} })
+	l.saltNames.sweep(func(id uint32) { *l.salts[id] = saltState{lru: emptyList, parked: emptyList} })
 	l.longs.sweep(nil)
 }
 
@@ -806,28 +824,62 @@ func (l *Ledger) alloc() uint32 {
 	return i
 }
 
+// listOf is the list of s that e is in.
+func (s *saltState) listOf(e *entry) *list {
+	if e.sent&parkedBit != 0 {
+		return &s.parked
+	}
+	return &s.lru
+}
+
+// unlink takes e out of whichever of s's lists holds it.
 func (l *Ledger) unlink(s *saltState, i uint32, e *entry) {
+	ls := s.listOf(e)
 	if e.prev != nilIdx {
 		l.at(e.prev).next = e.next
 	} else {
-		s.head = e.next
+		ls.head = e.next
 	}
 	if e.next != nilIdx {
 		l.at(e.next).prev = e.prev
 	} else {
-		s.tail = e.prev
+		ls.tail = e.prev
 	}
 	e.prev, e.next = nilIdx, nilIdx
 }
 
-func (l *Ledger) pushTail(s *saltState, i uint32, e *entry) {
-	e.prev, e.next = s.tail, nilIdx
-	if s.tail != nilIdx {
-		l.at(s.tail).next = i
+// pushTail appends e, unlinked, to ls; the caller sets e's parkedBit to
+// match.
+func (l *Ledger) pushTail(ls *list, i uint32, e *entry) {
+	e.prev, e.next = ls.tail, nilIdx
+	if ls.tail != nilIdx {
+		l.at(ls.tail).next = i
 	} else {
-		s.head = i
+		ls.head = i
 	}
-	s.tail = i
+	ls.tail = i
+}
+
+// pushHead prepends e, unlinked, to ls.
+func (l *Ledger) pushHead(ls *list, i uint32, e *entry) {
+	e.prev, e.next = nilIdx, ls.head
+	if ls.head != nilIdx {
+		l.at(ls.head).prev = i
+	} else {
+		ls.tail = i
+	}
+	ls.head = i
+}
+
+// toMRU moves e to the most recent end of s's lru, out of parked if it was
+// there.
+func (l *Ledger) toMRU(s *saltState, i uint32, e *entry) {
+	if e.sent&parkedBit == 0 && s.lru.tail == i {
+		return
+	}
+	l.unlink(s, i, e)
+	e.sent &^= parkedBit
+	l.pushTail(&s.lru, i, e)
 }
 
 // store records a key's size and moves it to the MRU end (a re-store
@@ -852,20 +904,17 @@ func (l *Ledger) storeH(cp *ckey, h uint64, size int64) {
 		// A store is news that L2 holds the key now, so earlier dispatches
 		// without a delete event are no evidence that it is gone; the
 		// in-flight stamp stays.
-		e.sent &= stampMask
+		e.sent &= stampMask | parkedBit
 		s.bytes += delta
 		l.total += delta
-		if s.tail != i {
-			l.unlink(s, i, e)
-			l.pushTail(s, i, e)
-		}
+		l.toMRU(s, i, e)
 		return
 	}
 	i = l.alloc()
 	e := l.at(i)
 	*e = entry{k: c, size: size, gen: e.gen}
 	l.index[slot] = tag | uint64(i+1)
-	l.pushTail(s, i, e)
+	l.pushTail(&s.lru, i, e)
 	l.hold(&c)
 	s.count++
 	s.bytes += size
@@ -886,12 +935,7 @@ func (l *Ledger) storeH(cp *ckey, h uint64, size int64) {
 
 func (l *Ledger) touchH(c *ckey, h uint64) {
 	if _, _, i, _, ok := l.findH(c, h); ok {
-		s := l.salts[c.salt]
-		if s.tail != i {
-			e := l.at(i)
-			l.unlink(s, i, e)
-			l.pushTail(s, i, e)
-		}
+		l.toMRU(l.salts[c.salt], i, l.at(i))
 	}
 }
 
@@ -1117,6 +1161,7 @@ func (l *Ledger) Pin(keys []objkey.Key, delta int32) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	defer l.sweepNames()
+	var unpinned []ckey
 	for _, o := range keys {
 		k := FromObjectKey(o)
 		if delta > 0 {
@@ -1135,10 +1180,50 @@ func (l *Ledger) Pin(keys []objkey.Key, delta int32) {
 		if n, ok := l.pins[c]; ok {
 			if n+delta <= 0 {
 				delete(l.pins, c)
+				unpinned = append(unpinned, c)
 				l.release(&c)
 			} else {
 				l.pins[c] = n + delta
 			}
+		}
+	}
+	// Released names are swept only by the deferred sweepNames, so the
+	// ids in unpinned still name what they named.
+	for i := len(unpinned) - 1; i >= 0; i-- {
+		l.unpark(&unpinned[i])
+	}
+}
+
+// unpark moves c's entry, if it is parked, back to the head of its salt's
+// lru, where the planner will find it first: it was parked because it was
+// at least as old as the keys then at the head, and every key behind it is
+// newer. Pin calls it in reverse request order, so the keys of one unpin
+// take the request's order, which is their chunk order and, as a prompt's
+// chunks are stored first to last, their LRU order. Must hold mu.
+func (l *Ledger) unpark(c *ckey) {
+	_, _, i, _, ok := l.findH(c, l.hashOf(c))
+	if !ok {
+		return
+	}
+	e := l.at(i)
+	if e.sent&parkedBit == 0 {
+		return
+	}
+	s := l.salts[c.salt]
+	l.unlink(s, i, e)
+	e.sent &^= parkedBit
+	l.pushHead(&s.lru, i, e)
+}
+
+// unparkAll moves every salt's parked keys back to the head of its lru, in
+// their order; must hold mu.
+func (l *Ledger) unparkAll() {
+	for _, s := range l.salts {
+		for i := s.parked.tail; i != nilIdx; i = s.parked.tail {
+			e := l.at(i)
+			l.unlink(s, i, e)
+			e.sent &^= parkedBit
+			l.pushHead(&s.lru, i, e)
 		}
 	}
 }
@@ -1247,6 +1332,9 @@ type Plan struct {
 	// PlanOptions.MaxDispatches) and DroppedBytes their sizes.
 	Dropped      int
 	DroppedBytes int64
+	// Walked counts the entries the plan visited, pinned keys it parked
+	// included: the plan's cost under the ledger lock.
+	Walked int
 }
 
 // Len is the number of victims.
@@ -1289,10 +1377,13 @@ func (l *Ledger) Materialize(vs []Victim) (keys []objkey.Key, live []Victim) {
 // stampBits of entry.sent hold the dispatch time: 2^28 seconds is 8.5
 // years, after which stamps wrap (a wrapped key is at worst withheld or
 // re-sent once early).
+// The three bits above them count dispatches, and the top bit is
+// parkedBit.
 const (
 	stampBits        = 28
 	stampMask        = 1<<stampBits - 1
-	maxDispatchCount = 1<<(32-stampBits) - 1
+	parkedBit        = 1 << 31
+	maxDispatchCount = 1<<(31-stampBits) - 1
 )
 
 func (l *Ledger) stamp(now time.Time) uint32 {
@@ -1304,7 +1395,7 @@ func (l *Ledger) stamp(now time.Time) uint32 {
 }
 
 // dispatches is how many times e was dispatched since it was last stored.
-func (e *entry) dispatches() int { return int(e.sent >> stampBits) }
+func (e *entry) dispatches() int { return int(e.sent &^ parkedBit >> stampBits) }
 
 // ComputePlan selects victims: for each salt whose usage reaches
 // watermark × limit, ratio of its tracked keys by count (all of them when
@@ -1377,7 +1468,7 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 			j := nextJob
 			nextJob++
 			offs[j] = nextOff
-			*c = cursor{job: j, off: nextOff, at: jobs[j].s.head}
+			*c = cursor{job: j, off: nextOff, at: jobs[j].s.lru.head}
 			nextOff += jobs[j].target
 			if c.at != nilIdx {
 				return true
@@ -1400,7 +1491,15 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 			}
 			e := l.at(c.at)
 			next := e.next
-			if !checkPins || l.pins[e.k] <= 0 {
+			p.Walked++
+			if checkPins && l.pins[e.k] > 0 {
+				// Parked, it is not walked again until a store, a
+				// lookup or its unpin puts it back in lru.
+				s := jobs[c.job].s
+				l.unlink(s, c.at, e)
+				e.sent |= parkedBit
+				l.pushTail(&s.parked, c.at, e)
+			} else {
 				c.taken++
 				sent := e.sent & stampMask
 				switch {
@@ -1416,7 +1515,7 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 				default:
 					all[c.off+c.n] = Victim{idx: c.at, gen: e.gen}
 					c.n++
-					n := e.sent >> stampBits
+					n := uint32(e.dispatches())
 					if count && n < maxDispatchCount {
 						n++
 					}
@@ -1459,11 +1558,11 @@ func (l *Ledger) Unmark(vs []Victim) {
 	for _, v := range vs {
 		if v.idx < l.n {
 			if e := l.at(v.idx); e.gen == v.gen {
-				n := e.sent >> stampBits
+				n := uint32(e.dispatches())
 				if n > 0 {
 					n--
 				}
-				e.sent = n << stampBits
+				e.sent = n<<stampBits | e.sent&parkedBit
 			}
 		}
 	}
