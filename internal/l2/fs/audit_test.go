@@ -11,7 +11,18 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
 	"github.com/lmcache-go/lmcache/internal/l2/l2test"
+	"github.com/lmcache-go/lmcache/internal/objkey"
 )
+
+// recordedAdapter is a default adapter with a recorder listening, and two
+// keys of salt "salt-a" with their objects; it closes with the test.
+func recordedAdapter(t *testing.T) (*fs.Adapter, *l2test.Recorder, []objkey.Key, [][]byte) {
+	a := newAdapter(t, nil)
+	t.Cleanup(func() { a.Close() })
+	rec := l2test.NewRecorder()
+	a.AddListener(rec)
+	return a, rec, l2test.Keys(t, 2, "salt-a"), l2test.Objects(t, 2)
+}
 
 // TestStorePartialFailureCountsWritten: a batch that fails part-way (here
 // the second object's name is taken by a directory, as a full disk or a
@@ -20,12 +31,7 @@ import (
 // listeners (the eviction policy), or it sits there unaccounted and never
 // evicted until a restart's recovery finds it.
 func TestStorePartialFailureCountsWritten(t *testing.T) {
-	a := newAdapter(t, nil)
-	defer a.Close()
-	rec := l2test.NewRecorder()
-	a.AddListener(rec)
-	keys := l2test.Keys(t, 2, "salt-a")
-	objs := l2test.Objects(t, 2)
+	a, rec, keys, objs := recordedAdapter(t)
 	if err := os.Mkdir(a.Path(keys[1]), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -92,12 +98,7 @@ func TestRecoveredShortFileRewritten(t *testing.T) {
 // every cycle, so usage could stay over the watermark with nothing left to
 // evict.
 func TestDeleteForgetsVanishedFile(t *testing.T) {
-	a := newAdapter(t, nil)
-	defer a.Close()
-	rec := l2test.NewRecorder()
-	a.AddListener(rec)
-	keys := l2test.Keys(t, 2, "salt-a")
-	objs := l2test.Objects(t, 2)
+	a, rec, keys, objs := recordedAdapter(t)
 	if err := a.Store(context.Background(), keys, objs); err != nil {
 		t.Fatal(err)
 	}
