@@ -185,3 +185,53 @@ func BenchmarkApplyBatch(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)*1000/b.Elapsed().Seconds(), "events/s")
 }
+
+// BenchmarkPlanIngestWait runs the all-salts plan of BenchmarkEvictionPlan
+// (4M keys in 4,000 salts, 800,000 victims) while another goroutine applies
+// one-event store batches back to back, and reports the longest an Apply
+// took during the plan, with the plan holding the lock throughout (hold=all,
+// the behaviour before the plan yielded) and with the default planHold.
+func BenchmarkPlanIngestWait(b *testing.B) {
+	l := fill(4_000_000, 4_000)
+	lim := quota.Limits{Explicit: map[string]int64{}}
+	for i := 0; i < 4_000; i++ {
+		lim.Explicit[fmt.Sprintf("tenant-%05d", i)] = 1
+	}
+	ev := []Event{{Op: OpStore, Key: distinctKey(0, saltNames(1)), Bytes: 1}}
+	for _, mode := range []struct {
+		name string
+		hold time.Duration
+	}{{"hold=all", -1}, {"hold=default", 0}} {
+		b.Run(mode.name, func(b *testing.B) {
+			l.holdFor = mode.hold
+			var worst, planTime time.Duration
+			victims := 0
+			for i := 0; i < b.N; i++ {
+				stop := make(chan struct{})
+				done := make(chan time.Duration)
+				go func() {
+					var longest time.Duration
+					for {
+						select {
+						case <-stop:
+							done <- longest
+							return
+						default:
+						}
+						t := time.Now()
+						l.Apply(ev)
+						longest = max(longest, time.Since(t))
+					}
+				}()
+				start := time.Now()
+				victims = l.ComputePlan(lim, PlanOptions{Ratio: 0.2, Watermark: 1}).Len()
+				planTime += time.Since(start)
+				close(stop)
+				worst = max(worst, <-done)
+			}
+			b.ReportMetric(float64(victims), "victims")
+			b.ReportMetric(float64(planTime.Microseconds())/1e3/float64(b.N), "plan-ms")
+			b.ReportMetric(float64(worst.Microseconds())/1e3, "max-apply-ms")
+		})
+	}
+}
