@@ -428,14 +428,14 @@ func (e *Elector) term(ctx context.Context) error {
 	defer wg.Wait()
 	defer cancel()
 
-	elect := concurrency.NewElection(sess, e.cfg.Prefix)
-	if err := elect.Campaign(cctx, e.cfg.ID); err != nil {
+	rev, key, err := e.campaign(cctx, lease)
+	if err != nil {
 		if ctx.Err() == nil && cctx.Err() != nil {
 			return fmt.Errorf("campaign abandoned, lease %x lost: %w", lease, errLost)
 		}
 		return fmt.Errorf("campaign: %w", err)
 	}
-	rev, key := elect.Rev(), elect.Key()
+	elect := concurrency.ResumeElection(sess, e.cfg.Prefix+"/", key, rev)
 	if !e.become(rev, key) {
 		// The renew deadline passed while campaigning: the lease may be
 		// about to expire, so this term never acts.
@@ -484,6 +484,68 @@ func (e *Elector) term(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// campaign queues this lease's key under the prefix and waits until every
+// older key is gone, as concurrency.Election.Campaign does, but without its
+// cleanup: Election.Campaign, cancelled while queued, resigns with the
+// client's own context (no deadline; etcd's client waits for a ready
+// connection), so with etcd unreachable a cancelled campaign never
+// returned and shutdown hung until the client was closed. Here nothing
+// needs cleaning up: the key is on the term's lease, which term revokes
+// (bounded) on its way out. Returns the key and its create revision.
+func (e *Elector) campaign(ctx context.Context, lease clientv3.LeaseID) (rev int64, key string, err error) {
+	cli := e.cfg.Client
+	key = fmt.Sprintf("%s/%x", e.cfg.Prefix, lease)
+	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, e.cfg.ID, clientv3.WithLease(lease))).
+		Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return 0, "", fmt.Errorf("queue election key: %w", err)
+	}
+	rev = resp.Header.Revision
+	if !resp.Succeeded {
+		// The key is this term's fresh lease's, so it cannot predate the
+		// term; a retried commit that landed is the only way here.
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			return 0, "", fmt.Errorf("election key %s vanished", key)
+		}
+		rev = kvs[0].CreateRevision
+	}
+	// Wait for every key created before ours, newest first.
+	opts := append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))
+	for {
+		gr, err := cli.Get(ctx, e.cfg.Prefix+"/", opts...)
+		if err != nil {
+			return 0, "", fmt.Errorf("read election queue: %w", err)
+		}
+		if len(gr.Kvs) == 0 {
+			return rev, key, nil
+		}
+		if err := waitDelete(ctx, cli, string(gr.Kvs[0].Key), gr.Header.Revision); err != nil {
+			return 0, "", err
+		}
+	}
+}
+
+// waitDelete waits until key is deleted after revision rev.
+func waitDelete(ctx context.Context, cli *clientv3.Client, key string, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wr clientv3.WatchResponse
+	for wr = range cli.Watch(wctx, key, clientv3.WithRev(rev)) {
+		if hasDelete(wr) {
+			return nil
+		}
+	}
+	if err := wr.Err(); err != nil {
+		return fmt.Errorf("watch %s: %w", key, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("wait for %s: %w", key, err)
+	}
+	return fmt.Errorf("watch on %s ended", key)
 }
 
 func hasDelete(wr clientv3.WatchResponse) bool {
