@@ -77,6 +77,10 @@ type haState struct {
 	termCancel context.CancelFunc // ends termCtx
 
 	mirror intentMirror
+	// quotaMu serialises the leader's quota PUTs from the bound check to
+	// the apply of what etcd committed, so two new salts cannot both pass
+	// the check for the last free entry.
+	quotaMu sync.Mutex
 	// Owned by the intent-mirror loop's goroutine.
 	wch     clientv3.WatchChan
 	wcancel context.CancelFunc

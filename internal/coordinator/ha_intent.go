@@ -18,9 +18,30 @@ import (
 // fence first, then apply the committed change here at once (the watch
 // delivers the same revision later, and the mirror skips it).
 
+// setQuota refuses a new salt while maxQuotas or more are held (400,
+// nothing changes); replacing a held salt's limit always works.
 func (s *Server) setQuota(ctx context.Context, salt string, limit int64) error {
 	if s.ha == nil {
-		return s.applyIntent(func() { s.quotas.Set(salt, limit) })
+		// The check outside applyIntent spares a refusal the state-file
+		// write; the one inside makes it exact under concurrent PUTs.
+		if ok, n := s.quotas.Admits(salt, maxQuotas); !ok {
+			return s.tooManyQuotas(n)
+		}
+		var refused error
+		err := s.applyIntent(func() {
+			if s.quotas.SetBounded(salt, limit, maxQuotas) != nil {
+				refused = s.tooManyQuotas(s.quotas.Len())
+			}
+		})
+		if refused != nil {
+			return refused
+		}
+		return err
+	}
+	s.ha.quotaMu.Lock()
+	defer s.ha.quotaMu.Unlock()
+	if ok, n := s.quotas.Admits(salt, maxQuotas); !ok {
+		return s.tooManyQuotas(n)
 	}
 	return s.intentWrite(ctx, func(ctx context.Context, f intentstore.Fence) (intentstore.Change, error) {
 		rev, err := s.ha.store.PutQuota(ctx, f, salt, limit)
@@ -307,6 +328,7 @@ func (s *Server) intentCycle(ctx context.Context) (periodic.Summary, error) {
 			s.log.Error("intent in etcd has values that do not parse; skipped", "err", err)
 		}
 		h.mirror.reload(s, st)
+		s.warnQuotasOverBound("etcd")
 		wctx, wcancel := context.WithCancel(ctx)
 		h.wch, h.wcancel = h.store.Watch(wctx, st.Revision+1), wcancel
 		msg := fmt.Sprintf("loaded %d quotas, default set %v, %d pinned sequences at revision %d", len(st.Quotas), st.Default != nil, len(st.Pins), st.Revision)
@@ -334,6 +356,7 @@ func (s *Server) intentCycle(ctx context.Context) (periodic.Summary, error) {
 			last = max(last, ev.Kv.ModRevision)
 		}
 		h.mirror.caughtUp(last)
+		s.warnQuotasOverBound("etcd")
 		if err != nil {
 			h.intentErrors.Inc()
 			s.log.Error("watched intent values do not parse; skipped", "err", err)

@@ -8,6 +8,32 @@ import (
 	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
 )
 
+// maxQuotas bounds the quota table for client requests (quota.MaxQuotas,
+// the MP server's bound); a variable so tests can lower it.
+var maxQuotas = quota.MaxQuotas
+
+// tooManyQuotas counts and builds the refusal of a new salt at the bound:
+// 400 like the MP server's, as the spec's PUT /quota/{cache_salt} lists 400
+// for a request refused for its value (422 is field validation, which the
+// body passed).
+func (s *Server) tooManyQuotas(held int) error {
+	s.metrics.quotasRefused.Inc()
+	return withMsg(ErrBadRequest, "too many quotas: at most %d cache_salt limits may be registered and %d are; delete unused ones first (updating a registered salt's limit still works)", maxQuotas, held)
+}
+
+// warnQuotasOverBound logs once, at WARN, when the quota table holds more
+// than maxQuotas entries after a restore (the state file, or the intent
+// mirrored from etcd), as one written by a version with a larger bound or
+// none does. Every entry is kept (each was accepted once) and new salts are
+// refused until the table is below the bound; the line repeats only if the
+// table goes over again after being within it.
+func (s *Server) warnQuotasOverBound(source string) {
+	if n, first := s.quotas.OverBound(maxQuotas); first {
+		s.log.Warn("quota table is over its bound: every entry kept, new cache_salts are refused until it is below the bound; delete unused quotas",
+			"from", source, "quotas", n, "max_quotas", maxQuotas)
+	}
+}
+
 // pathSalt maps the _default sentinel to the empty salt.
 func pathSalt(r *http.Request) string {
 	s := r.PathValue("cache_salt")

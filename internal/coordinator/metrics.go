@@ -31,6 +31,7 @@ type metrics struct {
 	dispatchNotOK                           prometheus.Counter
 	phantomsDropped                         prometheus.Counter
 	registrationsRefused                    prometheus.Counter
+	quotasRefused                           prometheus.Counter
 	seqTrackerResets                        prometheus.Counter
 	resyncSkipped                           prometheus.Counter
 	resyncPages                             prometheus.Counter
@@ -76,6 +77,7 @@ func newMetrics(s *Server) *metrics {
 	m.dispatchNotOK = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_dispatch_not_ok_total", Help: "DELETE /cache/objects requests answered 2xx with \"ok\": false; also counted in eviction_dispatch_failures_total and re-planned."})
 	m.phantomsDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "eviction_phantom_keys_dropped_total", Help: "Keys removed from the ledger without a delete event: sent for eviction 3 times, each answered 2xx, and no delete or store event of them came back (most likely gone from L2 already, their delete event lost); their bytes no longer count toward their salt."})
 	m.registrationsRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "registrations_refused_total", Help: "POST /instances refused with 503 because the registry was full (100,000 instances or 64 MiB of registrations); the WARN line is logged at most once per 10 s, with the number held back."})
+	m.quotasRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "quotas_refused_total", Help: "PUT /quota/{cache_salt} requests for a new cache_salt refused with 400 because 100,000 quotas were registered (the bound); updating or deleting a registered salt's quota is always allowed."})
 	m.seqTrackerResets = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_seq_tracker_resets_total", Help: "Times the per-instance seq tracker was cleared because it held too many instance ids (gaps right after a reset go uncounted)."})
 	m.resyncSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "resync_entries_skipped_total", Help: "GET /cache/objects entries the startup resync could not use (malformed key or size); not recorded."})
 	m.gateBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "event_gate_batches_total", Help: "Event batches offered to the event gate, by door (events, quota_events) and result: admitted; duplicate and stale (POST /events only, dropped unapplied); replay_applied (POST /quota/events seq did not advance, applied anyway as the spec says)."}, []string{"door", "result"})
@@ -110,7 +112,7 @@ func newMetrics(s *Server) *metrics {
 		}
 	}
 	reg.MustRegister(m.gateBatches, m.gateGaps, m.gateFences, m.l1FactsFenced, m.l1FactsDropped)
-	reg.MustRegister(m.seqGaps, m.seqRegressions, m.dispatchNotOK, m.phantomsDropped, m.registrationsRefused, m.seqTrackerResets, m.resyncSkipped, m.resyncSuperseded, m.resyncStopped)
+	reg.MustRegister(m.seqGaps, m.seqRegressions, m.dispatchNotOK, m.phantomsDropped, m.registrationsRefused, m.quotasRefused, m.seqTrackerResets, m.resyncSkipped, m.resyncSuperseded, m.resyncStopped)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "state_file_corrupt", Help: "1 when the --state-file could not be parsed at startup and was moved aside (the coordinator started with empty quotas and pins)."},
 		func() float64 {
 			if s.stateCorrupt {
@@ -125,6 +127,8 @@ func newMetrics(s *Server) *metrics {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "registered_instances", Help: "MP servers currently registered."},
 			func() float64 { return float64(s.reg.Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "registered_quotas", Help: "cache_salt quotas registered; a new salt is refused while 100,000 or more are (quotas_refused_total)."},
+			func() float64 { return float64(s.quotas.Len()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "tracked_keys", Help: "L2 keys tracked for usage and LRU."},
 			func() float64 { return float64(s.ledger.Stats().Keys) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "tracked_bytes", Help: "L2 bytes tracked across all salts."},

@@ -41,7 +41,7 @@ func (s *Server) routeTable() []route {
 		{Method: "POST", Path: "/events", Tag: "events", Summary: "Ingest cache-event batches through the event gate (fencing, seq dedup)", Request: CacheEventsRequest{},
 			Statuses: map[int]string{200: "Counts of applied, duplicate and stale batches", 413: "Body too large", 422: v}, Response: CacheEventsResponse{}, Handle: s.handleCacheEvents},
 		{Method: "PUT", Path: "/quota/{cache_salt}", Tag: "quota", Summary: "Create or update a tenant's byte budget", Request: SetQuotaRequest{},
-			Statuses: map[int]string{200: "Quota applied", 400: "Invalid limit or tier", 422: v}, Response: QuotaResponse{}, Handle: s.handlePutQuota},
+			Statuses: map[int]string{200: "Quota applied", 400: "Invalid limit or tier, or a new cache_salt while 100,000 quotas are registered", 422: v}, Response: QuotaResponse{}, Handle: s.handlePutQuota},
 		{Method: "GET", Path: "/quota/{cache_salt}", Tag: "quota", Summary: "Read one salt's quota and usage", Query: tier,
 			Statuses: map[int]string{200: "Quota and usage", 400: "Unsupported tier", 422: v}, Response: saltStatus{}, Handle: s.handleGetQuota},
 		{Method: "DELETE", Path: "/quota/{cache_salt}", Tag: "quota", Summary: "Remove a salt's quota entry", Query: tier,

@@ -436,6 +436,7 @@ func (s *Server) loadState() error {
 		return err
 	}
 	s.quotas.Restore(quota.Limits{Explicit: st.Quotas, Default: st.DefaultLimitBytes})
+	s.warnQuotasOverBound("state_file")
 	pins := make([]ledger.PinCount, 0, len(st.Pins))
 	for i, p := range st.Pins {
 		k, err := p.Key.Decode()

@@ -15,6 +15,15 @@ const GiB = 1 << 30
 // ErrInvalidLimit is returned for a negative or non-finite limit.
 var ErrInvalidLimit = errors.New("invalid quota limit")
 
+// MaxQuotas bounds the explicit entries a client may create, as the MP
+// server's own table (internal/quota.MaxQuotas): each is kept in memory,
+// mirrored to etcd or the state file, listed by GET /quota and walked by
+// every eviction plan. Replacing or deleting an entry is always allowed.
+const MaxQuotas = 100_000
+
+// ErrTooMany is SetBounded's refusal of a new salt at the bound.
+var ErrTooMany = errors.New("too many quotas")
+
 // BytesFromGB converts GiB to bytes, truncating toward zero like Python int().
 func BytesFromGB(gb float64) (int64, error) {
 	if math.IsNaN(gb) || math.IsInf(gb, 0) || gb < 0 {
@@ -53,16 +62,67 @@ type Registry struct {
 	mu       sync.RWMutex
 	explicit map[string]int64
 	def      *int64
+	// overReported: OverBound has reported the table over its bound and
+	// it has not been back within it since.
+	overReported bool
 }
 
 // New returns an empty registry with a null default (unquota'd salts exempt).
 func New() *Registry { return &Registry{explicit: map[string]int64{}} }
 
-// Set creates or updates a salt's limit in bytes.
+// Set creates or updates a salt's limit in bytes, whatever the number of
+// entries: for changes already accepted (the HA mirror applying what etcd
+// committed). A client's request goes through SetBounded.
 func (r *Registry) Set(salt string, limit int64) {
 	r.mu.Lock()
 	r.explicit[salt] = limit
 	r.mu.Unlock()
+}
+
+// SetBounded is Set for a client's request: a salt without an entry is
+// refused with ErrTooMany (nothing changes) while bound or more entries are
+// held. A table restored or mirrored over bound keeps every entry and
+// refuses new salts until it is below bound.
+func (r *Registry) SetBounded(salt string, limit int64, bound int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.explicit[salt]; !ok && len(r.explicit) >= bound {
+		return ErrTooMany
+	}
+	r.explicit[salt] = limit
+	return nil
+}
+
+// Admits reports whether SetBounded(salt, _, bound) would succeed now, and
+// the number of entries held.
+func (r *Registry) Admits(salt string, bound int) (bool, int) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	_, ok := r.explicit[salt]
+	return ok || len(r.explicit) < bound, len(r.explicit)
+}
+
+// Len is the number of explicit entries.
+func (r *Registry) Len() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return len(r.explicit)
+}
+
+// OverBound returns the number of entries and whether it is over bound for
+// the first time since the table was last within bound (or ever), so a
+// caller warns once per episode rather than on every check.
+func (r *Registry) OverBound(bound int) (n int, first bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n = len(r.explicit)
+	if n <= bound {
+		r.overReported = false
+		return n, false
+	}
+	first = !r.overReported
+	r.overReported = true
+	return n, first
 }
 
 // Delete removes a salt's entry and reports whether one existed.
@@ -121,7 +181,8 @@ func (r *Registry) Snapshot() Limits {
 	return Limits{Explicit: m, Default: d}
 }
 
-// Restore replaces the whole state (used when loading the state file).
+// Restore replaces the whole state (used when loading the state file). It
+// keeps every entry, also past MaxQuotas: they were accepted once.
 func (r *Registry) Restore(l Limits) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
