@@ -300,7 +300,7 @@ func (f *fields) tier() error {
 }
 
 func queryTier(r *http.Request) error {
-	q := r.URL.Query()
+	q := httproute.Query(r)
 	if !q.Has("tier") {
 		return nil
 	}

@@ -14,12 +14,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
 func (s *Server) handleListObjects(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
+	q := httproute.Query(r)
 	if t := q.Get("tier"); q.Has("tier") && t != "l2" {
 		if t == "l1" || t == "all" {
 			return errf(ErrBadRequest, "tier '%s' not supported; only 'l2'", t)

@@ -32,7 +32,7 @@ func (s *Server) handleMetricsReset(w http.ResponseWriter, _ *http.Request) erro
 }
 
 func (s *Server) handleLogLevel(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
+	q := httproute.Query(r)
 	// As upstream, an empty parameter counts as absent.
 	name, level := q.Get("logger_name"), q.Get("level")
 	hasName, hasLevel := name != "", level != ""
@@ -69,7 +69,7 @@ var goroutineHeader = regexp.MustCompile(`^goroutine (\d+) `)
 // label values (case-insensitive substring) over the label-aware profile,
 // and ?thread_id= selects one goroutine by id from the full dump.
 func (s *Server) handleThreads(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
+	q := httproute.Query(r)
 	var out strings.Builder
 	if q.Has("thread_id") {
 		id := strings.TrimSpace(q.Get("thread_id"))

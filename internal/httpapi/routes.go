@@ -230,7 +230,7 @@ func (s *Server) toolkitRoute(rt route) httproute.Route {
 		out.Auth = httproute.Bearer
 	case authOnSet:
 		out.Auth = httproute.Bearer
-		out.AuthWhen = func(r *http.Request) bool { return r.URL.Query().Get("level") != "" }
+		out.AuthWhen = func(r *http.Request) bool { return httproute.Query(r).Get("level") != "" }
 	case authMetrics:
 		out.Auth = httproute.Bearer
 		out.AuthWhen = func(*http.Request) bool { return s.opts.ProtectMetrics }

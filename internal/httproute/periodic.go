@@ -21,7 +21,7 @@ type PeriodicHandlers struct {
 func Periodic(reg *periodic.Registry, notFound error) PeriodicHandlers {
 	return PeriodicHandlers{
 		List: func(w http.ResponseWriter, r *http.Request) error {
-			l, err := reg.List(r.URL.Query())
+			l, err := reg.List(Query(r))
 			if err != nil {
 				return err
 			}
