@@ -1212,11 +1212,14 @@ func (l *Ledger) unpark(c *ckey) {
 	if !ok {
 		return
 	}
-	e := l.at(i)
-	if e.sent&parkedBit == 0 {
-		return
+	if e := l.at(i); e.sent&parkedBit != 0 {
+		l.unparkAt(l.salts[c.salt], i, e)
 	}
-	s := l.salts[c.salt]
+}
+
+// unparkAt moves parked entry e from s.parked to the head of s.lru; must
+// hold mu.
+func (l *Ledger) unparkAt(s *saltState, i uint32, e *entry) {
 	l.unlink(s, i, e)
 	e.sent &^= parkedBit
 	l.pushHead(&s.lru, i, e)
@@ -1227,10 +1230,7 @@ func (l *Ledger) unpark(c *ckey) {
 func (l *Ledger) unparkAll() {
 	for _, s := range l.salts {
 		for i := s.parked.tail; i != nilIdx; i = s.parked.tail {
-			e := l.at(i)
-			l.unlink(s, i, e)
-			e.sent &^= parkedBit
-			l.pushHead(&s.lru, i, e)
+			l.unparkAt(s, i, l.at(i))
 		}
 	}
 }
