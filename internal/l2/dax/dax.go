@@ -49,9 +49,28 @@ type Adapter struct {
 	seq     uint64
 	closed  bool
 
+	// A store's commit and its report (usage count and OnStored) exclude
+	// a reconfiguration's removal of keys and its report (Forget and
+	// OnDeleted), so each side reports what it saw in the index: a remove
+	// or resize that dropped a key between a store's commit and its report
+	// had it counted after it was forgotten and reported stored after
+	// deleted. reporting counts the stores in that section and sweeping
+	// is set while a reconfiguration removes keys (at most one: reconfMu);
+	// both wait on settle, a channel (closed and cleared on every change),
+	// never on a held lock. Guarded by mu.
+	reporting int
+	sweeping  bool
+	settle    chan struct{}
+
 	// afterCopy (nil outside tests) runs in Store between the copies and
 	// their commit, so tests can change a device in between.
 	afterCopy func()
+	// afterCommit (nil outside tests) runs in Store between the commit
+	// and its report.
+	afterCommit func()
+	// beforeMove (nil outside tests) runs in Resize between its checks
+	// and the moves off the cut-off range.
+	beforeMove func()
 }
 
 var _ l2.Adapter = (*Adapter)(nil)
@@ -229,11 +248,17 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 	}
 
 	a.mu.Lock()
+	a.waitSweepLocked()
 	var failed bool
 	var newKeys []objkey.Key
 	var newSizes []int64 // object bytes of newKeys, for the listeners
 	for i, r := range res {
 		if r.dev == nil {
+			// Stored before (or earlier in this call): a remove or
+			// resize may have dropped it since, and then it must not
+			// be reported stored.
+			_, still := a.index[keys[i]]
+			failed = failed || !still
 			continue
 		}
 		_, dup := a.index[keys[i]]
@@ -249,7 +274,14 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 		newKeys = append(newKeys, keys[i])
 		newSizes = append(newSizes, int64(len(objs[i])))
 	}
+	// Until the report is done no reconfiguration removes keys, so what
+	// it reports is what the index holds.
+	a.reporting++
 	a.mu.Unlock()
+	defer a.endReport()
+	if a.afterCommit != nil {
+		a.afterCommit()
+	}
 	slotSizes := make([]int64, len(newKeys))
 	for i := range slotSizes {
 		slotSizes[i] = a.slotBytes // upstream accounts a whole slot per key
@@ -268,6 +300,64 @@ func (a *Adapter) Store(ctx context.Context, keys []objkey.Key, objs [][]byte) e
 	}
 	a.book.FireStored(keys, sizes)
 	return nil
+}
+
+// wakeLocked wakes every waiter on settle. Caller holds mu.
+func (a *Adapter) wakeLocked() {
+	if a.settle != nil {
+		close(a.settle)
+		a.settle = nil
+	}
+}
+
+// waitLocked releases mu until the next wakeLocked, then takes it again.
+// Caller holds mu.
+func (a *Adapter) waitLocked() {
+	if a.settle == nil {
+		a.settle = make(chan struct{})
+	}
+	wait := a.settle
+	a.mu.Unlock()
+	<-wait
+	a.mu.Lock()
+}
+
+// waitSweepLocked waits until no reconfiguration is removing keys. Caller
+// holds mu.
+func (a *Adapter) waitSweepLocked() {
+	for a.sweeping {
+		a.waitLocked()
+	}
+}
+
+// endReport ends a store's report section.
+func (a *Adapter) endReport() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.reporting--
+	if a.reporting == 0 {
+		a.wakeLocked()
+	}
+}
+
+// beginSweep holds off the commits of stores and waits for the reports of
+// those already committed; the caller (holding reconfMu) then removes
+// keys, forgets and reports them, and calls endSweep.
+func (a *Adapter) beginSweep() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.sweeping = true
+	for a.reporting > 0 {
+		a.waitLocked()
+	}
+}
+
+// endSweep lets stores commit again.
+func (a *Adapter) endSweep() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.sweeping = false
+	a.wakeLocked()
 }
 
 // LookupAndLock implements l2.Adapter: a hit is an indexed key on a

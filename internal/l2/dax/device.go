@@ -54,6 +54,9 @@ type device struct {
 	sizeBytes int64
 	maxSlots  int
 	free      []int // free slot numbers, used as a stack
+	// cutFree holds the free slots at or above maxSlots while a shrink
+	// is in progress (nil otherwise).
+	cutFree   []int
 	liveSlots int
 	borrowed  int // slots reserved by stores still copying
 
@@ -63,6 +66,10 @@ type device struct {
 	gen   atomic.Uint64 // written under mapMu (write), read anywhere
 
 	inflightStore, inflightLoad atomic.Int64
+
+	// mapFault (nil outside tests) runs in remap after the old mapping is
+	// gone; an error it returns fails the new mapping.
+	mapFault func(size int64) error
 }
 
 // identity is upstream's device identity: rdev for character devices,
@@ -134,6 +141,11 @@ func (d *device) remap(size int64) error {
 		d.mem = nil
 	}
 	d.gen.Add(1)
+	if d.mapFault != nil {
+		if err := d.mapFault(size); err != nil {
+			return err
+		}
+	}
 	mem, err := mapFile(d.file, size, isChar)
 	if err != nil {
 		return err
@@ -166,11 +178,17 @@ func (d *device) unmap() error {
 
 // freeSlotLocked returns slot s, taken under mapping generation gen, to
 // the free list, unless the device was remapped or retired since (then
-// the slot is gone or belongs to a rebuilt free list). Caller holds
+// the slot is gone or belongs to a rebuilt free list). A slot in the
+// cut-off range of a shrink in progress goes to cutFree. Caller holds
 // Adapter.mu.
 func (d *device) freeSlotLocked(s int, gen uint64) {
-	if d.gen.Load() == gen && live(d.state) && s < d.maxSlots {
+	if d.gen.Load() != gen || !live(d.state) {
+		return
+	}
+	if s < d.maxSlots {
 		d.free = append(d.free, s)
+	} else {
+		d.cutFree = append(d.cutFree, s)
 	}
 }
 

@@ -250,17 +250,24 @@ func (a *Adapter) Remove(path, mode string, force bool) (map[string]any, error) 
 			a.restore(d, prev)
 			return nil, err
 		}
-	} else {
-		result["deleted_keys"] = a.evict(keys, force)
+	}
+	// From here to the reports no store commits or reports (see
+	// Adapter.sweeping): one that committed a key on d and reported it
+	// after the key was dropped here had it counted and reported stored
+	// after it was deleted.
+	a.beginSweep()
+	if mode == ModeEvict {
+		result["deleted_keys"] = a.evict(d, keys, force)
 	}
 	a.mu.Lock()
-	// Anything still indexed on d (stored concurrently, with force) is lost.
+	// Anything still indexed on d (stored concurrently, or skipped by the
+	// evict as being stored) is lost.
 	lost := a.keysOnLocked(d, 0)
 	for _, k := range lost {
 		a.removeLocked(k)
 	}
 	d.state = stateRemoved
-	d.free = nil
+	d.free, d.cutFree = nil, nil
 	a.updateCapacityLocked()
 	d.mapMu.Lock()
 	err := d.unmap()
@@ -268,6 +275,7 @@ func (a *Adapter) Remove(path, mode string, force bool) (map[string]any, error) 
 	a.mu.Unlock()
 	a.book.Forget(lost)
 	a.book.FireDeleted(lost)
+	a.endSweep()
 	if err != nil {
 		return nil, fmt.Errorf("%w: unmap %s: %w", ErrBadRequest, path, err)
 	}
@@ -282,15 +290,24 @@ func (a *Adapter) restore(d *device, state string) {
 	a.mu.Unlock()
 }
 
-// evict deletes keys (locked ones only with force) and notifies listeners.
-func (a *Adapter) evict(keys []objkey.Key, force bool) int {
+// evict deletes keys still on d (locked ones only with force) and
+// notifies listeners. A key deleted and stored again elsewhere since the
+// caller listed it stays.
+func (a *Adapter) evict(d *device, keys []objkey.Key, force bool) int {
 	var victims []objkey.Key
 	if force {
 		victims = keys
 	} else {
 		victims = a.book.BeginDelete(keys)
 	}
-	removed := a.removeAll(victims)
+	var removed []objkey.Key
+	a.mu.Lock()
+	for _, k := range victims {
+		if l, ok := a.index[k]; ok && l.dev == d && a.removeLocked(k) {
+			removed = append(removed, k)
+		}
+	}
+	a.mu.Unlock()
 	if force {
 		a.book.Forget(removed)
 		a.book.FireDeleted(removed)
@@ -413,35 +430,47 @@ func (a *Adapter) Resize(path string, sizeBytes int64, mode string, force bool) 
 				return nil, fmt.Errorf("%w: insufficient capacity to move %d keys out of the cut-off range of %s", ErrConflict, len(cut), path)
 			}
 		}
-		// From here no slot >= newMax is handed out or returned.
+		// From here no slot >= newMax is handed out; those freed go to
+		// cutFree (freeSlotLocked), so a failed shrink can give back
+		// exactly the slots that are free.
 		d.maxSlots = newMax
+		d.cutFree = slices.DeleteFunc(slices.Clone(d.free), func(s int) bool { return s < newMax })
 		d.free = slices.DeleteFunc(d.free, func(s int) bool { return s >= newMax })
 	}
 	d.state = stateResizing
 	a.mu.Unlock()
+	if a.beforeMove != nil {
+		a.beforeMove()
+	}
 
 	fail := func(err error) (map[string]any, error) {
 		a.mu.Lock()
+		// Not rebuilt from the index: a store still copying into a slot
+		// reserved before the resize would find its slot handed out
+		// again, and two keys would share one slot.
 		d.maxSlots = oldMax
-		d.free = a.freeSlotsLocked(d, oldMax)
+		d.free = append(d.free, d.cutFree...)
+		d.cutFree = nil
 		d.state = prev
 		a.mu.Unlock()
 		return nil, err
 	}
-	if newMax < oldMax && len(cut) > 0 {
-		if mode == ModeMigrate {
-			_, _, err := a.relocate(cut, d, func() *device {
-				if len(d.free) > 0 {
-					return d
-				}
-				return a.pickLocked(d)
-			})
-			if err != nil {
-				return fail(err)
+	if newMax < oldMax && len(cut) > 0 && mode == ModeMigrate {
+		_, _, err := a.relocate(cut, d, func() *device {
+			if len(d.free) > 0 {
+				return d
 			}
-		} else {
-			a.evict(cut, force)
+			return a.pickLocked(d)
+		})
+		if err != nil {
+			return fail(err)
 		}
+	}
+	// From here to the reports no store commits or reports (see
+	// Adapter.sweeping).
+	a.beginSweep()
+	if newMax < oldMax && len(cut) > 0 && mode == ModeEvict {
+		a.evict(d, cut, force)
 	}
 	a.mu.Lock()
 	// With force, keys stored or left in the cut-off range are dropped;
@@ -451,11 +480,13 @@ func (a *Adapter) Resize(path string, sizeBytes int64, mode string, force bool) 
 		a.mu.Unlock()
 		a.book.Forget(lost)
 		a.book.FireDeleted(lost)
+		a.endSweep()
 	}()
 	for _, k := range a.keysOnLocked(d, newMax) {
 		a.removeLocked(k)
 		lost = append(lost, k)
 	}
+	d.cutFree = nil
 	d.mapMu.Lock()
 	err := d.remap(sizeBytes)
 	if err != nil {
@@ -463,6 +494,14 @@ func (a *Adapter) Resize(path string, sizeBytes int64, mode string, force bool) 
 		if err2 := d.remap(oldSize); err2 != nil {
 			d.state = stateFailed
 			d.mapMu.Unlock()
+			// Nothing can serve the keys left on d: they are lost, as
+			// those of a removed device, and must leave usage, the
+			// index and the listeners' view; they stayed counted.
+			for _, k := range a.keysOnLocked(d, 0) {
+				a.removeLocked(k)
+				lost = append(lost, k)
+			}
+			d.free = nil
 			a.updateCapacityLocked()
 			return nil, fmt.Errorf("%w: remap %s: %w (restoring: %v)", ErrBadRequest, path, err, err2)
 		}

@@ -435,14 +435,19 @@ func testConcurrent(t *testing.T, a l2.Adapter) {
 	}
 }
 
-// lastEvent is a Listener that keeps the last stored or deleted event of
-// each key.
-type lastEvent struct {
+// LastEvents is a Listener that keeps the last stored or deleted event of
+// each key: after any race between stores, deletes and reconfigurations,
+// a key an adapter holds must have "stored" last and one it lost
+// "deleted".
+type LastEvents struct {
 	mu   sync.Mutex
 	last map[objkey.Key]string
 }
 
-func (l *lastEvent) set(kind string, keys []objkey.Key) {
+// NewLastEvents returns a LastEvents that has heard nothing.
+func NewLastEvents() *LastEvents { return &LastEvents{last: map[objkey.Key]string{}} }
+
+func (l *LastEvents) set(kind string, keys []objkey.Key) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, k := range keys {
@@ -450,9 +455,21 @@ func (l *lastEvent) set(kind string, keys []objkey.Key) {
 	}
 }
 
-func (l *lastEvent) OnStored(keys []objkey.Key, _ []int64) { l.set("stored", keys) }
-func (l *lastEvent) OnAccessed([]objkey.Key)               {}
-func (l *lastEvent) OnDeleted(keys []objkey.Key)           { l.set("deleted", keys) }
+// Of is the last event heard for k: "stored", "deleted", or "" for none.
+func (l *LastEvents) Of(k objkey.Key) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.last[k]
+}
+
+// OnStored implements l2.Listener.
+func (l *LastEvents) OnStored(keys []objkey.Key, _ []int64) { l.set("stored", keys) }
+
+// OnAccessed implements l2.Listener.
+func (l *LastEvents) OnAccessed([]objkey.Key) {}
+
+// OnDeleted implements l2.Listener.
+func (l *LastEvents) OnDeleted(keys []objkey.Key) { l.set("deleted", keys) }
 
 // testStoreDeleteSameKeys runs stores and deletes of the same keys at once.
 // Whichever wins each race, afterwards a key is found exactly when the last
@@ -462,7 +479,7 @@ func (l *lastEvent) OnDeleted(keys []objkey.Key)           { l.set("deleted", ke
 func testStoreDeleteSameKeys(t *testing.T, a l2.Adapter) {
 	ctx := context.Background()
 	before := a.Usage()
-	l := &lastEvent{last: map[objkey.Key]string{}}
+	l := NewLastEvents()
 	a.AddListener(l)
 	keys := Keys(t, 4, "race")
 	objs := Objects(t, 4)
@@ -500,13 +517,11 @@ func testStoreDeleteSameKeys(t *testing.T, a l2.Adapter) {
 		t.Fatal(err)
 	}
 	a.Unlock(keys)
-	l.mu.Lock()
 	for i, k := range keys {
-		if got := l.last[k]; hits[i] != (got == "stored") {
+		if got := l.Of(k); hits[i] != (got == "stored") {
 			t.Errorf("key %d found: %v, but the last event listeners heard was %q", i, hits[i], got)
 		}
 	}
-	l.mu.Unlock()
 	if _, err := a.Delete(ctx, keys); err != nil {
 		t.Fatal(err)
 	}
