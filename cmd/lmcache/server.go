@@ -254,6 +254,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		KVEvents:             s.kv,
 		LogLevels:            levels,
 		EnvShowSecrets:       cfg.EnvShowSecret,
+		KVBodyBudgetBytes:    cfg.HTTPKVBodyBudgetBytes(),
 		Logger:               levels.Logger("lmcache.http"),
 	})
 	if err != nil {

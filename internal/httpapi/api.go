@@ -164,6 +164,16 @@ type Options struct {
 	Environ func() []string
 	// MaxKVBodyBytes caps POST /api/kv/store bodies (default 1 GiB).
 	MaxKVBodyBytes int64
+	// KVBodyBudgetBytes bounds the KV payload bytes held at once by all
+	// in-flight /api/kv/store bodies and /api/kv/retrieve answers
+	// together (--http-kv-body-budget-mb; default DefaultKVBodyBudgetBytes).
+	// A store larger than it is 413; one that does not fit while others
+	// hold it is 503 with Retry-After; a retrieve answer larger than it is
+	// cut to the longest prefix that fits.
+	KVBodyBudgetBytes int64
+	// budgetHook, set by the tests (export_test.go), is called after each
+	// reservation of the KV budget.
+	budgetHook func(n int64)
 	// BodyReadTimeout is the time a client has to send a request body,
 	// per started 16 MiB the route allows; past it the request is 408.
 	// Default 30 s.
@@ -192,6 +202,9 @@ type Server struct {
 	eng atomic.Pointer[engineHolder]
 
 	regMu sync.Mutex // serializes static layout registration in SetEngine
+
+	// budget bounds the KV payload bytes in flight (Options.KVBodyBudgetBytes).
+	budget *bodyBudget
 
 	// scriptFailures counts /run_script runs that failed, by reason (a
 	// refused run, busy, is dropped work).
@@ -247,12 +260,9 @@ func New(opts Options) (*Server, error) {
 		Name: "lmcache_mp_run_script_failures_total",
 		Help: "POST /run_script runs that failed, by reason: memory_limit, deadline, output_limit, busy (refused: too many running), import_not_allowed, sandbox, error (the script raised).",
 	}, []string{"reason"})
-	if err := s.metrics.Registry().Register(s.scriptFailures); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return nil, fmt.Errorf("httpapi: register metrics: %w", err)
-		}
-		s.scriptFailures = are.ExistingCollector.(*prometheus.CounterVec)
+	var err error
+	if s.scriptFailures, err = register(s.metrics.Registry(), s.scriptFailures); err != nil {
+		return nil, err
 	}
 	s.levels = opts.LogLevels
 	if s.levels == nil {
@@ -268,6 +278,15 @@ func New(opts Options) (*Server, error) {
 	if s.opts.MaxKVBodyBytes <= 0 {
 		s.opts.MaxKVBodyBytes = 1 << 30
 	}
+	if s.opts.KVBodyBudgetBytes <= 0 {
+		s.opts.KVBodyBudgetBytes = DefaultKVBodyBudgetBytes
+	}
+	budget, err := newBodyBudget(s.opts.KVBodyBudgetBytes, s.metrics.Registry())
+	if err != nil {
+		return nil, err
+	}
+	s.budget = budget
+	s.budget.acquired = opts.budgetHook
 	for _, l := range opts.RegisteredModels {
 		if l.ModelName == "" || l.WorldSize < 1 || l.ObjectBytes <= 0 {
 			return nil, fmt.Errorf("httpapi: invalid registered model %+v", l)

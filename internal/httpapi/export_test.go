@@ -16,3 +16,7 @@ const (
 	MaxJSONBody   = maxJSONBody
 	MaxScriptForm = maxScriptForm
 )
+
+// OnBudgetAcquired makes the server built from o call f (with the bytes
+// taken) after every reservation of the KV body budget.
+func OnBudgetAcquired(o *Options, f func(n int64)) { o.budgetHook = f }

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -13,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lmcache-go/lmcache/internal/engine"
+	"github.com/lmcache-go/lmcache/internal/httproute"
 	"github.com/lmcache-go/lmcache/internal/mpmetrics"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
@@ -362,10 +364,22 @@ func (s *Server) handleKVStore(w http.ResponseWriter, r *http.Request) error {
 	if want > s.opts.MaxKVBodyBytes {
 		return errf(ErrTooLarge, "store of %d bytes exceeds the %d-byte limit", want, s.opts.MaxKVBodyBytes)
 	}
-	body, err := s.readBody(w, r, want+1)
+	// The size is known from the headers, with or without a
+	// Content-Length, so the budget is taken for it before a byte is read.
+	// The buffer is sized up front (plus bytes.MinRead, so ReadFrom never
+	// regrows it at the end): a chunked body cannot grow it past want+1,
+	// which the read's limit refuses, so the reservation is a true bound.
+	release, err := s.reserve(w, "store", want)
 	if err != nil {
 		return err
 	}
+	defer release()
+	var buf bytes.Buffer
+	buf.Grow(int(want) + bytes.MinRead)
+	if err := httproute.ReadBody(&buf, w, r, want+1, s.bodyDeadline(want+1)); err != nil {
+		return err
+	}
+	body := buf.Bytes()
 	if int64(len(body)) != want {
 		return errf(ErrBadRequest, "body is %d bytes; %s needs %d bytes", len(body), what, want)
 	}
@@ -530,6 +544,31 @@ func (s *Server) handleKVRetrieve(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	prefix := min(res.PrefixChunks, len(chunks))
+	// The answer is buffered (Get copies the objects out of L1, and the
+	// tensor and raw forms join them into one more buffer), so it takes
+	// the KV budget before the copy: a prefix larger than the whole budget
+	// is cut to the longest one that fits (a shorter prefix is still a
+	// correct answer; the hit headers count what is returned), and one
+	// the budget cannot hold now is 503 with Retry-After.
+	if prefix > 0 {
+		perChunk := int64(0)
+		for _, k := range chunks[0] {
+			perChunk += l.SizeOf(k.ObjectGroupID)
+		}
+		if !stream {
+			perChunk *= 2
+		}
+		if perChunk > 0 {
+			// At least one chunk is asked for: one larger than the
+			// whole budget is the 413 of reserve, not a miss.
+			prefix = int(max(1, min(int64(prefix), s.budget.size/perChunk)))
+		}
+		release, err := s.reserve(w, "retrieve", int64(prefix)*perChunk)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	var keys []objkey.Key
 	for _, ck := range chunks[:prefix] {
 		keys = append(keys, ck...)
@@ -572,6 +611,11 @@ func (s *Server) handleKVRetrieve(w http.ResponseWriter, r *http.Request) error 
 		out = g.joinKV2LTD(objs, got)
 		w.Header().Set("Content-Type", ContentTypeKV)
 	} else {
+		n := 0
+		for _, o := range objs[:got*len(chunks[0])] {
+			n += len(o)
+		}
+		out = make([]byte, 0, n) // one allocation, as the budget counted
 		for _, o := range objs[:got*len(chunks[0])] {
 			out = append(out, o...)
 		}

@@ -429,6 +429,15 @@ func (s *Server) handleKVStoreStream(w http.ResponseWriter, r *http.Request) err
 		return errf(ErrBadRequest, "payload shape %s does not match expected %s", shapeStr(m.shape), shapeStr(want))
 	}
 	chunkBytes := world * g.bytes()
+	// The chunks are kept until the whole stream is valid, so the budget
+	// is taken for all of them (known from the manifest) before the first
+	// chunk frame is read; more chunks, or larger ones, are refused below.
+	// The manifest frame itself (at most 2 MiB) is not counted.
+	release, err := s.reserve(w, "store", int64(len(chunks))*chunkBytes)
+	if err != nil {
+		return err
+	}
+	defer release()
 	keys := make([]objkey.Key, 0, len(chunks)*int(world))
 	data := make([][]byte, 0, len(chunks)*int(world))
 	for idx := 0; ; idx++ {

@@ -243,3 +243,30 @@ func TestPreallocatedSizesBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPKVBodyBudgetFlag: --http-kv-body-budget-mb (env
+// LMCACHE_HTTP_KV_BODY_BUDGET_MB) defaults to 2048 MiB, is reported in
+// GET /config's http group, converts to bytes, and must be in
+// [1, MaxInt64>>20] so the byte count fits an int64.
+func TestHTTPKVBodyBudgetFlag(t *testing.T) {
+	c, err := ParseEnv(nil, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HTTPKVBodyBudgetMB != 2048 || c.HTTPKVBodyBudgetBytes() != 2<<30 || c.Groups()[GroupHTTP]["http_kv_body_budget_mb"] != 2048 {
+		t.Fatalf("default = %d MiB (%d bytes), /config %v", c.HTTPKVBodyBudgetMB, c.HTTPKVBodyBudgetBytes(), c.Groups()[GroupHTTP]["http_kv_body_budget_mb"])
+	}
+	c, err = ParseEnv([]string{"--http-kv-body-budget-mb", "64"}, env(map[string]string{"LMCACHE_HTTP_KV_BODY_BUDGET_MB": "32"}), nil)
+	if err != nil || c.HTTPKVBodyBudgetBytes() != 64<<20 {
+		t.Fatalf("flag over env: %v %v", c, err)
+	}
+	c, err = ParseEnv(nil, env(map[string]string{"LMCACHE_HTTP_KV_BODY_BUDGET_MB": "32"}), nil)
+	if err != nil || c.HTTPKVBodyBudgetBytes() != 32<<20 {
+		t.Fatalf("env: %v %v", c, err)
+	}
+	for _, v := range []string{"0", "-1", "8796093022208"} {
+		if got := parseErr(t, []string{"--http-kv-body-budget-mb", v}, nil); !strings.HasPrefix(got, "--http-kv-body-budget-mb: must be") {
+			t.Errorf("--http-kv-body-budget-mb %s: %q", v, got)
+		}
+	}
+}

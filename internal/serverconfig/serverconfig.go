@@ -74,6 +74,10 @@ type Config struct {
 	LogFormat              string
 	LogLevel               string
 	EnvShowSecret          bool
+	// HTTPKVBodyBudgetMB bounds the KV payload (MiB) all in-flight
+	// /api/kv/store bodies and /api/kv/retrieve answers hold together
+	// (httpapi.Options.KVBodyBudgetBytes; see HTTPKVBodyBudgetBytes).
+	HTTPKVBodyBudgetMB int
 
 	// storage_manager group.
 	L1SizeGB                float64
@@ -212,6 +216,15 @@ func (c *Config) ConfigView() map[string]map[string]any {
 	return g
 }
 
+// DefaultHTTPKVBodyBudgetMB is --http-kv-body-budget-mb's default: 2 GiB,
+// twice the 1 GiB per-request cap of a KV store, so the largest store and
+// other transfers fit together. It is not tied to --l1-size-gb: the budget
+// bounds heap taken beside the L1 pool, which a large pool should not grow.
+const DefaultHTTPKVBodyBudgetMB = 2048
+
+// HTTPKVBodyBudgetBytes is --http-kv-body-budget-mb in bytes.
+func (c *Config) HTTPKVBodyBudgetBytes() int64 { return int64(c.HTTPKVBodyBudgetMB) << 20 }
+
 // L1SizeBytes is --l1-size-gb in bytes, truncated as upstream's int(gb*2^30).
 func (c *Config) L1SizeBytes() int64 { return int64(c.L1SizeGB * GiB) }
 
@@ -294,6 +307,7 @@ func (c *Config) register() *registry {
 		c.LogLevel = strings.ToUpper(c.LogLevel)
 		return oneOf(&c.LogLevel, "DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL")()
 	}
+	r.intv(&c.HTTPKVBodyBudgetMB, "http-kv-body-budget-mb", "http_kv_body_budget_mb", h, "LMCACHE_HTTP_KV_BODY_BUDGET_MB", DefaultHTTPKVBodyBudgetMB, "MiB of KV payload that all in-flight POST /api/kv/store bodies and /api/kv/retrieve answers may hold together; past it a store is refused with 503 and Retry-After (lmcache_mp_http_kv_body_budget_refused_total), a store larger than it is 413, a longer retrieve answer is cut to the prefix that fits").Validate = inRangeInt(&c.HTTPKVBodyBudgetMB, 1, math.MaxInt64>>20)
 	r.boolFlag(&c.EnvShowSecret, "env-show-secrets", "env_show_secrets", h, "", "GET /env shows values whose names look secret")
 
 	// storage_manager
