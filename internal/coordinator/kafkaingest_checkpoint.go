@@ -79,6 +79,9 @@ func (s *Server) restoreCheckpoint() (map[int32]int64, error) {
 	var pos map[int32]int64
 	if err == nil {
 		nl, ng, nt := ledger.New(), eventgate.New(maxSeqTracked), newTombstones()
+		// Pins first: the load parks the pinned keys at each salt's
+		// least recent end, so the first plan does not walk them.
+		nl.RestorePins(s.ledger.Pins())
 		var topic string
 		var keys, streams int
 		err = d.Sections(map[string]func(*checkpoint.Decoder){
@@ -88,7 +91,6 @@ func (s *Server) restoreCheckpoint() (map[int32]int64, error) {
 			"tombstones": func(d *checkpoint.Decoder) { nt.loadCheckpoint(d) }, // absent before 2026-12-02: none
 		})
 		if err == nil {
-			nl.RestorePins(s.ledger.Pins())
 			s.ledger, s.gate, s.tombs = nl, ng, nt
 			c.restoredKeys, c.restoredStreams, c.restoredFrom = keys, streams, c.path
 			if in := s.cfg.Ingest; pos != nil && (!in.Kafka() || topic != in.KafkaTopic) {

@@ -108,6 +108,12 @@ func (l *Ledger) LoadCheckpoint(d *checkpoint.Decoder) int {
 			return stored
 		}
 		n := d.Count(4)
+		// The pinned keys at the least recent end are parked as they
+		// arrive, as the first plan would park them, so it does not walk
+		// them all (under the lock) after every restart. A pinned key
+		// after the first unpinned one keeps its LRU place: parked, its
+		// unpin would make it the least recent.
+		leading := len(l.pins) > 0
 		for j := 0; j < n && d.Err() == nil; j++ {
 			model := d.Uvarint()
 			rank := d.Varint()
@@ -140,9 +146,35 @@ func (l *Ledger) LoadCheckpoint(d *checkpoint.Decoder) int {
 			k.Model, k.Salt, k.Rank = models[model], salt, rank
 			l.store(&k, size)
 			stored++
+			if leading {
+				leading = l.parkNewestIfPinned(&k)
+			}
 		}
 	}
 	return stored
+}
+
+// parkNewestIfPinned moves k, just stored (so the most recent key of its
+// salt's lru), to the salt's parked list if it is pinned, and reports
+// whether it was; must hold mu.
+func (l *Ledger) parkNewestIfPinned(k *Key) bool {
+	c, ok := l.lookupKey(k)
+	if !ok {
+		return false
+	}
+	s := l.salts[c.salt]
+	i := s.lru.tail
+	if i == nilIdx {
+		return false
+	}
+	e := l.at(i)
+	if e.k != c || l.pins[c] <= 0 {
+		return false
+	}
+	l.unlink(s, i, e)
+	e.sent |= parkedBit
+	l.pushTail(&s.parked, i, e)
+	return true
 }
 
 // ReplacePins sets the pin counts to exactly pins, dropping every other pin

@@ -140,3 +140,32 @@ func TestCheckpointWritesParkedKeysFirst(t *testing.T) {
 		t.Fatalf("restored LRU order\n got %v\nwant %v", got, want)
 	}
 }
+
+// TestRestoreParksLeadingPins: a restart restores pins before the
+// checkpoint, and the pinned keys at a salt's least recent end are parked
+// as they load, so the first plan after a restart walks only its victims;
+// it walked every pinned key first (15 entries for 5 victims here). A
+// pinned key behind an unpinned one keeps its LRU place: unpinned, it is
+// not the least recent.
+func TestRestoreParksLeadingPins(t *testing.T) {
+	l, all := parkedLedger(t)
+	l.Pin(all[15:16], 1) // behind unpinned keys: not parked at load
+	r := New()
+	r.RestorePins(l.Pins())
+	d := checkpoint.NewDecoder(section(l))
+	if n := r.LoadCheckpoint(d); n != 20 || d.Err() != nil {
+		t.Fatalf("restored %d keys, err %v", n, d.Err())
+	}
+	p := r.ComputePlan(overOne, PlanOptions{Ratio: 0.25, Watermark: 1})
+	if got := hexes(planKeys(r, p)); !slices.Equal(got, []string{"0a", "0b", "0c", "0d", "0e"}) || p.Walked != 5 {
+		t.Fatalf("first plan after restore: victims %v after walking %d entries, want 0a..0e after 5", got, p.Walked)
+	}
+	r.Pin(all[:16], -1)
+	var want []string
+	for i := range 20 {
+		want = append(want, fmt.Sprintf("%02x", i))
+	}
+	if got := lruOrder(t, r); !slices.Equal(got, want) {
+		t.Fatalf("LRU order after unpinning all\n got %v\nwant %v", got, want)
+	}
+}
