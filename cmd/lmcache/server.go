@@ -255,6 +255,7 @@ func newServer(ctx context.Context, cfg *serverconfig.Config, levels *loglevel.R
 		LogLevels:            levels,
 		EnvShowSecrets:       cfg.EnvShowSecret,
 		KVBodyBudgetBytes:    cfg.HTTPKVBodyBudgetBytes(),
+		MaxKVBodyBytes:       cfg.HTTPKVMaxBodyBytes(),
 		Logger:               levels.Logger("lmcache.http"),
 	})
 	if err != nil {

@@ -162,7 +162,8 @@ type Options struct {
 	EnvShowSecrets bool
 	// Environ lists the environment for /env (default os.Environ).
 	Environ func() []string
-	// MaxKVBodyBytes caps POST /api/kv/store bodies (default 1 GiB).
+	// MaxKVBodyBytes caps POST /api/kv/store bodies (--http-kv-max-body-mb;
+	// default 1 GiB).
 	MaxKVBodyBytes int64
 	// KVBodyBudgetBytes bounds the KV payload bytes held at once by all
 	// in-flight /api/kv/store bodies and /api/kv/retrieve answers

@@ -270,3 +270,39 @@ func TestHTTPKVBodyBudgetFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPKVMaxBodyFlag: --http-kv-max-body-mb (env
+// LMCACHE_HTTP_KV_MAX_BODY_MB) defaults to 1024 MiB, is reported in GET
+// /config's http group, converts to bytes, must be in [1, MaxInt64>>20],
+// and may not exceed --http-kv-body-budget-mb (a store of the maximum
+// size would never fit the budget); unset, it is the budget when that is
+// smaller.
+func TestHTTPKVMaxBodyFlag(t *testing.T) {
+	c, err := ParseEnv(nil, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HTTPKVMaxBodyMB != 1024 || c.HTTPKVMaxBodyBytes() != 1<<30 || c.Groups()[GroupHTTP]["http_kv_max_body_mb"] != 1024 {
+		t.Fatalf("default = %d MiB (%d bytes), /config %v", c.HTTPKVMaxBodyMB, c.HTTPKVMaxBodyBytes(), c.Groups()[GroupHTTP]["http_kv_max_body_mb"])
+	}
+	c, err = ParseEnv([]string{"--http-kv-max-body-mb", "4096", "--http-kv-body-budget-mb", "8192"}, env(nil), nil)
+	if err != nil || c.HTTPKVMaxBodyBytes() != 4<<30 {
+		t.Fatalf("4096 under an 8192 budget: %v %v", c, err)
+	}
+	c, err = ParseEnv(nil, env(map[string]string{"LMCACHE_HTTP_KV_MAX_BODY_MB": "32"}), nil)
+	if err != nil || c.HTTPKVMaxBodyBytes() != 32<<20 {
+		t.Fatalf("env: %v %v", c, err)
+	}
+	for _, v := range []string{"0", "-1", "8796093022208"} {
+		if got := parseErr(t, []string{"--http-kv-max-body-mb", v}, nil); !strings.HasPrefix(got, "--http-kv-max-body-mb: must be") {
+			t.Errorf("--http-kv-max-body-mb %s: %q", v, got)
+		}
+	}
+	c, err = ParseEnv([]string{"--http-kv-body-budget-mb", "64"}, env(nil), nil)
+	if err != nil || c.HTTPKVMaxBodyMB != 64 || c.Groups()[GroupHTTP]["http_kv_max_body_mb"] != 64 {
+		t.Fatalf("unset under a 64 MiB budget: %v %v, want 64", c, err)
+	}
+	if got, want := parseErr(t, []string{"--http-kv-max-body-mb", "4096"}, nil), "--http-kv-max-body-mb: must be <= --http-kv-body-budget-mb (2048), which every store body must fit (got 4096)"; got != want {
+		t.Errorf("over the budget: %q, want %q", got, want)
+	}
+}

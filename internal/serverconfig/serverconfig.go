@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/cliflag"
 	"github.com/lmcache-go/lmcache/internal/loglevel"
 )
 
@@ -78,6 +79,9 @@ type Config struct {
 	// /api/kv/store bodies and /api/kv/retrieve answers hold together
 	// (httpapi.Options.KVBodyBudgetBytes; see HTTPKVBodyBudgetBytes).
 	HTTPKVBodyBudgetMB int
+	// HTTPKVMaxBodyMB caps one /api/kv/store body (MiB;
+	// httpapi.Options.MaxKVBodyBytes; see HTTPKVMaxBodyBytes).
+	HTTPKVMaxBodyMB int
 
 	// storage_manager group.
 	L1SizeGB                float64
@@ -222,6 +226,13 @@ func (c *Config) ConfigView() map[string]map[string]any {
 // bounds heap taken beside the L1 pool, which a large pool should not grow.
 const DefaultHTTPKVBodyBudgetMB = 2048
 
+// DefaultHTTPKVMaxBodyMB is --http-kv-max-body-mb's default: 1 GiB, the
+// KV of about 8,000 tokens of an 8B model in fp16.
+const DefaultHTTPKVMaxBodyMB = 1024
+
+// HTTPKVMaxBodyBytes is --http-kv-max-body-mb in bytes.
+func (c *Config) HTTPKVMaxBodyBytes() int64 { return int64(c.HTTPKVMaxBodyMB) << 20 }
+
 // HTTPKVBodyBudgetBytes is --http-kv-body-budget-mb in bytes.
 func (c *Config) HTTPKVBodyBudgetBytes() int64 { return int64(c.HTTPKVBodyBudgetMB) << 20 }
 
@@ -308,6 +319,22 @@ func (c *Config) register() *registry {
 		return oneOf(&c.LogLevel, "DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL")()
 	}
 	r.intv(&c.HTTPKVBodyBudgetMB, "http-kv-body-budget-mb", "http_kv_body_budget_mb", h, "LMCACHE_HTTP_KV_BODY_BUDGET_MB", DefaultHTTPKVBodyBudgetMB, "MiB of KV payload that all in-flight POST /api/kv/store bodies and /api/kv/retrieve answers may hold together; past it a store is refused with 503 and Retry-After (lmcache_mp_http_kv_body_budget_refused_total), a store larger than it is 413, a longer retrieve answer is cut to the prefix that fits").Validate = inRangeInt(&c.HTTPKVBodyBudgetMB, 1, math.MaxInt64>>20)
+	maxBody := r.intv(&c.HTTPKVMaxBodyMB, "http-kv-max-body-mb", "http_kv_max_body_mb", h, "LMCACHE_HTTP_KV_MAX_BODY_MB", DefaultHTTPKVMaxBodyMB, "MiB of KV payload one POST /api/kv/store may carry (413 past it); at most --http-kv-body-budget-mb (unset: 1024, or the budget if smaller)")
+	maxBody.Validate = func() error {
+		if err := inRangeInt(&c.HTTPKVMaxBodyMB, 1, math.MaxInt64>>20)(); err != nil {
+			return err
+		}
+		if c.HTTPKVMaxBodyMB > c.HTTPKVBodyBudgetMB {
+			if maxBody.Source() == cliflag.FromDefault {
+				// Only the budget was lowered: its stores are the
+				// largest it can hold.
+				c.HTTPKVMaxBodyMB = c.HTTPKVBodyBudgetMB
+				return nil
+			}
+			return fmt.Errorf("must be <= --http-kv-body-budget-mb (%d), which every store body must fit (got %d)", c.HTTPKVBodyBudgetMB, c.HTTPKVMaxBodyMB)
+		}
+		return nil
+	}
 	r.boolFlag(&c.EnvShowSecret, "env-show-secrets", "env_show_secrets", h, "", "GET /env shows values whose names look secret")
 
 	// storage_manager
