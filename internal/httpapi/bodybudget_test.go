@@ -129,6 +129,13 @@ func TestKVBodyBudget(t *testing.T) {
 	if m := r.json(t); !strings.Contains(fmt.Sprint(m["detail"]), "exceeds the 1024-byte in-flight budget") {
 		t.Errorf("413 body = %v", m)
 	}
+	// A raw retrieve holds a chunk twice (the copy out of L1 and the
+	// joined body): one cached chunk is more than the whole budget, 413
+	// rather than a miss.
+	r = e.expect(413, "POST", "/api/kv/retrieve", nil, map[string]string{httpapi.HeaderModel: testModel, httpapi.HeaderTokens: tokens(1000, testChunk)})
+	if m := r.json(t); !strings.Contains(fmt.Sprint(m["detail"]), "retrieve of 2048 bytes exceeds the 1024-byte in-flight budget") {
+		t.Errorf("retrieve 413 body = %v", m)
+	}
 }
 
 // TestKVRetrieveBudget: a retrieve answer is buffered twice in the raw
