@@ -5,6 +5,7 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -24,6 +25,7 @@ const Binary = "/usr/bin/etcd"
 // Member is one etcd process.
 type Member struct {
 	Name, ClientURL string
+	log             string // stdout and stderr of the process
 	cmd             *exec.Cmd
 	exited          chan struct{}
 }
@@ -37,26 +39,64 @@ type Cluster struct {
 	Dir string
 }
 
+// startAttempts bounds how often Start picks fresh ports. FreePort closes
+// its probe listener before etcd binds, so a process elsewhere on the
+// machine (CI runs many test binaries at once) can take the port in
+// between; the member then exits at once with "address already in use".
+const startAttempts = 3
+
+// healthyWithin is how long a started cluster may take to answer on every
+// member (elections on a loaded two-core machine take seconds, not this).
+const healthyWithin = 60 * time.Second
+
 // Start runs an n-member cluster on loopback and waits until every member
 // answers; a missing etcd binary fails the test (it is a declared test
-// dependency, not optional hardware).
+// dependency, not optional hardware). A member that exits before it
+// answers fails the test at once with its log's tail, unless it lost a
+// port race, which is retried on fresh ports.
 func Start(t testing.TB, n int) *Cluster {
 	t.Helper()
 	if _, err := os.Stat(Binary); err != nil {
 		t.Fatalf("%s missing (run scripts/install-deps.sh test, which installs Debian's etcd-server): %v", Binary, err)
 	}
+	return startPicking(t, n, proctest.FreePort)
+}
+
+// startPicking is Start with the port picker a test can replace.
+func startPicking(t testing.TB, n int, freePort func(testing.TB) int) *Cluster {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		c, err := start(t, n, freePort)
+		if err == nil {
+			return c
+		}
+		for _, m := range c.Members {
+			m.Kill(t)
+		}
+		if !errors.Is(err, errPortTaken) || attempt == startAttempts {
+			t.Fatalf("etcd cluster (attempt %d of %d): %v", attempt, startAttempts, err)
+		}
+		t.Logf("etcd cluster attempt %d: %v; retrying on fresh ports", attempt, err)
+	}
+}
+
+// errPortTaken marks a start that lost a port to another process.
+var errPortTaken = errors.New("a port was taken before etcd bound it")
+
+func start(t testing.TB, n int, freePort func(testing.TB) int) (*Cluster, error) {
+	t.Helper()
 	dir := t.TempDir()
 	peers, clients := make([]string, n), make([]string, n)
 	var initial []string
 	for i := range n {
-		peers[i] = fmt.Sprintf("http://127.0.0.1:%d", proctest.FreePort(t))
-		clients[i] = fmt.Sprintf("http://127.0.0.1:%d", proctest.FreePort(t))
+		peers[i] = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+		clients[i] = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 		initial = append(initial, fmt.Sprintf("m%d=%s", i, peers[i]))
 	}
 	c := &Cluster{Endpoints: clients, Dir: dir}
 	for i := range n {
-		m := &Member{Name: fmt.Sprintf("m%d", i), ClientURL: clients[i], exited: make(chan struct{})}
-		logf, err := os.Create(filepath.Join(dir, m.Name+".log"))
+		m := &Member{Name: fmt.Sprintf("m%d", i), ClientURL: clients[i], log: filepath.Join(dir, fmt.Sprintf("m%d.log", i)), exited: make(chan struct{})}
+		logf, err := os.Create(m.log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,22 +116,44 @@ func Start(t testing.TB, n int) *Cluster {
 		t.Cleanup(func() { m.Kill(t) })
 	}
 	cli := NewClient(t, c.Endpoints)
-	deadline := time.Now().Add(60 * time.Second)
-	for _, ep := range c.Endpoints {
+	deadline := time.Now().Add(healthyWithin)
+	for _, m := range c.Members {
 		for {
+			select {
+			case <-m.exited:
+				tail := m.logTail()
+				if strings.Contains(tail, "address already in use") {
+					return c, fmt.Errorf("%s exited: %w:\n%s", m.Name, errPortTaken, tail)
+				}
+				return c, fmt.Errorf("%s exited before it answered (log %s):\n%s", m.Name, m.log, tail)
+			default:
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_, err := cli.Status(ctx, ep)
+			_, err := cli.Status(ctx, m.ClientURL)
 			cancel()
 			if err == nil {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("etcd member %s not healthy: %v (logs in %s)", ep, err, dir)
+				return c, fmt.Errorf("member %s at %s not healthy after %v: %v (log %s):\n%s", m.Name, m.ClientURL, healthyWithin, err, m.log, m.logTail())
 			}
 			time.Sleep(100 * time.Millisecond) // polling interval
 		}
 	}
-	return c
+	return c, nil
+}
+
+// logTail is the last lines of the member's log, for failure messages.
+func (m *Member) logTail() string {
+	b, err := os.ReadFile(m.log)
+	if err != nil {
+		return fmt.Sprintf("(log unreadable: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > 15 {
+		lines = lines[len(lines)-15:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // Kill sends SIGKILL and waits for the exit; a member already gone is left
