@@ -27,6 +27,16 @@ func budgetRefusals(e *env, route string) string {
 	return ""
 }
 
+// budgetInUse is the in-use gauge's value, scraped.
+func budgetInUse(e *env) int64 {
+	e.t.Helper()
+	v, ok := metricValue(e.t, string(e.expect(200, "GET", "/metrics", nil).body), "lmcache_mp_http_kv_body_budget_in_use_bytes")
+	if !ok {
+		e.t.Fatal("no lmcache_mp_http_kv_body_budget_in_use_bytes in /metrics")
+	}
+	return int64(v)
+}
+
 // nextHold is the size of the next reservation of the KV budget, or a
 // failure after 10 s without one.
 func nextHold(t *testing.T, held <-chan int64) int64 {
@@ -143,7 +153,8 @@ func TestKVBodyBudget(t *testing.T) {
 // for both. A cached prefix larger than the whole budget is answered cut
 // to the longest prefix that fits, the hit headers counting what is
 // returned; while a stalled store holds the budget, a retrieve is 503 with
-// Retry-After, counted under route="retrieve".
+// Retry-After, counted under route="retrieve". The framed form reserves
+// each chunk once, and the in-use gauge shows what a stalled store holds.
 func TestKVRetrieveBudget(t *testing.T) {
 	held := make(chan int64, 8)
 	e := start(t, envOpts{mutate: func(o *httpapi.Options) {
@@ -169,11 +180,26 @@ func TestKVRetrieveBudget(t *testing.T) {
 	if got := budgetRefusals(e, "retrieve"); got != "0" {
 		t.Fatalf("retrieve refusals before = %s", got)
 	}
+	// The framed form writes each object as it goes: once per chunk, so
+	// the whole three-chunk prefix fits.
+	frames := decodeFrames(t, streamRetrieve(e, 200, testModel, tokSlice(0, 3*testChunk), "").body)
+	if n := nextHold(t, held); n != 3*objBytes {
+		t.Fatalf("the framed retrieve reserved %d bytes, want %d (three chunks, once)", n, 3*objBytes)
+	}
+	if len(frames) != 4 {
+		t.Fatalf("framed retrieve: %d frames, want a manifest and three chunks", len(frames))
+	}
+	if got := budgetInUse(e); got != 0 {
+		t.Fatalf("budget in use with nothing in flight = %v", got)
+	}
 
 	stalled := payload(2, 13)
 	c := stallStore(t, e, tokens(5000, 2*testChunk), stalled)
 	if n := nextHold(t, held); n != 2*objBytes {
 		t.Fatalf("the stalled store reserved %d bytes, want %d", n, 2*objBytes)
+	}
+	if got := budgetInUse(e); got != 2*objBytes {
+		t.Fatalf("budget in use while the store stalls = %v, want %d", got, 2*objBytes)
 	}
 	r = e.expect(503, "POST", "/api/kv/retrieve", nil, hdr)
 	if ra := r.header.Get("Retry-After"); ra != "1" {
