@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -100,15 +101,48 @@ func Binary(t testing.TB) (path, rev string) {
 	return binPath, binRev
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// for a child process to bind. It picks at random below the kernel's
+// ephemeral range: a port the kernel hands out (to a listener on port 0
+// or to an outgoing connection's source) would be one that any of the
+// test binaries running beside this one can take between the probe and
+// the child's bind, while below the range only another FreePort can,
+// one chance in thousands, and that one probes first.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	low, high := belowEphemeral()
+	for range 64 {
+		port := low + rand.IntN(high-low)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // in use: pick another
+		}
+		ln.Close()
+		return port
+	}
+	// Crowded or unusual port layout: the kernel's choice.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// belowEphemeral is the range FreePort picks from: from 10000 up to the
+// low end of /proc/sys/net/ipv4/ip_local_port_range (32768 by default on
+// Linux), or 10000-30000 where that file is missing or leaves no room.
+func belowEphemeral() (low, high int) {
+	low, high = 10000, 30000
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return low, high
+	}
+	var lo, hi int
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil || lo < low+1000 {
+		return low, high
+	}
+	return low, lo
 }
 
 // Proc is one running lmcache process.
