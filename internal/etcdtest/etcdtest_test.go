@@ -43,9 +43,6 @@ func TestStartRetriesATakenPort(t *testing.T) {
 	if p.calls != 4 {
 		t.Errorf("ports picked: %d, want 4 (two per attempt, two attempts)", p.calls)
 	}
-	if strings.Contains(c.Endpoints[0], ln.Addr().String()) {
-		t.Errorf("cluster kept the taken port: %v", c.Endpoints)
-	}
 	cli := NewClient(t, c.Endpoints)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

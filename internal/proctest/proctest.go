@@ -107,12 +107,24 @@ func Binary(t testing.TB) (path, rev string) {
 // or to an outgoing connection's source) would be one that any of the
 // test binaries running beside this one can take between the probe and
 // the child's bind, while below the range only another FreePort can,
-// one chance in thousands, and that one probes first.
+// one chance in thousands, and that one probes first. A port is handed
+// out once per test process, so two picks in a row (a server's HTTP and
+// ZMQ ports) never collide with each other.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	low, high := belowEphemeral()
+	return freePortIn(t, low, high)
+}
+
+// freePortIn is FreePort's pick from [low, high): random tries, then the
+// kernel's choice.
+func freePortIn(t testing.TB, low, high int) int {
+	t.Helper()
 	for range 64 {
 		port := low + rand.IntN(high-low)
+		if _, loaded := handedOut.LoadOrStore(port, true); loaded {
+			continue
+		}
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue // in use: pick another
@@ -128,6 +140,10 @@ func FreePort(t testing.TB) int {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }
+
+// handedOut holds every port FreePort returned or found taken in this
+// process (a set of int; it only grows, by a few ports per test).
+var handedOut sync.Map
 
 // belowEphemeral is the range FreePort picks from: from 10000 up to the
 // low end of /proc/sys/net/ipv4/ip_local_port_range (32768 by default on
