@@ -2,8 +2,8 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +21,17 @@ type takenOnce struct {
 	calls int
 }
 
+// newTakenOnce holds a port until the test ends and hands it out first.
+func newTakenOnce(t *testing.T) *takenOnce {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return &takenOnce{held: ln}
+}
+
 func (p *takenOnce) pick(t testing.TB) int {
 	p.calls++
 	if p.calls == 1 {
@@ -33,12 +44,7 @@ func (p *takenOnce) pick(t testing.TB) int {
 // returns a cluster that answers, instead of waiting out the health
 // deadline on a dead member.
 func TestStartRetriesATakenPort(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	p := &takenOnce{held: ln}
+	p := newTakenOnce(t)
 	c := startPicking(t, 1, p.pick)
 	if p.calls != 4 {
 		t.Errorf("ports picked: %d, want 4 (two per attempt, two attempts)", p.calls)
@@ -54,17 +60,12 @@ func TestStartRetriesATakenPort(t *testing.T) {
 // The first attempt's failure names the port race, so a retry is only for
 // that cause.
 func TestStartReportsPortTaken(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	p := &takenOnce{held: ln}
+	p := newTakenOnce(t)
 	c, err := start(t, 1, p.pick)
 	for _, m := range c.Members {
 		m.Kill(t)
 	}
-	if err == nil || !strings.Contains(err.Error(), errPortTaken.Error()) {
+	if !errors.Is(err, errPortTaken) {
 		t.Fatalf("start on a taken peer port: %v, want %q", err, errPortTaken)
 	}
 }

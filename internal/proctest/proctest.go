@@ -138,7 +138,9 @@ func freePortIn(t testing.TB, low, high int) int {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	port := ln.Addr().(*net.TCPAddr).Port
+	handedOut.Store(port, true)
+	return port
 }
 
 // handedOut holds every port FreePort returned or found taken in this
@@ -148,7 +150,8 @@ var handedOut sync.Map
 // belowEphemeral is the range FreePort picks from: from 10000 up to the
 // low end of /proc/sys/net/ipv4/ip_local_port_range (32768 by default on
 // Linux), or 10000-30000 where that file is missing or leaves no room.
-func belowEphemeral() (low, high int) {
+// The file is read once per test process.
+var belowEphemeral = sync.OnceValues(func() (low, high int) {
 	low, high = 10000, 30000
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
@@ -159,7 +162,7 @@ func belowEphemeral() (low, high int) {
 		return low, high
 	}
 	return low, lo
-}
+})
 
 // Proc is one running lmcache process.
 type Proc struct {

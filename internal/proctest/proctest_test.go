@@ -10,27 +10,23 @@ func TestMain(m *testing.M) { Main(m) }
 
 // FreePort's ports lie below the kernel's ephemeral range (where no
 // port-0 listener or outgoing connection of another process lands) and
-// are bindable when returned, each handed out once.
+// are bindable when returned (TestFreePortHandsOutOnce shows each is
+// handed out once).
 func TestFreePortBelowEphemeral(t *testing.T) {
 	low, high := belowEphemeral()
 	if high <= low {
 		t.Fatalf("range [%d, %d) is empty", low, high)
 	}
-	seen := map[int]bool{}
 	for range 20 {
 		p := FreePort(t)
 		if p < low || p >= high {
 			t.Fatalf("port %d outside [%d, %d)", p, low, high)
 		}
-		seen[p] = true
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err != nil {
 			t.Fatalf("port %d from FreePort is not bindable: %v", p, err)
 		}
 		ln.Close()
-	}
-	if len(seen) != 20 {
-		t.Errorf("20 picks gave %d distinct ports, want 20 (a port is handed out once)", len(seen))
 	}
 }
 

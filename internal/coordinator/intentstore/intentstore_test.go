@@ -10,6 +10,7 @@ import (
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/intentstore"
 	"github.com/lmcache-go/lmcache/internal/etcdtest"
+	"github.com/lmcache-go/lmcache/internal/polltest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
@@ -199,18 +200,16 @@ func TestIntentRoundTripFencedAndWatched(t *testing.T) {
 	// caller sees a 503 and retries, as this does, the put being
 	// idempotent. Any other error, or none within 10 s, fails.
 	c.Follower(t, cli).Kill(t)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	polltest.Until(t, 10*time.Second, "a write with one member down", func() bool {
 		_, err := s.PutQuota(ctx(t), f2, "after-loss", 9)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, intentstore.ErrUnavailable) || time.Now().After(deadline) {
+		if err != nil && !errors.Is(err, intentstore.ErrUnavailable) {
 			t.Fatalf("write with one member down: %v", err)
 		}
-		t.Logf("write as the member died: %v; retrying", err)
-		time.Sleep(100 * time.Millisecond) // retry interval, not a synchronisation
-	}
+		if err != nil {
+			t.Logf("write as the member died: %v; retrying", err)
+		}
+		return err == nil
+	})
 	if st, _ := s.Load(ctx(t)); st.Quotas["after-loss"] != 9 {
 		t.Fatalf("after member loss: %+v", st.Quotas)
 	}
