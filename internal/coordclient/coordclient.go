@@ -220,6 +220,11 @@ type Client struct {
 	// Guarded by flushMu; retryEvents is its event count, for Pending.
 	retry       *eventsRequest
 	retryEvents atomic.Int64
+	// split, while a refused request (errRefused) is bisected, bounds the
+	// requests that follow (0: MaxBatch); suspect counts the events of
+	// that request at the head of the stream (the retry, then the queue)
+	// not yet delivered. Guarded by flushMu.
+	split, suspect int
 	// endpoint is the door in use: EndpointEvents or EndpointQuotaEvents.
 	endpoint atomic.Pointer[string]
 }
@@ -315,8 +320,9 @@ func (c *Client) InstanceID() string { return *c.id.Load() }
 func (c *Client) Registered() bool { return c.registered.Load() }
 
 // Dropped is the number of events dropped: queue full, a failed batch with
-// no room to requeue it, or batches the coordinator answered stale (a
-// newer incarnation of this instance id reports there).
+// no room to requeue it, batches the coordinator answered stale (a newer
+// incarnation of this instance id reports there), or an event the
+// coordinator (or the Publisher) refused on its own (a 4xx such as 422).
 func (c *Client) Dropped() int64 { return c.dropped.Load() }
 
 // SentBatches is the number of batches the coordinator accepted.
@@ -610,7 +616,9 @@ func (c *Client) Pending() int {
 }
 
 // Flush posts every queued event now, in requests of at most MaxBatch
-// events. A failed /events request is resent first, with its seqs.
+// events. A failed /events request is resent first, with its seqs. A
+// refused request is split in halves until the refused event stands alone;
+// that event is dropped and counted, the others are delivered.
 func (c *Client) Flush(ctx context.Context) error {
 	c.flushMu.Lock()
 	defer c.flushMu.Unlock()
@@ -623,6 +631,9 @@ func (c *Client) Flush(ctx context.Context) error {
 	for {
 		c.mu.Lock()
 		n := min(len(c.queue), c.cfg.MaxBatch)
+		if c.split > 0 {
+			n = min(n, c.split)
+		}
 		if n == 0 {
 			c.mu.Unlock()
 			return nil
@@ -636,15 +647,46 @@ func (c *Client) Flush(ctx context.Context) error {
 	}
 }
 
-// deliver posts events through the current door. With EndpointAuto a 404
+// deliver posts events (the head of the stream) and, when they are
+// refused, starts or continues their bisection: it requeues them at the
+// head and halves the next requests, or drops and counts a refused event
+// that stands alone. Either way it returns nil, so the flush goes on.
+// flushMu held.
+func (c *Client) deliver(ctx context.Context, events []Event, prepared *eventsRequest) error {
+	err := c.post(ctx, events, prepared)
+	switch {
+	case err == nil:
+		if c.suspect > 0 {
+			if c.suspect -= len(events); c.suspect <= 0 {
+				c.split, c.suspect = 0, 0
+			}
+		}
+		return nil
+	case !errors.Is(err, errRefused):
+		return err
+	case len(events) == 1:
+		c.split, c.suspect = 0, 0
+		c.countDropped(1)
+		ev := events[0]
+		c.log.Warn("coordinator refused an event; dropped", "event_type", ev.Type, "chunk_hash_hex", ev.Key.ChunkHashHex,
+			"model_name_bytes", len(ev.Key.ModelName), "err", err)
+		return nil
+	}
+	kept := c.requeue(events)
+	c.split, c.suspect = (kept+1)/2, kept
+	c.log.Debug("coordinator refused an event request; splitting it", "events", len(events), "err", err)
+	return nil
+}
+
+// post sends events through the current door. With EndpointAuto a 404
 // (the coordinator does not serve that door) switches to the other door and
 // tries again at once; the switch is kept for later flushes. prepared, when
 // set, is the /events form of events built by an earlier attempt (its seqs
 // are reused). On failure the events are kept for the next flush: as the
 // /events request with its seqs (so a resend the coordinator already
 // applied is a duplicate there), or back at the head of the queue for
-// /quota/events.
-func (c *Client) deliver(ctx context.Context, events []Event, prepared *eventsRequest) error {
+// /quota/events; except on errRefused, where deliver decides.
+func (c *Client) post(ctx context.Context, events []Event, prepared *eventsRequest) error {
 	var err error
 	for range 2 {
 		if c.cfg.Publisher != nil {
@@ -663,7 +705,9 @@ func (c *Client) deliver(ctx context.Context, events []Event, prepared *eventsRe
 				c.switchEndpoint(EndpointQuotaEvents)
 				continue
 			}
-			c.setRetry(req)
+			if !errors.Is(err, errRefused) {
+				c.setRetry(req)
+			}
 			return err
 		}
 		err = c.sendQuota(ctx, events)
@@ -674,6 +718,9 @@ func (c *Client) deliver(ctx context.Context, events []Event, prepared *eventsRe
 			c.switchEndpoint(EndpointEvents)
 			prepared = nil
 			continue
+		}
+		if errors.Is(err, errRefused) {
+			return err
 		}
 		break
 	}
@@ -708,8 +755,9 @@ func (c *Client) sendQuota(ctx context.Context, events []Event) error {
 
 // requeue puts a failed batch back at the head of the queue so a later
 // flush retries it (the coordinator treats replays idempotently; each
-// attempt gets a fresh seq). What no longer fits is dropped and counted.
-func (c *Client) requeue(events []Event) {
+// attempt gets a fresh seq). What no longer fits is dropped and counted;
+// it returns how many it kept.
+func (c *Client) requeue(events []Event) int {
 	c.mu.Lock()
 	room := c.cfg.QueueSize - len(c.queue)
 	keep := min(max(room, 0), len(events))
@@ -717,11 +765,18 @@ func (c *Client) requeue(events []Event) {
 	q = append(q, events[:keep]...)
 	c.queue = append(q, c.queue...)
 	c.mu.Unlock()
-	if drop := len(events) - keep; drop > 0 {
-		c.dropped.Add(int64(drop))
-		if c.cfg.Metrics != nil {
-			c.cfg.Metrics.CoordEventsDropped.Add(float64(drop))
-		}
+	c.countDropped(len(events) - keep)
+	return keep
+}
+
+// countDropped counts n lost events in Dropped and the metric.
+func (c *Client) countDropped(n int) {
+	if n <= 0 {
+		return
+	}
+	c.dropped.Add(int64(n))
+	if c.cfg.Metrics != nil {
+		c.cfg.Metrics.CoordEventsDropped.Add(float64(n))
 	}
 }
 

@@ -24,6 +24,15 @@ type eventsRequest struct {
 // that endpoint (an older or newer upstream).
 var errNotServed = errors.New("endpoint not served (404)")
 
+// errRefused is a verdict on the request itself: a 4xx other than those
+// that say nothing about the body (401, 403, 404, 408, 425, 429), so a
+// 400, 413 or 422 (one key the coordinator will not take refuses the
+// whole request, nothing applied), or a Publisher's refusal of a batch it
+// cannot encode. Resending the same body cannot succeed, and while it
+// waited at the head of the stream every later event would wait behind it
+// until the queue filled and new events were dropped.
+var errRefused = errors.New("request refused")
+
 // statusErr maps a non-2xx coordinator reply to an error.
 func statusErr(code int) error {
 	switch {
@@ -31,10 +40,24 @@ func statusErr(code int) error {
 		return ErrUnauthorized
 	case code == http.StatusNotFound:
 		return errNotServed
+	case refusedStatus(code):
+		return fmt.Errorf("coordinator answered %d: %w", code, errRefused)
 	case code/100 != 2:
 		return fmt.Errorf("coordinator answered %d", code)
 	}
 	return nil
+}
+
+// refusedStatus reports whether a status refuses the request's content.
+func refusedStatus(code int) bool {
+	if code/100 != 4 {
+		return false
+	}
+	switch code {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return true
 }
 
 // wireType maps a listener event to the /events vocabulary.
@@ -162,12 +185,20 @@ type Publisher interface {
 // door nothing is kept for a retry: the Kafka producer retries delivery
 // itself, and a refused list (buffer full or sink closed) is dropped and
 // counted by the sink (lmcache_mp_coordinator_kafka_batches_dropped_total),
-// leaving a seq gap the coordinator sees.
+// leaving a seq gap the coordinator sees. Any other error is a verdict on
+// the batches (errRefused), handled as a coordinator's 422.
 func (c *Client) publish(ctx context.Context, events []Event) error {
 	req := c.buildEvents(events)
 	if err := c.cfg.Publisher.Publish(ctx, req.body.Batches); err != nil {
 		if c.cfg.Metrics != nil {
 			c.cfg.Metrics.CoordBatchesFailed.Inc()
+		}
+		if !errors.Is(err, kafkaevents.ErrRefused) && ctx.Err() == nil {
+			// Not the buffer (nor the flush's deadline): the sink refused
+			// the list for a batch it cannot take (validation, encoding),
+			// before queueing any and without counting it; deliver splits
+			// out the bad event.
+			return fmt.Errorf("publish cache events: %w: %w", errRefused, err)
 		}
 		return fmt.Errorf("publish cache events: %w", err)
 	}
