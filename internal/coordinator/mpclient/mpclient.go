@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
@@ -25,6 +26,16 @@ const MaxDeleteBatch = 10000
 
 // maxReply bounds how much of an MP reply is read.
 const maxReply = 64 << 20
+
+// maxErrorText bounds the server text an error carries: errors reach WARN
+// lines and 502 bodies, and a server (or a proxy in front of it) may answer
+// an error page of any size up to maxReply.
+const maxErrorText = 4 << 10
+
+// ErrReplyTooLarge is a reply longer than maxReply. It is refused whole:
+// its first maxReply bytes are not the reply (a delete's "ok": false may lie
+// past them, a relayed status body would be cut).
+var ErrReplyTooLarge = errors.New("reply too large")
 
 // ErrStatus wraps a non-2xx reply.
 var ErrStatus = errors.New("unexpected status")
@@ -61,6 +72,8 @@ func BaseURL(ip string, port int) string {
 // StatusError carries a non-2xx reply.
 type StatusError struct {
 	Code int
+	// Body is the reply's first maxErrorText bytes (and its length when
+	// it was longer).
 	Body string
 }
 
@@ -69,6 +82,20 @@ func (e *StatusError) Error() string {
 }
 
 func (e *StatusError) Unwrap() error { return ErrStatus }
+
+// errorText is b for an error message: at most maxErrorText bytes of it
+// (cut at a UTF-8 character's start), with the full length said when it
+// was cut.
+func errorText(b []byte) string {
+	if len(b) <= maxErrorText {
+		return string(b)
+	}
+	n := maxErrorText
+	for n > 0 && !utf8.RuneStart(b[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s… (%d bytes)", b[:n], len(b))
+}
 
 func (c *Client) do(ctx context.Context, method, u string, body any) (int, []byte, error) {
 	var rd io.Reader
@@ -94,9 +121,14 @@ func (c *Client) do(ctx context.Context, method, u string, body any) (int, []byt
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxReply))
+	// One byte past the bound tells a reply of exactly maxReply bytes from
+	// a longer one.
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxReply+1))
 	if err != nil {
 		return resp.StatusCode, nil, err
+	}
+	if len(b) > maxReply {
+		return resp.StatusCode, nil, fmt.Errorf("%w: %s %s answered %d with more than %d bytes", ErrReplyTooLarge, method, req.URL.Path, resp.StatusCode, maxReply)
 	}
 	return resp.StatusCode, b, nil
 }
@@ -115,7 +147,7 @@ func (c *Client) DeleteObjects(ctx context.Context, base string, keys []objkey.E
 		return err
 	}
 	if code/100 != 2 {
-		return &StatusError{Code: code, Body: string(b)}
+		return &StatusError{Code: code, Body: errorText(b)}
 	}
 	// Only an explicit false fails: older servers answer without "ok".
 	var reply struct {
@@ -123,7 +155,7 @@ func (c *Client) DeleteObjects(ctx context.Context, base string, keys []objkey.E
 		Error json.RawMessage `json:"error"`
 	}
 	if json.Unmarshal(b, &reply) == nil && reply.OK != nil && !*reply.OK {
-		return fmt.Errorf("%w: %s", ErrNotOK, reply.Error)
+		return fmt.Errorf("%w: %s", ErrNotOK, errorText(reply.Error))
 	}
 	return nil
 }
@@ -147,7 +179,7 @@ func (c *Client) ListObjects(ctx context.Context, base string, pageSize int, tok
 		return nil, err
 	}
 	if code/100 != 2 {
-		return nil, &StatusError{Code: code, Body: string(b)}
+		return nil, &StatusError{Code: code, Body: errorText(b)}
 	}
 	var p Page
 	if err := json.Unmarshal(b, &p); err != nil {
@@ -179,7 +211,7 @@ func (c *Client) SubmitPrefetch(ctx context.Context, base string, req PrefetchRe
 		return PrefetchReply{}, err
 	}
 	if code/100 != 2 {
-		return PrefetchReply{}, &StatusError{Code: code, Body: string(b)}
+		return PrefetchReply{}, &StatusError{Code: code, Body: errorText(b)}
 	}
 	var r PrefetchReply
 	if err := json.Unmarshal(b, &r); err != nil {
@@ -189,7 +221,8 @@ func (c *Client) SubmitPrefetch(ctx context.Context, base string, req PrefetchRe
 }
 
 // PrefetchStatus polls GET /cache/prefetches/{request_id} and returns the
-// status code and body verbatim; err is only for transport failures.
+// status code and body verbatim; err is only for transport failures and a
+// reply longer than the read bound (ErrReplyTooLarge).
 func (c *Client) PrefetchStatus(ctx context.Context, base, requestID string) (int, []byte, error) {
 	return c.do(ctx, http.MethodGet, base+"/cache/prefetches/"+url.PathEscape(requestID), nil)
 }

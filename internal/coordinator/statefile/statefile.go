@@ -20,7 +20,8 @@ import (
 const Version = 1
 
 // ErrCorrupt wraps every failure to make sense of a file that was read:
-// malformed JSON, an unknown version, or (from callers) an invalid entry.
+// malformed JSON, an unknown version, a value out of range (a negative
+// limit, a pin count below 1), or (from callers) an invalid entry.
 // A file that cannot be read at all is not corrupt.
 var ErrCorrupt = errors.New("corrupt state file")
 
@@ -53,6 +54,22 @@ func Load(path string) (State, error) {
 	}
 	if s.Version != Version {
 		return State{}, fmt.Errorf("%w %s: unsupported version %d", ErrCorrupt, path, s.Version)
+	}
+	// No API call sets these, so a file holding one was edited or damaged:
+	// a negative limit would have every eviction cycle evict its salt, and
+	// a pin count below 1 would be dropped without a word.
+	if s.DefaultLimitBytes != nil && *s.DefaultLimitBytes < 0 {
+		return State{}, fmt.Errorf("%w %s: negative default_limit_bytes %d", ErrCorrupt, path, *s.DefaultLimitBytes)
+	}
+	for salt, v := range s.Quotas {
+		if v < 0 {
+			return State{}, fmt.Errorf("%w %s: negative quota %d for salt %q", ErrCorrupt, path, v, salt)
+		}
+	}
+	for i, p := range s.Pins {
+		if p.Count < 1 {
+			return State{}, fmt.Errorf("%w %s: pin %d: count %d, want at least 1", ErrCorrupt, path, i, p.Count)
+		}
 	}
 	if s.Quotas == nil {
 		s.Quotas = map[string]int64{}
