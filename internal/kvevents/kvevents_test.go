@@ -143,8 +143,8 @@ func TestBindingCacheIsBounded(t *testing.T) {
 	for i := range bindingCacheSize + 1 {
 		r.Bind(nil, [][]byte{h(i)}, [][]uint32{{uint32(i)}})
 	}
-	if len(r.binds) != bindingCacheSize/2 || len(r.order) != bindingCacheSize/2 {
-		t.Fatalf("%d bindings, %d in order; want %d", len(r.binds), len(r.order), bindingCacheSize/2)
+	if len(r.binds) != bindingCacheSize/2 || r.order.Len() != bindingCacheSize/2 {
+		t.Fatalf("%d bindings, %d in order; want %d", len(r.binds), r.order.Len(), bindingCacheSize/2)
 	}
 	r.Stored(MediumCPU, []objkey.Key{{ChunkHash: string(h(0)), ModelName: "m"}, {ChunkHash: string(h(bindingCacheSize)), ModelName: "m"}})
 	recs, _, _, _ := lg.ReadAfter(0, "m", 10)

@@ -59,6 +59,11 @@ var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 // it looks at the queue again.
 const replayWait = 10 * time.Millisecond
 
+// stopDrain bounds how long a stopping publisher spends sending the
+// batches still queued (vLLM's SHUTDOWN_TIMEOUT is 1 s); what it has no
+// time for is counted as publish_failed.
+const stopDrain = time.Second
+
 // publisherWarnEvery bounds each kind of publisher warning (a failed
 // send, a bad replay request) to one per interval; every occurrence is
 // still counted through the dropped or replay-failed hook.
@@ -69,7 +74,10 @@ const publisherWarnEvery = 10 * time.Second
 // {reason="publish_failed"}): the PUB socket refused a batch (a closed
 // socket or context; PUB itself drops silently at its HWM). n is the
 // batch's events: live subscribers never get them, the replay buffer
-// keeps them.
+// keeps them. A batch published after the publisher stopped (or still
+// queued when Close releases a publisher that never ran, or that the
+// stop's drain had no time for) is counted the same way: its socket is
+// closed.
 const DropPublishFailed = "publish_failed"
 
 // Reasons the publisher reports through the replay-failed hook
@@ -106,6 +114,10 @@ type Publisher struct {
 	poller *zmq.Poller
 	// closeOnce: the sockets are closed by Run's end or by Close, once.
 	closeOnce sync.Once
+	// qmu orders Publish against the stop: once stopped is set no batch
+	// enters queue, so what the stop drains from it is all there is.
+	qmu     sync.Mutex
+	stopped bool
 
 	// Owned by the publishing goroutine.
 	seq   uint64
@@ -228,22 +240,78 @@ func (p *Publisher) Endpoint() string { return p.endpoint }
 func (p *Publisher) ReplayEndpoint() string { return p.replayEndpoint }
 
 // Publish queues one batch without blocking; false when the queue is full
-// (the caller counts the drop). The records must not be changed after.
+// or the publisher has stopped (the caller counts the drop). The records
+// must not be changed after.
 func (p *Publisher) Publish(events []Record) bool {
+	return p.enqueue(events) == ""
+}
+
+// enqueue queues one batch without blocking and returns "" or the reason
+// it was refused (DropQueueFull, DropPublishFailed after the stop).
+func (p *Publisher) enqueue(events []Record) string {
+	p.qmu.Lock()
+	defer p.qmu.Unlock()
+	if p.stopped {
+		return DropPublishFailed
+	}
 	select {
 	case p.queue <- events:
-		return true
+		return ""
 	default:
-		return false
+		return DropQueueFull
 	}
 }
 
-// Run publishes until ctx is cancelled, then closes the sockets. The
-// goroutine that calls Run owns them.
+// Run publishes until ctx is cancelled, then sends what is still queued
+// (for at most stopDrain) and closes the sockets. The goroutine that
+// calls Run owns them.
 func (p *Publisher) Run(ctx context.Context) {
-	defer p.closeOnce.Do(p.close)
+	defer p.closeOnce.Do(p.stop)
 	p.log.Info("KV events publisher running", "endpoint", p.endpoint, "mode", p.mode, "replay_endpoint", p.replayEndpoint, "topic", p.cfg.Topic)
 	p.loop.Run(ctx)
+}
+
+// stop refuses further batches, sends the queued ones (counting as
+// publish_failed those it has no time for) and closes the sockets. Called
+// once, by the goroutine that owns the sockets.
+func (p *Publisher) stop() {
+	p.qmu.Lock()
+	p.stopped = true
+	p.qmu.Unlock()
+	deadline := time.Now().Add(stopDrain)
+	for {
+		select {
+		case ev := <-p.queue:
+			if time.Now().Before(deadline) {
+				p.send(ev)
+			} else {
+				p.dropped(DropPublishFailed, len(ev))
+			}
+			continue
+		default:
+		}
+		break
+	}
+	p.close()
+}
+
+// release refuses further batches, counts the queued ones as
+// publish_failed and closes the sockets: Close of a publisher whose Run
+// never ran, so no goroutine owns the sockets to send with.
+func (p *Publisher) release() {
+	p.qmu.Lock()
+	p.stopped = true
+	p.qmu.Unlock()
+	for {
+		select {
+		case ev := <-p.queue:
+			p.dropped(DropPublishFailed, len(ev))
+			continue
+		default:
+		}
+		break
+	}
+	p.close()
 }
 
 // cycle sends what is queued and answers replay requests; idle, it waits

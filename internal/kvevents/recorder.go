@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ const bindingCacheSize = 65536
 
 // binding is one chunk's content and chain position.
 type binding struct {
+	hash   string
 	tokens []uint32
 	parent []byte
 }
@@ -56,9 +58,13 @@ type Recorder struct {
 
 	// mu orders the log and the publisher: records get their sequence
 	// numbers and batches their place in the queue in the same order.
-	mu      sync.Mutex
-	binds   map[string]binding
-	order   []string // insertion order of binds, for trimming
+	mu sync.Mutex
+	// binds indexes order's elements (each a binding) by chunk hash;
+	// order runs from the least recently bound to the most, so a chunk
+	// bound again moves to the back and trimming drops the oldest first,
+	// as upstream's OrderedDict with move_to_end.
+	binds   map[string]*list.Element
+	order   *list.List
 	unbound int64
 }
 
@@ -76,7 +82,7 @@ func NewRecorder(log *Log, pub *Publisher, blockSize int, dropped func(reason st
 		// Run starts it.
 		pub.dropped = dropped
 	}
-	return &Recorder{log: log, pub: pub, blockSize: blockSize, dropped: dropped, binds: map[string]binding{}}
+	return &Recorder{log: log, pub: pub, blockSize: blockSize, dropped: dropped, binds: map[string]*list.Element{}, order: list.New()}
 }
 
 // Log is the POLL_KV_EVENTS log, nil when disabled.
@@ -110,7 +116,7 @@ func (r *Recorder) Bind(parent []byte, hashes [][]byte, tokens [][]uint32) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, h := range hashes {
-		b := binding{tokens: tokens[i]}
+		b := binding{hash: string(h), tokens: tokens[i]}
 		if i == 0 {
 			if parent != nil {
 				b.parent = append([]byte(nil), parent...)
@@ -118,20 +124,21 @@ func (r *Recorder) Bind(parent []byte, hashes [][]byte, tokens [][]uint32) {
 		} else {
 			b.parent = append([]byte(nil), hashes[i-1]...)
 		}
-		if _, ok := r.binds[string(h)]; !ok {
-			r.order = append(r.order, string(h))
+		if e, ok := r.binds[b.hash]; ok {
+			e.Value = b
+			r.order.MoveToBack(e)
+		} else {
+			r.binds[b.hash] = r.order.PushBack(b)
 		}
-		r.binds[string(h)] = b
 	}
 	if len(r.binds) <= bindingCacheSize {
 		return
 	}
 	// Trim to half in one go so trimming stays rare; the oldest go first.
-	cut := len(r.order) - bindingCacheSize/2
-	for _, h := range r.order[:cut] {
-		delete(r.binds, h)
+	for len(r.binds) > bindingCacheSize/2 {
+		e := r.order.Front()
+		delete(r.binds, r.order.Remove(e).(binding).hash)
 	}
-	r.order = append([]string(nil), r.order[cut:]...)
 }
 
 // BindTokens binds the chunks of a token sequence addressed from its
@@ -175,12 +182,13 @@ func (r *Recorder) Stored(medium string, keys []objkey.Key) {
 			r.dropped(DropSalted, 1)
 			continue
 		}
-		b, ok := r.binds[k.ChunkHash]
+		e, ok := r.binds[k.ChunkHash]
 		if !ok {
 			r.unbound++
 			r.dropped(DropUnbound, 1)
 			continue
 		}
+		b := e.Value.(binding)
 		rec := Record{Kind: KindStored, Medium: medium, Model: k.ModelName, Hashes: [][]byte{[]byte(k.ChunkHash)},
 			Parent: b.parent, Tokens: b.tokens, BlockSize: r.blockSize}
 		events = append(events, r.append(rec))
@@ -241,8 +249,8 @@ func (r *Recorder) publish(events []Record) {
 	if r.pub == nil || len(events) == 0 {
 		return
 	}
-	if !r.pub.Publish(events) {
-		r.dropped(DropQueueFull, len(events))
+	if reason := r.pub.enqueue(events); reason != "" {
+		r.dropped(reason, len(events))
 	}
 }
 
@@ -311,10 +319,11 @@ func (r *Recorder) Run(ctx context.Context) error {
 	return nil
 }
 
-// Close releases the publisher's sockets if Run never ran; after Run it
-// does nothing.
+// Close releases the publisher's sockets if Run never ran, counting the
+// batches still queued as publish_failed; after Run it does nothing.
+// Batches published after either are refused and counted the same way.
 func (r *Recorder) Close() {
 	if r.pub != nil {
-		r.pub.closeOnce.Do(r.pub.close)
+		r.pub.closeOnce.Do(r.pub.release)
 	}
 }
