@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lmcache-go/lmcache/internal/l1"
+	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/periodic"
 	"github.com/lmcache-go/lmcache/internal/tracing"
@@ -237,8 +238,14 @@ func (s *storeCtl) upload(ctx context.Context, i int, batch []*storeItem) {
 	}
 	st.storeSubmitted.Add(1)
 	st.inflightStores.Add(1)
-	err := e.adapters[i].Store(tracing.Follow(ctx, parents...), keys, objs)
+	panicked, err := storeCall(tracing.Follow(ctx, parents...), e.adapters[i], keys, objs)
 	st.inflightStores.Add(-1)
+	if panicked != nil {
+		// A panicking adapter fails this attempt like an error, so the
+		// batch is retried or abandoned and its pins dropped; the panic
+		// then goes on to the worker loop, which recovers and records it.
+		defer panic(panicked)
+	}
 	if err == nil {
 		// Pins go first, so whoever sees the completion counters move also
 		// sees the objects' pending uploads settled.
@@ -281,6 +288,19 @@ func (s *storeCtl) upload(ctx context.Context, i int, batch []*storeItem) {
 		q.mu.Unlock()
 		q.signal() // a sleeping worker must recompute its timer
 	}
+}
+
+// storeCall is a.Store, with a panic in it recovered and returned (and
+// described by err): the batch it was uploading is in no queue while the
+// call runs, so a panic that unwound past upload would leave its objects
+// pinned in L1 for good and the in-flight gauge raised.
+func storeCall(ctx context.Context, a l2.Adapter, keys []objkey.Key, objs [][]byte) (panicked any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			panicked, err = r, fmt.Errorf("L2 store panicked: %v", r)
+		}
+	}()
+	return nil, a.Store(ctx, keys, objs)
 }
 
 // done finishes one (object, adapter) upload: the adapter's pin is dropped,
