@@ -338,11 +338,17 @@ func (r *rephrased) Error() string { return r.text }
 func (r *rephrased) Unwrap() error { return r.err }
 
 // run serves until ctx is cancelled. The engine runs under its own context
-// so that it outlives the front ends: they drain first, then it stops.
+// so that it outlives the front ends: they drain first, then it stops. The
+// KV event publisher outlives the engine in turn (started before it,
+// stopped after it), so the records of the engine's last uploads and
+// removals are sent, not refused by a publisher already stopped.
 func (s *server) run(ctx context.Context) error {
 	defer s.release()
 	floor := gcfloor.Start(int64(s.gcHeapFloorMB) << 20)
 	defer floor.Stop()
+	kvCtx, stopKV := context.WithCancel(context.Background())
+	kvDone := make(chan struct{})
+	go func() { defer close(kvDone); _ = s.kv.Run(kvCtx) }() // Run always returns nil
 	engCtx, stopEngine := context.WithCancel(context.Background())
 	engDone := make(chan error, 1)
 	go func() { engDone <- s.eng.Run(engCtx) }()
@@ -351,7 +357,6 @@ func (s *server) run(ctx context.Context) error {
 	g.Go(func() error { return s.mq.Run(gctx) })
 	g.Go(func() error { return s.api.Serve(gctx, s.httpLn) })
 	g.Go(func() error { return s.coord.Run(gctx) })
-	g.Go(func() error { return s.kv.Run(gctx) })
 	s.log.Info("lmcache server started", "http", s.httpLn.Addr().String(), "zmq", s.mq.Endpoint(), "pool", s.eng.Pool().Name)
 	s.log.Debug("lmcache server configuration", "config", redact.Value(s.cfgGroups))
 	err := g.Wait()
@@ -359,6 +364,8 @@ func (s *server) run(ctx context.Context) error {
 	if engErr := <-engDone; err == nil && engErr != nil && !errors.Is(engErr, context.Canceled) {
 		err = engErr
 	}
+	stopKV() // the publisher sends what is still queued, then closes
+	<-kvDone
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
