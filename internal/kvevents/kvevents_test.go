@@ -279,21 +279,7 @@ func TestPublisherSubscribeAndReplay(t *testing.T) {
 		}
 	}
 	// Skip any probes still in flight, then expect the three batches in order.
-	var got []uint64
-	for len(got) < 3 {
-		msg, err := sub.RecvMessageBytes(0)
-		if err != nil {
-			t.Fatalf("receive: %v", err)
-		}
-		ev := fmt.Sprint(decode(t, msg[2]).(map[string]any)["events"])
-		if bytes.Contains([]byte(ev), []byte(fmt.Sprint(ExternalHash(hash(9))))) {
-			continue
-		}
-		got = append(got, binary.BigEndian.Uint64(msg[1]))
-		if want := fmt.Sprint(ExternalHash(hash(len(got)))); !bytes.Contains([]byte(ev), []byte(want)) {
-			t.Errorf("batch %d events %s lack hash %s", len(got), ev, want)
-		}
-	}
+	got := recvRemovals(t, sub, 3)
 	if got[1] != got[0]+1 || got[2] != got[1]+1 || got[0] <= first {
 		t.Fatalf("sequences %v after probe %d: want consecutive", got, first)
 	}
@@ -407,4 +393,27 @@ func TestPublisherConnects(t *testing.T) {
 			t.Fatal("nothing reached the bound SUB")
 		}
 	}
+}
+
+// recvRemovals receives n batches on sub, skipping probes (removals of
+// chunk 9), and returns their sequence numbers; batch i must hold the
+// removal of chunk i (1-based).
+func recvRemovals(t *testing.T, sub *zmq.Socket, n int) []uint64 {
+	t.Helper()
+	var got []uint64
+	for len(got) < n {
+		msg, err := sub.RecvMessageBytes(0)
+		if err != nil {
+			t.Fatalf("after sequences %v: receive: %v", got, err)
+		}
+		ev := fmt.Sprint(decode(t, msg[2]).(map[string]any)["events"])
+		if bytes.Contains([]byte(ev), []byte(fmt.Sprint(ExternalHash(hash(9))))) {
+			continue
+		}
+		got = append(got, binary.BigEndian.Uint64(msg[1]))
+		if want := fmt.Sprint(ExternalHash(hash(len(got)))); !bytes.Contains([]byte(ev), []byte(want)) {
+			t.Errorf("batch %d events %s lack hash %s", len(got), ev, want)
+		}
+	}
+	return got
 }

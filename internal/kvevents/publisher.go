@@ -274,38 +274,28 @@ func (p *Publisher) Run(ctx context.Context) {
 // stop refuses further batches, sends the queued ones (counting as
 // publish_failed those it has no time for) and closes the sockets. Called
 // once, by the goroutine that owns the sockets.
-func (p *Publisher) stop() {
-	p.qmu.Lock()
-	p.stopped = true
-	p.qmu.Unlock()
-	deadline := time.Now().Add(stopDrain)
-	for {
-		select {
-		case ev := <-p.queue:
-			if time.Now().Before(deadline) {
-				p.send(ev)
-			} else {
-				p.dropped(DropPublishFailed, len(ev))
-			}
-			continue
-		default:
-		}
-		break
-	}
-	p.close()
-}
+func (p *Publisher) stop() { p.shutdown(time.Now().Add(stopDrain)) }
 
 // release refuses further batches, counts the queued ones as
 // publish_failed and closes the sockets: Close of a publisher whose Run
 // never ran, so no goroutine owns the sockets to send with.
-func (p *Publisher) release() {
+func (p *Publisher) release() { p.shutdown(time.Time{}) }
+
+// shutdown marks the publisher stopped, so no batch enters the queue
+// after, then empties the queue: batches are sent until sendUntil (the
+// zero time sends none) and counted as publish_failed after it.
+func (p *Publisher) shutdown(sendUntil time.Time) {
 	p.qmu.Lock()
 	p.stopped = true
 	p.qmu.Unlock()
 	for {
 		select {
 		case ev := <-p.queue:
-			p.dropped(DropPublishFailed, len(ev))
+			if time.Now().Before(sendUntil) {
+				p.send(ev)
+			} else {
+				p.dropped(DropPublishFailed, len(ev))
+			}
 			continue
 		default:
 		}
