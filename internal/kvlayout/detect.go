@@ -20,8 +20,11 @@
 package kvlayout
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"slices"
 	"strings"
 
@@ -176,6 +179,9 @@ func Detect(in Input) (*Layout, error) {
 	if t0.ItemSize <= 0 || len(t0.Shape) != len(t0.Stride) {
 		return nil, fmt.Errorf("%w: item size %d, shape %v, stride %v", ErrUnsupported, t0.ItemSize, t0.Shape, t0.Stride)
 	}
+	if err := checkView(t0); err != nil {
+		return nil, err
+	}
 	s, st := t0.Shape, t0.Stride
 	l := &Layout{Dtype: t0.Dtype, ItemSize: t0.ItemSize, NumLayers: int64(len(in.Tensors))}
 	hnd, err := resolveHND(in, s)
@@ -242,8 +248,63 @@ func Detect(in Input) (*Layout, error) {
 	if l.NumBlocks <= 0 || l.BlockSize <= 0 || l.NumHeads <= 0 || l.HeadSize <= 0 {
 		return nil, fmt.Errorf("%w: empty axis in shape %v", ErrUnsupported, s)
 	}
+	// checkView made every product of axes fit an int64, so this cannot
+	// wrap; the walk below makes one copy per row (per element when the
+	// head dim is strided) before coalescing them.
+	copies := l.BlockSize * l.NumHeads
+	if l.sD != 1 {
+		copies *= l.HeadSize
+	}
+	if copies > maxBlockCopies {
+		return nil, fmt.Errorf("%w: shape %v needs %d copies per block (limit %d)", ErrUnsupported, s, copies, maxBlockCopies)
+	}
 	l.blockTemplate = l.template(0, l.BlockSize)
 	return l, nil
+}
+
+// maxBlockCopies bounds the single copies one block's template is built
+// from (tokens × heads, times the head size when the head dim is not
+// unit-stride). vLLM's blocks have at most a few tens of thousands of
+// rows; the bound is there because for CUDA wrappers the sizes Detect
+// sees are only what the client declared, and a shape of 2^20 × 2^20
+// rows would keep REGISTER_KV_CACHE walking for hours.
+const maxBlockCopies = 1 << 22
+
+// checkView refuses a view that cannot be a paged KV cache: a negative
+// stride, two elements at one address (a zero stride on an axis longer
+// than 1, as expand() makes, or rows that overlap), or a byte span past
+// int64. Overlap is tested with the usual sufficient condition: with the
+// axes sorted by stride, each stride exceeds the furthest offset the
+// smaller ones reach. Every engine layout (a permutation of a dense
+// allocation, padding allowed) passes it. A view that passes has at most
+// span+1 elements, so products of its axes cannot overflow later.
+func checkView(t Tensor) error {
+	type axis struct{ size, stride int64 }
+	var axes []axis
+	for i, d := range t.Shape {
+		if d <= 0 || t.Stride[i] < 0 {
+			return fmt.Errorf("%w: shape %v stride %v", ErrUnsupported, t.Shape, t.Stride)
+		}
+		if d > 1 { // a length-1 axis is never stepped; its stride is arbitrary
+			axes = append(axes, axis{d, t.Stride[i]})
+		}
+	}
+	slices.SortFunc(axes, func(a, b axis) int { return cmp.Compare(a.stride, b.stride) })
+	span := int64(0) // furthest element offset reached so far
+	for _, a := range axes {
+		if a.stride <= span {
+			return fmt.Errorf("%w: shape %v stride %v maps several elements to one address", ErrUnsupported, t.Shape, t.Stride)
+		}
+		hi, lo := bits.Mul64(uint64(a.size-1), uint64(a.stride))
+		if hi != 0 || lo > uint64(math.MaxInt64-span) {
+			return fmt.Errorf("%w: shape %v stride %v spans more than 2^63 elements", ErrUnsupported, t.Shape, t.Stride)
+		}
+		span += int64(lo)
+	}
+	if hi, lo := bits.Mul64(uint64(span)+1, uint64(t.ItemSize)); hi != 0 || lo > math.MaxInt64 {
+		return fmt.Errorf("%w: shape %v stride %v of %d-byte items spans more than 2^63 bytes", ErrUnsupported, t.Shape, t.Stride, t.ItemSize)
+	}
+	return nil
 }
 
 func (l *Layout) set(nb, bs, nh, hs, sKV, sB, sT, sH, sD int64) {

@@ -17,9 +17,15 @@ type Run struct {
 	SegStep, ObjStep int64
 }
 
-// end is one past the last byte a run touches on each side.
-func (r Run) end() (seg, obj int64) {
-	return r.SegOff + (r.Count-1)*r.SegStep + r.Len, r.ObjOff + (r.Count-1)*r.ObjStep + r.Len
+// fits reports whether count copies of n bytes from off, step apart,
+// end within size. All arguments are non-negative and count ≥ 1; the test
+// divides instead of multiplying, since (count-1)·step of two values
+// each below 2^50 can pass 2^63 and wrap to a small end.
+func fits(off, step, n, count, size int64) bool {
+	if off > size || n > size-off {
+		return false
+	}
+	return step == 0 || count-1 <= (size-off-n)/step
 }
 
 // Plan is a list of copies between paged blocks and chunk objects. The
@@ -203,21 +209,20 @@ func (p *Plan) Check(segs, objs [][]byte) error {
 // lengths (device memory the process cannot slice).
 func (p *Plan) CheckSizes(segs, objs []int64) error {
 	for _, r := range p.Runs {
-		if int(r.Seg) >= len(segs) || int(r.Obj) >= len(objs) {
+		if r.Seg < 0 || int(r.Seg) >= len(segs) || r.Obj < 0 || int(r.Obj) >= len(objs) {
 			return fmt.Errorf("%w: run names segment %d / object %d of %d / %d", ErrBadRequest, r.Seg, r.Obj, len(segs), len(objs))
 		}
 		// Plans come from Plan, whose offsets are bounded by the layout;
-		// the limits here keep the end arithmetic far from overflow.
+		// anything larger than this is not one of its runs.
 		const lim = 1 << 50
 		if r.Count < 1 || r.Count > lim || r.Len < 0 || r.Len > lim || r.SegStep < 0 || r.SegStep > lim ||
 			r.ObjStep < 0 || r.ObjStep > lim || r.SegOff < 0 || r.SegOff > lim || r.ObjOff < 0 || r.ObjOff > lim {
 			return fmt.Errorf("%w: malformed run %+v", ErrBadRequest, r)
 		}
-		se, oe := r.end()
-		if se > segs[r.Seg] {
+		if !fits(r.SegOff, r.SegStep, r.Len, r.Count, segs[r.Seg]) {
 			return fmt.Errorf("%w: run %+v ends past segment %d (%d bytes)", ErrBadRequest, r, r.Seg, segs[r.Seg])
 		}
-		if oe > objs[r.Obj] {
+		if !fits(r.ObjOff, r.ObjStep, r.Len, r.Count, objs[r.Obj]) {
 			return fmt.Errorf("%w: run %+v ends past object %d (%d bytes)", ErrBadRequest, r, r.Obj, objs[r.Obj])
 		}
 	}

@@ -8,7 +8,7 @@ import (
 
 // FuzzDecode: no input panics or hangs, and whatever decodes is a
 // consistent wrapper (known dtype, bounded rank, a view inside its
-// segment, a safe segment name).
+// segment or storage, a safe segment name).
 //
 //	go test -run '^$' -fuzz FuzzDecode -fuzztime 60s ./internal/kvwrap/
 func FuzzDecode(f *testing.F) {
@@ -31,6 +31,12 @@ func FuzzDecode(f *testing.F) {
 		ext, err := w.Extent()
 		if err != nil {
 			t.Fatalf("decoded wrapper has no extent: %v", err)
+		}
+		if w.Kind == KindCUDAIPC && (ext > w.CUDA.StorageBytes || w.CUDA.StorageOffsetBytes < 0) {
+			t.Fatalf("extent %d past CUDA storage %+v", ext, w.CUDA)
+		}
+		if w.Kind == KindRawCUDAIPC && ext > w.NBytes {
+			t.Fatalf("extent %d past raw allocation %d", ext, w.NBytes)
 		}
 		if w.Kind == KindCPUShm {
 			if ext > w.NBytes {

@@ -336,6 +336,12 @@ func fromState(st *wrapperState) (Wrapper, error) {
 		if err != nil {
 			return Wrapper{}, err
 		}
+		// The view indexes its storage, [StorageOffsetBytes,
+		// +StorageBytes) of the allocation; torch's set_() refuses a view
+		// past the storage's end, and so is one here, as for nbytes above.
+		if ext > h.StorageBytes {
+			return Wrapper{}, fmt.Errorf("%w: view needs %d bytes but the CUDA storage is %d", ErrMalformed, ext, h.StorageBytes)
+		}
 		w.CUDA = h
 	case KindRawCUDAIPC:
 		raw, ok := f["_ipc_handle_reserved"].([]byte)
@@ -344,6 +350,9 @@ func fromState(st *wrapperState) (Wrapper, error) {
 		}
 		if w.NBytes, err = intField(f, "_nbytes", false); err != nil {
 			return Wrapper{}, err
+		}
+		if ext > w.NBytes {
+			return Wrapper{}, fmt.Errorf("%w: view needs %d bytes but the allocation is %d", ErrMalformed, ext, w.NBytes)
 		}
 		w.CUDA = &CUDAHandle{MemHandle: bytes.Clone(raw)}
 	}
@@ -377,6 +386,15 @@ func cudaHandle(v any) (*CUDAHandle, error) {
 		if *dst, err = toInt(t.Get(i), fmt.Sprintf("handle[%d]", i)); err != nil {
 			return nil, err
 		}
+		// A device ordinal, a size and two offsets: none is negative in
+		// anything torch shares.
+		if *dst < 0 {
+			return nil, fmt.Errorf("%w: handle[%d] is %d", ErrMalformed, i, *dst)
+		}
+	}
+	// Backends address the storage's end, offset + size: it must fit.
+	if _, ok := addOK(h.StorageOffsetBytes, h.StorageBytes); !ok {
+		return nil, fmt.Errorf("%w: CUDA storage of %d bytes at offset %d ends past 2^63", ErrMalformed, h.StorageBytes, h.StorageOffsetBytes)
 	}
 	var okb bool
 	if h.MemHandle, okb = t.Get(1).([]byte); !okb || len(h.MemHandle) != 64 {
