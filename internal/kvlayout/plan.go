@@ -145,8 +145,11 @@ func (l *Layout) Plan(chunkSize int64, blockIDs []int64, chunks []Chunk, skipTok
 		if c.Index < 0 || c.Obj < 0 || c.Obj > 1<<30 {
 			return nil, fmt.Errorf("%w: chunk %d object %d", ErrBadRequest, c.Index, c.Obj)
 		}
-		if need := (int64(c.Index) + 1) * bpc; int64(len(blockIDs)) < need {
-			return nil, fmt.Errorf("%w: chunk %d needs %d block ids, got %d", ErrBadRequest, c.Index, need, len(blockIDs))
+		// Compared by division: (Index+1)·bpc of a huge index wraps, to a
+		// small count (the chunk would read chunk 0's blocks) or a
+		// negative one (a slice panic).
+		if int64(c.Index) >= int64(len(blockIDs))/bpc {
+			return nil, fmt.Errorf("%w: chunk %d needs %d block ids from id %d·%d, got %d", ErrBadRequest, c.Index, bpc, c.Index, bpc, len(blockIDs))
 		}
 		for _, b := range blockIDs[int64(c.Index)*bpc : (int64(c.Index)+1)*bpc] {
 			if b < 0 || b >= l.NumBlocks {

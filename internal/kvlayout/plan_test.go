@@ -376,12 +376,14 @@ func TestPlanRejectsBadRequests(t *testing.T) {
 		chunks []Chunk
 		skip   int64
 	}{
-		{6, []int64{0, 1}, []Chunk{{0, 0}}, 0},        // chunk not a multiple of the block size
-		{8, []int64{0}, []Chunk{{0, 0}}, 0},           // too few block ids
-		{8, []int64{0, 4}, []Chunk{{0, 0}}, 0},        // block id past NB
-		{8, []int64{0, -1}, []Chunk{{0, 0}}, 0},       // negative block id
-		{8, []int64{0, 1}, []Chunk{{0, 0}}, -1},       // negative skip
-		{8, []int64{0, 1, 2, 3}, []Chunk{{-1, 0}}, 0}, // negative chunk index
+		{6, []int64{0, 1}, []Chunk{{0, 0}}, 0},              // chunk not a multiple of the block size
+		{8, []int64{0}, []Chunk{{0, 0}}, 0},                 // too few block ids
+		{8, []int64{0, 4}, []Chunk{{0, 0}}, 0},              // block id past NB
+		{8, []int64{0, -1}, []Chunk{{0, 0}}, 0},             // negative block id
+		{8, []int64{0, 1}, []Chunk{{0, 0}}, -1},             // negative skip
+		{8, []int64{0, 1, 2, 3}, []Chunk{{-1, 0}}, 0},       // negative chunk index
+		{16, []int64{0, 1, 2, 3}, []Chunk{{1 << 62, 0}}, 0}, // (index+1)·bpc wraps to 4
+		{8, []int64{0, 1, 2, 3}, []Chunk{{1 << 62, 0}}, 0},  // (index+1)·bpc wraps negative
 	} {
 		if _, err := l.Plan(tc.chunk, tc.bids, tc.chunks, tc.skip); err == nil {
 			t.Errorf("Plan(%d, %v, %v, %d) accepted", tc.chunk, tc.bids, tc.chunks, tc.skip)
