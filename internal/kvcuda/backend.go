@@ -92,7 +92,9 @@ func Open(drv Driver, ws []kvwrap.Wrapper, reg Registration) (_ *Cache, err erro
 			return nil, err
 		}
 		bases[i] = w.CUDA.StorageOffsetBytes
-		if w.CUDA.StorageOffsetBytes < 0 || size <= 0 || bases[i]+ext > size {
+		// ext > size-base, not base+ext > size: the sum of an offset near
+		// 2^63 and the extent wraps negative and passed.
+		if w.CUDA.StorageOffsetBytes < 0 || w.CUDA.StorageBytes < 0 || size <= 0 || ext > size-bases[i] {
 			return nil, fmt.Errorf("%w: layer %d view needs %d bytes from offset %d, the storage has %d", kvwrap.ErrMalformed, i, ext, bases[i], size)
 		}
 		j, ok := index[h]

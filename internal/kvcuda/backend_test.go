@@ -3,6 +3,7 @@ package kvcuda
 import (
 	"bytes"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -316,10 +317,14 @@ func TestOpenRefuses(t *testing.T) {
 		ws   []kvwrap.Wrapper
 		want error
 	}{
-		"cpu":        {mod(func(w []kvwrap.Wrapper) { w[1].Kind = kvwrap.KindCPUShm }), ErrNotCUDA},
-		"uuid":       {mod(func(w []kvwrap.Wrapper) { w[0].DeviceUUID, w[1].DeviceUUID = "GPU-1234", "GPU-1234" }), ErrNoDevice},
-		"two uuids":  {mod(func(w []kvwrap.Wrapper) { w[1].DeviceUUID = "GPU-1234" }), kvlayout.ErrUnsupported},
-		"past":       {mod(func(w []kvwrap.Wrapper) { w[1].CUDA.StorageBytes = 100 }), kvwrap.ErrMalformed},
+		"cpu":       {mod(func(w []kvwrap.Wrapper) { w[1].Kind = kvwrap.KindCPUShm }), ErrNotCUDA},
+		"uuid":      {mod(func(w []kvwrap.Wrapper) { w[0].DeviceUUID, w[1].DeviceUUID = "GPU-1234", "GPU-1234" }), ErrNoDevice},
+		"two uuids": {mod(func(w []kvwrap.Wrapper) { w[1].DeviceUUID = "GPU-1234" }), kvlayout.ErrUnsupported},
+		"past":      {mod(func(w []kvwrap.Wrapper) { w[1].CUDA.StorageBytes = 100 }), kvwrap.ErrMalformed},
+		// offset + extent wraps past 2^63 to a negative end below the size
+		"wrapping end": {mod(func(w []kvwrap.Wrapper) {
+			w[1].CUDA.StorageOffsetBytes, w[1].CUDA.StorageBytes = math.MaxInt64-10, 10
+		}), kvwrap.ErrMalformed},
 		"bad handle": {mod(func(w []kvwrap.Wrapper) { w[1].CUDA.MemHandle = make([]byte, 64) }), nil},
 	} {
 		if _, err := Open(f, c.ws, Registration{}); err == nil || (c.want != nil && !errors.Is(err, c.want)) {
