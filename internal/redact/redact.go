@@ -12,9 +12,12 @@ package redact
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"regexp"
+	"sort"
 	"strings"
+	"unicode"
 )
 
 // Marker replaces every redacted value.
@@ -34,7 +37,8 @@ var secretParts = []string{
 // secretWord matches a whole "_"-separated word that marks a credential:
 // "token" (auth_token, HF_TOKEN) but not "tokens" (max_tokens) or
 // "tokenizer", and "auth" (LMCACHE_AUTH) but not "author".
-var secretWord = regexp.MustCompile(`(^|_)(token|auth|pat|jwt|sas|otp)($|_)|[a-z]token($|_)`)
+// "sig" is an Azure SAS URL's signature parameter.
+var secretWord = regexp.MustCompile(`(^|_)(token|auth|pat|jwt|sas|sig|otp)($|_)|[a-z]token($|_)`)
 
 // tokenIDs are names about model tokens (token ids, counts, per-token
 // sizes such as /status's cache_size_per_token), not credentials.
@@ -106,18 +110,15 @@ func Value(v any) any {
 }
 
 // String redacts a string that may hold a JSON document (an --l2-adapter
-// value) or a URL with a password (postgres://user:pw@host); any other
-// string is returned unchanged.
+// value) or a URL with credentials (postgres://user:pw@host, a query's
+// password= or X-Amz-Signature=); any other string is returned unchanged.
 func String(s string) string {
-	if strings.Contains(s, "://") && strings.Contains(s, "@") {
-		if u, err := url.Parse(strings.TrimSpace(s)); err == nil && u.User != nil {
-			if _, has := u.User.Password(); has {
-				// url.URL would percent-escape the marker's "*"s, so a
-				// placeholder password is swapped for it in the text.
-				u.User = url.UserPassword(u.User.Username(), "x")
-				return strings.Replace(u.String(), ":x@", ":"+Marker+"@", 1)
-			}
+	if spans := urlSecretSpans(s); spans != nil {
+		// Back to front, so the earlier offsets stay valid.
+		for i := len(spans) - 1; i >= 0; i-- {
+			s = s[:spans[i][0]] + Marker + s[spans[i][1]:]
 		}
+		return s
 	}
 	t := strings.TrimSpace(s)
 	if len(t) < 2 || (t[0] != '{' && t[0] != '[') {
@@ -128,6 +129,84 @@ func String(s string) string {
 		return s
 	}
 	return string(out)
+}
+
+// urlSecretSpans returns the byte ranges of s, in order, that hold a URL's
+// credentials: the userinfo password and the values of secret-named query
+// parameters. s counts as a URL when, leading space aside, it starts with
+// a scheme and "://". nil means nothing to hide.
+//
+// The search is textual, not url.Parse: a password holding a character
+// that URL syntax reserves ("#", "/", "?", "@", a space, a bad "%" escape)
+// makes url.Parse fail or read the password as a port, path or fragment,
+// and a redactor that trusts the parse then passes the password through.
+// So the userinfo ends at the last "@" (as url.Parse and Python's urllib
+// split it) unless the text before the first ":" already holds "/", "?" or
+// "#" (then the "@" is in the path or query, and there is no password).
+// The price is a false positive on a URL with a port and an "@" later
+// (http://h:9000/a@b hides "9000/a"), which hides nothing secret.
+func urlSecretSpans(s string) [][2]int {
+	lead := len(s) - len(strings.TrimLeftFunc(s, unicode.IsSpace))
+	sep := strings.Index(s[lead:], "://")
+	if sep < 0 || !isScheme(s[lead:lead+sep]) {
+		return nil
+	}
+	start := lead + sep + len("://")
+	rest := s[start:]
+	var spans [][2]int
+	queryFrom := start
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		userinfo := rest[:at]
+		if colon := strings.IndexByte(userinfo, ':'); colon >= 0 && !strings.ContainsAny(userinfo[:colon], "/?#") {
+			if colon+1 < at {
+				spans = append(spans, [2]int{start + colon + 1, start + at})
+			}
+			queryFrom = start + at + 1
+		}
+	}
+	q := strings.IndexByte(s[queryFrom:], '?')
+	if q < 0 {
+		return spans
+	}
+	// The query runs to the end of s, "#" included: a secret value with a
+	// "#" in it must not end at the "#" and leave its tail as a fragment.
+	pos := queryFrom + q + 1
+	for pos <= len(s) {
+		end := len(s)
+		if i := strings.IndexAny(s[pos:], "&;"); i >= 0 {
+			end = pos + i
+		}
+		pair := s[pos:end]
+		if eq := strings.IndexByte(pair, '='); eq >= 0 && eq+1 < len(pair) {
+			key := pair[:eq]
+			if k, err := url.QueryUnescape(key); err == nil {
+				key = k
+			}
+			if IsSecretName(key) {
+				spans = append(spans, [2]int{pos + eq + 1, end})
+			}
+		}
+		pos = end + 1
+	}
+	return spans
+}
+
+// isScheme reports whether s is a URL scheme (RFC 3986: a letter, then
+// letters, digits, "+", "-" or "."), so free text and JSON that merely
+// contain "://" are not taken for a URL.
+func isScheme(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // JSON redacts a JSON document. Input that is not valid JSON cannot be
@@ -228,33 +307,79 @@ func Args(args []string) []string {
 // file) wherever they appear in s, for text that has no field names to go
 // by (error messages, script output). Empty and very short values are
 // ignored: replacing every "a" would garble the text and protect nothing.
+// Longer values are replaced first, so a secret that contains another is
+// hidden whole rather than leaving its remainder after the shorter one's
+// Marker.
 func Secrets(s string, secrets ...string) string {
+	ordered := make([]string, 0, len(secrets))
 	for _, sec := range secrets {
 		if len(sec) >= 4 {
-			s = strings.ReplaceAll(s, sec, Marker)
+			ordered = append(ordered, sec)
 		}
+	}
+	sort.SliceStable(ordered, func(i, j int) bool { return len(ordered[i]) > len(ordered[j]) })
+	for _, sec := range ordered {
+		s = strings.ReplaceAll(s, sec, Marker)
 	}
 	return s
 }
 
-// Collect returns the values Value would hide in v (secret-named fields,
-// also inside JSON strings), so free text built from the same data (an
-// error message, script output) can be scrubbed with Secrets.
+// Collect returns the values Value would hide in v (secret-named fields
+// whatever their type, also inside JSON strings, and URL credentials), so
+// free text built from the same data (an error message quoting a URL that
+// failed validation, script output) can be scrubbed with Secrets. A URL
+// credential is returned both as written and percent-decoded, since error
+// texts quote either.
 func Collect(v any) []string {
 	var out []string
+	// hidden collects every scalar under a secret-named key: Value hides
+	// the whole subtree, so any of it may be a credential.
+	var hidden func(any)
+	hidden = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for _, e := range x {
+				hidden(e)
+			}
+		case []any:
+			for _, e := range x {
+				hidden(e)
+			}
+		case []string:
+			out = append(out, x...)
+		case map[string]string:
+			for _, e := range x {
+				out = append(out, e)
+			}
+		case string:
+			out = append(out, x)
+		case json.Number:
+			out = append(out, x.String())
+		case int, int32, int64, uint, uint32, uint64, float32, float64:
+			out = append(out, fmt.Sprint(x))
+		}
+	}
 	var walk func(any)
 	walk = func(v any) {
 		switch x := v.(type) {
 		case map[string]any:
 			for k, e := range x {
-				if s, ok := e.(string); ok && IsSecretName(k) && s != "" {
-					out = append(out, s)
+				if IsSecretName(k) && e != nil && e != "" {
+					hidden(e)
 					continue
 				}
 				walk(e)
 			}
 		case map[string]map[string]any:
 			for _, e := range x {
+				walk(e)
+			}
+		case map[string]string:
+			for k, e := range x {
+				if IsSecretName(k) && e != "" {
+					out = append(out, e)
+					continue
+				}
 				walk(e)
 			}
 		case []any:
@@ -266,6 +391,20 @@ func Collect(v any) []string {
 				walk(e)
 			}
 		case string:
+			if spans := urlSecretSpans(x); spans != nil {
+				for _, sp := range spans {
+					raw := x[sp[0]:sp[1]]
+					out = append(out, raw)
+					// Userinfo decodes as a path ("+" stays), a query
+					// value as a form ("+" is a space); both are kept.
+					for _, unescape := range []func(string) (string, error){url.PathUnescape, url.QueryUnescape} {
+						if dec, err := unescape(raw); err == nil && dec != raw {
+							out = append(out, dec)
+						}
+					}
+				}
+				return
+			}
 			t := strings.TrimSpace(x)
 			if len(t) >= 2 && (t[0] == '{' || t[0] == '[') {
 				dec := json.NewDecoder(strings.NewReader(t))

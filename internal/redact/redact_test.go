@@ -113,3 +113,107 @@ func TestURLPassword(t *testing.T) {
 		t.Fatalf("Env = %q", env)
 	}
 }
+
+// TestURLPasswordReservedChars: a password with a character url.Parse
+// rejects or reads as a delimiter ("#", "/", "?", a space, a bad "%"
+// escape) is hidden all the same; the old code parsed the URL, got an
+// error or no userinfo, and returned the whole text.
+func TestURLPasswordReservedChars(t *testing.T) {
+	cases := map[string]string{
+		"redis://:ab#cd@cache:6379/0":        "redis://:" + redact.Marker + "@cache:6379/0",
+		"redis://:12#cd@cache:6379/0":        "redis://:" + redact.Marker + "@cache:6379/0",
+		"postgres://app:pa/ss@db:5432/x":     "postgres://app:" + redact.Marker + "@db:5432/x",
+		"postgres://app:p?w@db/x":            "postgres://app:" + redact.Marker + "@db/x",
+		"postgres://app:p w@db/x":            "postgres://app:" + redact.Marker + "@db/x",
+		"postgres://app:p%zz@db/x":           "postgres://app:" + redact.Marker + "@db/x",
+		"http://user:p@ss#1@coord:9000/":     "http://user:" + redact.Marker + "@coord:9000/",
+		"  redis://:ab#cd@cache:6379/0":      "  redis://:" + redact.Marker + "@cache:6379/0",
+		"https://host/users/a@b.example/x":   "https://host/users/a@b.example/x",
+		"not a url: a:b@c, see http://x/y z": "not a url: a:b@c, see http://x/y z",
+	}
+	for in, want := range cases {
+		if got := redact.String(in); got != want {
+			t.Errorf("String(%q) = %q, want %q", in, got, want)
+		}
+	}
+	env := redact.Env([]string{"LMCACHE_COORDINATOR_URL=http://u:hun#ter2@coord:9000"})
+	if want := "LMCACHE_COORDINATOR_URL=http://u:" + redact.Marker + "@coord:9000"; env[0] != want {
+		t.Errorf("Env = %q, want %q", env[0], want)
+	}
+}
+
+// TestURLQuerySecrets: credentials carried in a URL's query (a DSN's
+// password=, a presigned S3 URL's X-Amz-Signature, an Azure SAS sig=)
+// are hidden, and the other parameters kept as written. A secret value
+// runs to the next "&" or ";", a "#" included: a password may hold one.
+func TestURLQuerySecrets(t *testing.T) {
+	cases := map[string]string{
+		"postgres://db:5432/x?sslmode=off&password=hunter2":                    "postgres://db:5432/x?sslmode=off&password=" + redact.Marker,
+		"redis://cache:6379/0?Password=pw1&db=0":                               "redis://cache:6379/0?Password=" + redact.Marker + "&db=0",
+		"https://b.s3.example/k?X-Amz-Credential=AKIA%2F1&X-Amz-Signature=abc": "https://b.s3.example/k?X-Amz-Credential=" + redact.Marker + "&X-Amz-Signature=" + redact.Marker,
+		"https://acct.blob.example/c?sv=2024-01-01&sig=s1gn%3D&se=2030":        "https://acct.blob.example/c?sv=2024-01-01&sig=" + redact.Marker + "&se=2030",
+		"https://host/p?api_key=k1#frag":                                       "https://host/p?api_key=" + redact.Marker,
+		"http://host:9000/bucket?max_tokens=5&token=":                          "http://host:9000/bucket?max_tokens=5&token=",
+	}
+	for in, want := range cases {
+		if got := redact.String(in); got != want {
+			t.Errorf("String(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestCollectMatchesValue: Collect returns what Value hides, so an error
+// message quoting the same configuration (a URL that failed validation, a
+// number-valued password in adapter JSON, a nested credentials object) is
+// scrubbed too. The old Collect returned none of these.
+func TestCollectMatchesValue(t *testing.T) {
+	cfg := map[string]map[string]any{
+		"coordinator": {"coordinator_url": "ftp://u:pw-in-url@coord:9000"},
+		"storage_manager": {"l2_adapter": []string{
+			`{"type":"redis","url":"redis://cache/0?password=pw-in-query","password":12345678,"credentials":{"user":"bob-user","pass":"nested-pw"}}`,
+		}},
+		"http": {"env": map[string]string{"DB_PASSWORD": "env-pw"}},
+	}
+	got := strings.Join(redact.Collect(cfg), ",")
+	for _, want := range []string{"pw-in-url", "pw-in-query", "12345678", "bob-user", "nested-pw", "env-pw"} {
+		if !strings.Contains(","+got+",", ","+want+",") {
+			t.Errorf("Collect = %q, missing %q", got, want)
+		}
+	}
+	msg := `coordinator url "ftp://u:pw-in-url@coord:9000": want http(s)://host[:port]`
+	if got := redact.Secrets(msg, redact.Collect(cfg)...); got != `coordinator url "ftp://u:`+redact.Marker+`@coord:9000": want http(s)://host[:port]` {
+		t.Errorf("Secrets = %q", got)
+	}
+}
+
+// TestSecretsOverlapping: when one secret contains another, the longer is
+// replaced whole; the old code replaced in argument order and left the
+// longer one's tail ("1234xyz") in the text.
+func TestSecretsOverlapping(t *testing.T) {
+	if got := redact.Secrets("token abcd1234xyz", "abcd", "abcd1234xyz"); got != "token "+redact.Marker {
+		t.Fatalf("Secrets = %q", got)
+	}
+}
+
+// TestCollectDecodedURLSecret: a percent-escaped URL credential is
+// collected as written and decoded, so an error quoting either is scrubbed.
+func TestCollectDecodedURLSecret(t *testing.T) {
+	got := redact.Collect([]string{"https://b.s3.example/k?X-Amz-Signature=ab%2Fcd+ef"})
+	if strings.Join(got, ",") != "ab%2Fcd+ef,ab/cd+ef,ab/cd ef" {
+		t.Fatalf("Collect = %q", got)
+	}
+}
+
+// FuzzString: String never panics, and redacting twice changes nothing
+// more (the marker holds no "@", "&" or ";" that would move a boundary).
+func FuzzString(f *testing.F) {
+	for _, s := range []string{"redis://:ab#cd@cache:6379/0", "http://u:p@ss#1@h/?password=x&y=1", "postgres://db/x?sslmode=off;password=p#q", "s3://b", `{"url":"redis://:p@h"}`, " x://@?&;="} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		once := redact.String(s)
+		if twice := redact.String(once); twice != once {
+			t.Fatalf("String(%q) = %q, again %q", s, once, twice)
+		}
+	})
+}
