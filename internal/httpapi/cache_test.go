@@ -55,7 +55,14 @@ func TestCacheObjectsListAndDelete(t *testing.T) {
 		t.Fatalf("store = %v", m)
 	}
 	e.store(tokens(1000, testChunk), "", payload(1, 2))
-	ents := e.waitListed(4)
+	ents := e.waitListed(4) // the first adapter's listing (fs)
+	// Each adapter uploads on its own workers: fs holding all four says
+	// nothing about dax.
+	daxQuery := "/cache/objects?adapter=dax&model_name=" + testModel
+	waitFor(t, "4 entries listed by dax", func() bool {
+		m := e.expect(200, "GET", daxQuery, nil).json(t)
+		return len(m["entries"].([]any)) == 4
+	})
 	first := ents[0].(map[string]any)
 	key := first["key"].(map[string]any)
 	for _, f := range []string{"chunk_hash_hex", "model_name", "kv_rank", "object_group_id", "cache_salt"} {
@@ -97,7 +104,7 @@ func TestCacheObjectsListAndDelete(t *testing.T) {
 	if m := e.expect(200, "GET", "/cache/objects?model_name=other", nil).json(t); len(m["entries"].([]any)) != 0 || m["next_page_token"] != nil {
 		t.Fatalf("model filter = %v", m)
 	}
-	if m := e.expect(200, "GET", "/cache/objects?adapter=dax&model_name="+testModel, nil).json(t); m["adapter"] != "dax" || len(m["entries"].([]any)) != 4 {
+	if m := e.expect(200, "GET", daxQuery, nil).json(t); m["adapter"] != "dax" || len(m["entries"].([]any)) != 4 {
 		t.Fatalf("dax listing = %v", m)
 	}
 	for _, q := range []string{"page_size=0", "page_size=5001", "page_size=abc", "tier=x"} {
