@@ -322,3 +322,22 @@ func TestLogLevelBoundsNewLoggers(t *testing.T) {
 	}
 	e.expect(200, "GET", "/loglevel?logger_name=bound.0&level=error", nil)
 }
+
+// TestLogLevelBoundsNameLength: a name past loglevel.MaxNameBytes is
+// refused with a 400 naming its length, nothing is created, and a name of
+// exactly the bound is set.
+func TestLogLevelBoundsNameLength(t *testing.T) {
+	e := start(t, envOpts{})
+	long := strings.Repeat("n", loglevel.MaxNameBytes+1)
+	r := e.do("GET", "/loglevel?logger_name="+long+"&level=debug", nil, nil)
+	if want := fmt.Sprintf("Logger name too long: %d bytes (at most %d)", loglevel.MaxNameBytes+1, loglevel.MaxNameBytes); r.code != 400 || string(r.body) != want {
+		t.Fatalf("a %d-byte name: %d %s, want 400 %s", len(long), r.code, r.body, want)
+	}
+	if list := string(e.expect(200, "GET", "/loglevel", nil).body); strings.Contains(list, "nnnn") {
+		t.Fatalf("the refused name was created:\n%s", list)
+	}
+	ok := long[:loglevel.MaxNameBytes]
+	if r := e.expect(200, "GET", "/loglevel?logger_name="+ok+"&level=debug", nil); string(r.body) != "Set "+ok+" level to DEBUG (including all handlers)" {
+		t.Fatalf("a name of exactly the bound: %s", r.body)
+	}
+}

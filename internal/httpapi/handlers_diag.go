@@ -39,6 +39,9 @@ func (s *Server) handleLogLevel(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case hasName && hasLevel:
 		l, err := s.levels.Set(name, level)
+		if errors.Is(err, loglevel.ErrNameTooLong) {
+			return errf(ErrBadRequest, "Logger name too long: %d bytes (at most %d)", len(name), loglevel.MaxNameBytes)
+		}
 		if errors.Is(err, loglevel.ErrTooManyLoggers) {
 			return errf(ErrBadRequest, "Too many loggers: %d are known; set the level of an existing one", loglevel.MaxLoggers)
 		}

@@ -149,12 +149,24 @@ const MaxLoggers = 1024
 // ErrTooManyLoggers is Set's error for a new logger past MaxLoggers.
 var ErrTooManyLoggers = fmt.Errorf("more than %d loggers", MaxLoggers)
 
+// MaxNameBytes bounds a logger name Set accepts. The name comes from a
+// query string (up to the 128 KiB header limit) and is kept and logged,
+// so without a bound MaxLoggers names could hold 128 MiB; dotted module
+// paths, the names loggers have, are far shorter.
+const MaxNameBytes = 256
+
+// ErrNameTooLong is Set's error for a name longer than MaxNameBytes.
+var ErrNameTooLong = fmt.Errorf("logger name longer than %d bytes", MaxNameBytes)
+
 // Set gives name its own level (creating the logger if needed) and returns
 // the parsed level.
 func (r *Registry) Set(name, level string) (slog.Level, error) {
 	l, err := ParseLevel(level)
 	if err != nil {
 		return 0, err
+	}
+	if len(name) > MaxNameBytes {
+		return 0, ErrNameTooLong
 	}
 	r.mu.Lock()
 	v, ok := r.levels[name]

@@ -91,3 +91,24 @@ func TestSetBoundsNewLoggers(t *testing.T) {
 		t.Fatalf("known logger: %v %v", l, err)
 	}
 }
+
+// TestSetBoundsNameLength: Set refuses a name past MaxNameBytes with
+// ErrNameTooLong and creates nothing; a name of exactly the bound is set.
+func TestSetBoundsNameLength(t *testing.T) {
+	h, err := NewHandler(&bytes.Buffer{}, "text")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := New(h, slog.LevelInfo)
+	before := len(r.List())
+	long := strings.Repeat("n", MaxNameBytes+1)
+	if _, err := r.Set(long, "debug"); !errors.Is(err, ErrNameTooLong) {
+		t.Fatalf("Set of a %d-byte name: %v, want ErrNameTooLong", len(long), err)
+	}
+	if n := len(r.List()); n != before {
+		t.Fatalf("%d loggers after the refused Set, want %d", n, before)
+	}
+	if l, err := r.Set(long[:MaxNameBytes], "debug"); err != nil || l != slog.LevelDebug {
+		t.Fatalf("Set of a %d-byte name: %v, %v", MaxNameBytes, l, err)
+	}
+}
