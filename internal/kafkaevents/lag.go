@@ -17,11 +17,13 @@ const UnknownLag = -1
 // Lag is how many records of the topic are still to read, summed over
 // partitions: end offset minus the Source's position where it has one
 // (records handled, or a checkpoint's StartOffsets), else minus the group's
-// committed offset, else minus the start offset (consumption starts at the earliest
-// offset). Because the Source commits only past applied records, this is an
-// upper bound on what is still to apply, for a readiness gate such as
-// upstream's --max-ready-lag. It may be called before or during Run; each call
-// uses its own short-lived connection. On any error it returns UnknownLag.
+// committed offset, else minus the start offset (consumption starts at the
+// earliest offset). A position below the start offset counts from the start
+// offset, since the records before it are gone. Because the Source commits
+// only past applied records, this is an upper bound on what is still to
+// apply, for a readiness gate such as upstream's --max-ready-lag. It may be
+// called before or during Run; each call uses its own short-lived
+// connection. On any error it returns UnknownLag.
 func (s *Source) Lag(ctx context.Context) (int64, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(sourceClientID))
 	if err != nil {
@@ -67,10 +69,12 @@ func (s *Source) Lag(ctx context.Context) (int64, error) {
 			// checkpoint the group's commit is ahead of what is applied.
 			pos = h
 		}
-		if pos < 0 {
-			if st, ok := starts.Lookup(s.cfg.Topic, p); ok {
-				pos = st.Offset
-			}
+		// Records below the log start offset were removed (retention,
+		// DeleteRecords) and can never be read: the consumer resets
+		// past them (AtStart). Counting them would leave an idle
+		// partition lagging forever and the readiness gate shut.
+		if st, ok := starts.Lookup(s.cfg.Topic, p); ok && pos < st.Offset {
+			pos = st.Offset
 		}
 		if d := end.Offset - max(pos, 0); d > 0 {
 			lag += d

@@ -22,6 +22,13 @@ const (
 	// MaxBufferedBytes caps what the producer holds (upstream's
 	// queue.buffering.max.kbytes of 64 MiB).
 	MaxBufferedBytes = 64 << 20
+	// MaxBufferedRecords caps how many records the producer holds:
+	// librdkafka's queue.buffering.max.messages default, which upstream
+	// leaves as is. franz-go's own default (50000) would start dropping
+	// batches at half the depth upstream holds through a broker outage,
+	// and would refuse them inside TryProduce, where Publish cannot
+	// report ErrRefused.
+	MaxBufferedRecords = 100000
 	// CloseFlushTimeout bounds how long Close waits for queued records.
 	CloseFlushTimeout = 10 * time.Second
 	sinkClientID      = "lmcache-cache-events"
@@ -108,6 +115,7 @@ func NewSink(cfg SinkConfig) (*Sink, error) {
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
 		kgo.MaxBufferedBytes(MaxBufferedBytes),
+		kgo.MaxBufferedRecords(MaxBufferedRecords),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(librdkafkaPartition)),
 		// librdkafka's producer asks for topic auto-creation by default.
 		kgo.AllowAutoTopicCreation(),
@@ -137,7 +145,14 @@ func (s *Sink) Publish(ctx context.Context, batches []Batch) error {
 		values[i] = v
 	}
 	for i, v := range values {
-		if s.closed.Load() || s.cl.BufferedProduceBytes()+int64(len(v)) > MaxBufferedBytes {
+		// Both of the producer's caps are checked here so that a full
+		// buffer refuses the rest of the list with ErrRefused; TryProduce
+		// would drop the record through its promise (still counted, in
+		// delivered) and let later batches of the list in behind the gap.
+		// Concurrent Publish calls can still race past this check; those
+		// drops are the promise's to count.
+		if s.closed.Load() || s.cl.BufferedProduceRecords() >= MaxBufferedRecords ||
+			s.cl.BufferedProduceBytes()+int64(len(v)) > MaxBufferedBytes {
 			n := int64(len(values) - i)
 			s.dropped.Add(n)
 			return fmt.Errorf("%w: %d of %d for topic %q (buffer full or sink closed)", ErrRefused, n, len(values), s.topic)

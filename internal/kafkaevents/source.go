@@ -193,11 +193,16 @@ func (s *Source) Positions() map[int32]int64 {
 	return maps.Clone(s.pos)
 }
 
+// advance moves r's partition's position past r. It also moves it back: a
+// partition's records arrive in offset order from where adjustOffsets
+// seeked it, so a record below the position means the consumer reset to
+// the log start (the position was past the end: the topic was created
+// again, or the checkpoint is another cluster's), and keeping the stale
+// position would make Lag read 0 over unread records and be checkpointed
+// again.
 func (s *Source) advance(r *kgo.Record) {
 	s.posMu.Lock()
-	if r.Offset+1 > s.pos[r.Partition] {
-		s.pos[r.Partition] = r.Offset + 1
-	}
+	s.pos[r.Partition] = r.Offset + 1
 	s.posMu.Unlock()
 }
 
