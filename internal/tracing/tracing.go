@@ -36,6 +36,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lmcache-go/lmcache/internal/logthrottle"
+	"github.com/lmcache-go/lmcache/internal/redact"
 )
 
 // Level is how deep spans go.
@@ -162,24 +163,28 @@ func Start(ctx context.Context, cfg Config) (*Provider, error) {
 // endpointOptions turns upstream's endpoint forms into exporter options:
 // "http://host:port" and a bare "host:port" are plaintext gRPC (upstream
 // passes insecure=True), "https://host:port" uses TLS with the system roots.
+//
+// Errors quote the endpoint redacted: a URL's password (or url.Parse's
+// error, which quotes the whole URL) would otherwise reach stderr.
 func endpointOptions(ep string) ([]otlptracegrpc.Option, error) {
 	hostport, secure := ep, false
+	shown := redact.String(ep)
 	if strings.Contains(ep, "://") {
 		u, err := url.Parse(ep)
 		if err != nil {
-			return nil, fmt.Errorf("--otlp-endpoint %q: %w", ep, err)
+			return nil, fmt.Errorf("--otlp-endpoint %q: not a URL", shown)
 		}
 		switch u.Scheme {
 		case "http":
 		case "https":
 			secure = true
 		default:
-			return nil, fmt.Errorf("--otlp-endpoint %q: scheme must be http or https", ep)
+			return nil, fmt.Errorf("--otlp-endpoint %q: scheme must be http or https", shown)
 		}
 		hostport = u.Host
 	}
 	if hostport == "" || strings.ContainsAny(hostport, "/?#") {
-		return nil, fmt.Errorf("--otlp-endpoint %q: want host:port, http://host:port or https://host:port", ep)
+		return nil, fmt.Errorf("--otlp-endpoint %q: want host:port, http://host:port or https://host:port", shown)
 	}
 	opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(hostport)}
 	if !secure {
@@ -260,13 +265,21 @@ const (
 // queueSize is how many ended spans may wait for export (queued, in a
 // batch or being exported) before new ones are dropped, counted as
 // "queue_full": OTEL_BSP_MAX_QUEUE_SIZE when it is a positive integer, as
-// for the SDK's batch processor, else the SDK's default (2048).
+// for the SDK's batch processor, else the SDK's default (2048), and at
+// most maxQueueSize.
 func queueSize() int {
 	if n, err := strconv.Atoi(os.Getenv("OTEL_BSP_MAX_QUEUE_SIZE")); err == nil && n > 0 {
-		return n
+		return min(n, maxQueueSize)
 	}
 	return sdktrace.DefaultMaxQueueSize
 }
+
+// maxQueueSize bounds OTEL_BSP_MAX_QUEUE_SIZE: the batch processor's
+// queue is a channel of twice the size, allocated at start, so a value
+// such as 2^40 would overflow the doubling or fail the allocation and
+// crash the process before it serves; a million waiting spans is far more
+// than any collector outage needs.
+const maxQueueSize = 1 << 20
 
 // admission is the span processor in front of the batch processor. The
 // batch processor drops a span when its queue is full and only logs it

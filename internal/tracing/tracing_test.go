@@ -59,6 +59,18 @@ func TestStartValidates(t *testing.T) {
 	}
 }
 
+// TestBadEndpointErrorHidesPassword: an --otlp-endpoint refused at start
+// is quoted in its error (which reaches stderr) with its password
+// redacted, whether the scheme, the host or url.Parse refused it.
+func TestBadEndpointErrorHidesPassword(t *testing.T) {
+	for _, ep := range []string{"ftp://u:s3cret-pw@h:1", "http://u:s3cret-pw@/v1", "http://u:s3cret-pw@h:1/%zz"} {
+		_, err := tracing.Start(context.Background(), tracing.Config{Enabled: true, Endpoint: ep})
+		if err == nil || strings.Contains(err.Error(), "s3cret-pw") || !strings.Contains(err.Error(), "--otlp-endpoint") {
+			t.Errorf("endpoint %q: error %v, want a refusal naming --otlp-endpoint without the password", ep, err)
+		}
+	}
+}
+
 // TestSpansReachReceiver: a request span and its storage child arrive over
 // OTLP/gRPC with names, attributes, parentage and the resource; Shutdown
 // flushes them.
