@@ -24,7 +24,7 @@ func configBatch(seq int64) kafkaevents.Batch {
 // While the brokers take no records (an outage), the Sink holds as many as
 // upstream's librdkafka producer does (queue.buffering.max.messages, 100000,
 // which upstream leaves at its default, within its 64 MiB), not franz-go's
-// default of 10000; the next Publish is refused with ErrRefused and counted
+// default of 50000; the next Publish is refused with ErrRefused and counted
 // at once; once the brokers answer, every held record is delivered.
 //
 // This test needs to hold produce requests, which only the in-process kfake

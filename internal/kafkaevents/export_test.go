@@ -1,5 +1,7 @@
 package kafkaevents
 
+import "time"
+
 // Crash makes s's Run return without committing what it applied, as a
 // process that dies would (it still leaves the group, so the next member gets
 // the partitions at once instead of after the session timeout).
@@ -10,3 +12,6 @@ func SetPollRecords(s *Source, n int) { s.pollRecords = n }
 
 // Partition is the partitioner the Sink uses.
 var Partition = librdkafkaPartition
+
+// SetWarnClock drives the clock of s's WARN throttle.
+func SetWarnClock(s *Sink, now func() time.Time) { s.warns.SetClock(now) }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/lmcache-go/lmcache/internal/logthrottle"
 )
 
 // Sink defaults, as upstream's KafkaCacheEventSink sets them.
@@ -29,6 +31,9 @@ const (
 	// and would refuse them inside TryProduce, where Publish cannot
 	// report ErrRefused.
 	MaxBufferedRecords = 100000
+	// undeliveredWarnEvery bounds the undelivered-record WARN to one line
+	// per interval (the line says how many it held back).
+	undeliveredWarnEvery = 10 * time.Second
 	// CloseFlushTimeout bounds how long Close waits for queued records.
 	CloseFlushTimeout = 10 * time.Second
 	sinkClientID      = "lmcache-cache-events"
@@ -57,8 +62,12 @@ type SinkConfig struct {
 // retries in order until DeliveryTimeout, then drops the record and counts it.
 // Safe for concurrent use; the client's goroutines stop in Close.
 type Sink struct {
-	cl      *kgo.Client
-	log     *slog.Logger
+	cl  *kgo.Client
+	log *slog.Logger
+	// warns throttles the per-record delivery WARN: at the delivery
+	// timeout of an outage every held record (up to MaxBufferedRecords)
+	// fails at once; the dropped counter still counts each.
+	warns   *logthrottle.Limiter
 	topic   string
 	closed  atomic.Bool
 	dropped atomic.Int64
@@ -123,7 +132,7 @@ func NewSink(cfg SinkConfig) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafkaevents: new producer: %w", err)
 	}
-	return &Sink{cl: cl, log: cfg.Logger, topic: cfg.Topic}, nil
+	return &Sink{cl: cl, log: cfg.Logger, warns: logthrottle.New(), topic: cfg.Topic}, nil
 }
 
 // Publish validates every batch, then queues one record per batch in list
@@ -169,8 +178,8 @@ func (s *Sink) delivered(r *kgo.Record, err error) {
 		return
 	}
 	n := s.dropped.Add(1)
-	s.log.Warn("kafka did not deliver a cache-event record", "instance_id", string(r.Key),
-		"topic", r.Topic, "dropped_total", n, "err", err)
+	s.warns.Log(s.log, slog.LevelWarn, "undelivered", undeliveredWarnEvery, "kafka did not deliver a cache-event record",
+		"instance_id", string(r.Key), "topic", r.Topic, "dropped_total", n, "err", err)
 }
 
 // Flush waits until every queued record was delivered or dropped, or ctx ends.
