@@ -338,10 +338,19 @@ func (s *Set) parseArgs(args []string) error {
 // not defined: -x") into the one shape.
 func stdlibError(err error) error {
 	msg := firstLine(err.Error())
+	// Bad syntax quotes the whole argument, "=value" included ("---token=x"
+	// is one dash too many), so only the part before "=" is named: the
+	// value may be a secret, and the subject must be a flag name.
+	if arg, ok := strings.CutPrefix(msg, "bad flag syntax: "); ok {
+		arg, _, _ = strings.Cut(arg, "=")
+		if name := strings.TrimLeft(arg, "-"); name != "" {
+			return &Error{Subject: "--" + name, Reason: "bad flag syntax"}
+		}
+		return &Error{Reason: fmt.Sprintf("bad flag syntax %q", arg)}
+	}
 	for _, p := range []struct{ prefix, reason string }{
 		{"flag provided but not defined: -", "flag provided but not defined"},
 		{"flag needs an argument: -", "flag needs an argument"},
-		{"bad flag syntax: ", "bad flag syntax"},
 	} {
 		if name, ok := strings.CutPrefix(msg, p.prefix); ok {
 			return &Error{Subject: "--" + strings.TrimLeft(name, "-"), Reason: p.reason}

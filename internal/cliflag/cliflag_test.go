@@ -431,3 +431,22 @@ func TestSecretRuleShown(t *testing.T) {
 		}
 	}
 }
+
+// TestBadFlagSyntaxNamesTheFlagOnly: an argument the flag package calls
+// bad syntax (three dashes, or "-=…") is reported in the one shape with
+// the flag name cut at "=", so the value written after it (a secret
+// typed with one dash too many) never reaches the error line.
+func TestBadFlagSyntaxNamesTheFlagOnly(t *testing.T) {
+	for _, c := range []struct{ arg, want string }{
+		{"---auth-token=tok-s3cret", "--auth-token: bad flag syntax"},
+		{"---chunk-size", "--chunk-size: bad flag syntax"},
+		{"-=tok-s3cret", `bad flag syntax "-"`},
+		{"--=tok-s3cret", `bad flag syntax "--"`},
+	} {
+		err := newSettings().set.Parse([]string{c.arg}, env(nil))
+		var ce *Error
+		if !errors.As(err, &ce) || !errors.Is(err, ErrInvalid) || err.Error() != c.want {
+			t.Errorf("%q:\n got %v\nwant %s", c.arg, err, c.want)
+		}
+	}
+}

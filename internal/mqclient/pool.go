@@ -53,7 +53,10 @@ func OpenPool(dir, name string, size int64) (*Pool, error) {
 // Slot returns the pool bytes of a slot.
 func (p *Pool) Slot(s wire.Slot) ([]byte, error) {
 	off, n := int64(s.Offset), int64(s.Length)
-	if off < 0 || n < 0 || off+n > int64(len(p.mem)) {
+	// The slot comes from the server's reply: compare n with the room
+	// after off rather than off+n with the size, which a huge offset or
+	// length overflows past the check into a slicing panic.
+	if off < 0 || n < 0 || off > int64(len(p.mem)) || n > int64(len(p.mem))-off {
 		return nil, fmt.Errorf("mqclient: slot [%d, +%d) outside the %d-byte pool", off, n, len(p.mem))
 	}
 	return p.mem[off : off+n : off+n], nil
