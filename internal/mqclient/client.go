@@ -23,13 +23,16 @@ import (
 // ErrTimeout is returned when no reply arrives in time.
 var ErrTimeout = errors.New("mqclient: timed out waiting for the reply")
 
+// defaultTimeout is Options.Timeout when it is zero.
+const defaultTimeout = 30 * time.Second
+
 // Options configures Dial.
 type Options struct {
 	// Profile is the numbering used for op frames (default wire.Gen3).
 	Profile *wire.Profile
 	// SendNames sends operation names as strings instead of numbers.
 	SendNames bool
-	// Timeout bounds each call (default 30 s).
+	// Timeout bounds each call (default 30 s); Dial refuses a negative one.
 	Timeout time.Duration
 }
 
@@ -53,7 +56,12 @@ func Dial(endpoint string, opts Options) (*Client, error) {
 		opts.Profile = wire.Gen3
 	}
 	if opts.Timeout == 0 {
-		opts.Timeout = 30 * time.Second
+		opts.Timeout = defaultTimeout
+	}
+	// zmq_poll reads a negative timeout as "wait forever": refused, so
+	// every call stays bounded.
+	if opts.Timeout < 0 {
+		return nil, fmt.Errorf("mqclient: timeout %v: must be >= 0 (0 = %v)", opts.Timeout, defaultTimeout)
 	}
 	zctx, err := zmq.NewContext()
 	if err != nil {
