@@ -25,6 +25,12 @@ func Float(p *float64) flag.Value { return (*floatValue)(p) }
 // 1/true/yes/on or 0/false/no/off (any case); anything else is refused.
 func Bool(p *bool) flag.Value { return (*boolValue)(p) }
 
+// Truthy returns a boolean Value with upstream's environment truth test
+// for the settings it reads with `value.lower() in ("1", "true", "yes")`:
+// those values are true and every other one, "on" and "" included, is
+// false and never an error. As a flag it is a plain switch.
+func Truthy(p *bool) flag.Value { return (*truthyValue)(p) }
+
 // List returns a repeatable Value that appends to *p; an explicit empty
 // value ("--f=") makes the list empty rather than absent.
 func List(p *[]string) flag.Value { return (*listValue)(p) }
@@ -112,6 +118,20 @@ func (b *boolValue) Set(v string) error {
 }
 func (b *boolValue) String() string   { return strconv.FormatBool(bool(*b)) }
 func (b *boolValue) IsBoolFlag() bool { return true }
+
+type truthyValue bool
+
+func (b *truthyValue) Set(v string) error {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "1", "true", "yes":
+		*b = true
+	default:
+		*b = false
+	}
+	return nil
+}
+func (b *truthyValue) String() string   { return strconv.FormatBool(bool(*b)) }
+func (b *truthyValue) IsBoolFlag() bool { return true }
 
 type listValue []string
 

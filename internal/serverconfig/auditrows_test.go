@@ -155,3 +155,29 @@ func TestObservabilityFlagsParsedChangeNoOtherSetting(t *testing.T) {
 	}
 	oneLineInvalid(t, "--metrics-sample-rate: must satisfy 0 <= x <= 1 (got 2)", "--metrics-sample-rate", "2")
 }
+
+// TestEventReportingEnvTruthy: the binary reads
+// LMCACHE_COORDINATOR_EVENT_REPORTING (and the older _L2_ name) with
+// upstream's truth test: 1, true and yes in any case are on; anything
+// else, "on" and an empty value included, is off and no error (upstream
+// compares the lowered value with those three).
+func TestEventReportingEnvTruthy(t *testing.T) {
+	for v, want := range map[string]bool{"1": true, "true": true, "YES": true, " yes ": true,
+		"on": false, "": false, "maybe": false, "0": false, "false": false} {
+		for _, name := range []string{"LMCACHE_COORDINATOR_EVENT_REPORTING", "LMCACHE_COORDINATOR_L2_EVENT_REPORTING"} {
+			c, err := ParseEnv(nil, env(map[string]string{name: v}), nil)
+			if err != nil || c.CoordinatorEventReporting != want {
+				t.Errorf("%s=%q: reporting %v, %v; want %v and no error", name, v, c != nil && c.CoordinatorEventReporting, err, want)
+			}
+		}
+	}
+	// The newer name wins over the older one.
+	c, err := ParseEnv(nil, env(map[string]string{"LMCACHE_COORDINATOR_EVENT_REPORTING": "no", "LMCACHE_COORDINATOR_L2_EVENT_REPORTING": "1"}), nil)
+	if err != nil || c.CoordinatorEventReporting {
+		t.Errorf("new name no, old name 1: reporting %v, %v; want false", c != nil && c.CoordinatorEventReporting, err)
+	}
+	// The flag is a plain switch.
+	if c, err := ParseEnv([]string{"--coordinator-event-reporting"}, env(nil), nil); err != nil || !c.CoordinatorEventReporting {
+		t.Errorf("--coordinator-event-reporting: %v, %v", c != nil && c.CoordinatorEventReporting, err)
+	}
+}

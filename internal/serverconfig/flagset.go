@@ -78,6 +78,13 @@ func (r *registry) boolFlag(p *bool, name, key, group, env, usage string) *clifl
 	return r.add(&cliflag.Entry{Name: name, Key: key, Group: group, Env: env, Usage: usage, Value: cliflag.Bool(p)}, func() any { return *p })
 }
 
+// truthyFlag registers a switch whose environment variable takes
+// upstream's truth test (cliflag.Truthy): only 1, true and yes are on.
+func (r *registry) truthyFlag(p *bool, name, key, group, env, usage string) *cliflag.Entry {
+	*p = false
+	return r.add(&cliflag.Entry{Name: name, Key: key, Group: group, Env: env, Usage: usage, Value: cliflag.Truthy(p)}, func() any { return *p })
+}
+
 // list registers a repeatable flag; with nargs it also takes every following
 // argument up to the next flag, as argparse's nargs="*".
 func (r *registry) list(p *[]string, name, key, group, usage string, nargs bool) *cliflag.Entry {
