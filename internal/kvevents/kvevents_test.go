@@ -22,6 +22,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func hash(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 32) }
 
+// wideHash is a distinct 32-byte chunk hash for every i, for tests that
+// need more chunks than hash's 256.
+func wideHash(i int) []byte {
+	b := make([]byte, 32)
+	binary.BigEndian.PutUint64(b, uint64(i))
+	return b
+}
+
 func key(i int, model string, rank int64, salt string) objkey.Key {
 	return objkey.Key{ChunkHash: string(hash(i)), ModelName: model, KVRank: rank, CacheSalt: salt}
 }
@@ -139,7 +147,7 @@ func TestRecorderRecords(t *testing.T) {
 func TestBindingCacheIsBounded(t *testing.T) {
 	lg, _ := NewLog(8)
 	r := NewRecorder(lg, nil, 1, nil)
-	h := func(i int) []byte { b := make([]byte, 32); binary.BigEndian.PutUint64(b, uint64(i)); return b }
+	h := wideHash
 	for i := range bindingCacheSize + 1 {
 		r.Bind(nil, [][]byte{h(i)}, [][]uint32{{uint32(i)}})
 	}

@@ -2,7 +2,6 @@ package kvevents
 
 import (
 	"context"
-	"encoding/binary"
 	"reflect"
 	"testing"
 	"time"
@@ -21,7 +20,7 @@ func TestRebindRefreshesBinding(t *testing.T) {
 	lg, _ := NewLog(8)
 	var d drops
 	r := NewRecorder(lg, nil, 1, d.add)
-	h := func(i int) []byte { b := make([]byte, 32); binary.BigEndian.PutUint64(b, uint64(i)); return b }
+	h := wideHash
 	for i := range bindingCacheSize {
 		r.Bind(nil, [][]byte{h(i)}, [][]uint32{{uint32(i)}})
 	}

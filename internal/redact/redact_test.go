@@ -120,15 +120,18 @@ func TestURLPassword(t *testing.T) {
 // error or no userinfo, and returned the whole text.
 func TestURLPasswordReservedChars(t *testing.T) {
 	cases := map[string]string{
-		"redis://:ab#cd@cache:6379/0":        "redis://:" + redact.Marker + "@cache:6379/0",
-		"redis://:12#cd@cache:6379/0":        "redis://:" + redact.Marker + "@cache:6379/0",
-		"postgres://app:pa/ss@db:5432/x":     "postgres://app:" + redact.Marker + "@db:5432/x",
-		"postgres://app:p?w@db/x":            "postgres://app:" + redact.Marker + "@db/x",
-		"postgres://app:p w@db/x":            "postgres://app:" + redact.Marker + "@db/x",
-		"postgres://app:p%zz@db/x":           "postgres://app:" + redact.Marker + "@db/x",
-		"http://user:p@ss#1@coord:9000/":     "http://user:" + redact.Marker + "@coord:9000/",
-		"  redis://:ab#cd@cache:6379/0":      "  redis://:" + redact.Marker + "@cache:6379/0",
-		"https://host/users/a@b.example/x":   "https://host/users/a@b.example/x",
+		"redis://:ab#cd@cache:6379/0":      "redis://:" + redact.Marker + "@cache:6379/0",
+		"redis://:12#cd@cache:6379/0":      "redis://:" + redact.Marker + "@cache:6379/0",
+		"postgres://app:pa/ss@db:5432/x":   "postgres://app:" + redact.Marker + "@db:5432/x",
+		"postgres://app:p?w@db/x":          "postgres://app:" + redact.Marker + "@db/x",
+		"postgres://app:p w@db/x":          "postgres://app:" + redact.Marker + "@db/x",
+		"postgres://app:p%zz@db/x":         "postgres://app:" + redact.Marker + "@db/x",
+		"http://user:p@ss#1@coord:9000/":   "http://user:" + redact.Marker + "@coord:9000/",
+		"  redis://:ab#cd@cache:6379/0":    "  redis://:" + redact.Marker + "@cache:6379/0",
+		"https://host/users/a@b.example/x": "https://host/users/a@b.example/x",
+		// The documented false positive: a port and an "@" later in the
+		// path read as userinfo, so "9000/a" is hidden (nothing leaks).
+		"http://h:9000/a@b":                  "http://h:" + redact.Marker + "@b",
 		"not a url: a:b@c, see http://x/y z": "not a url: a:b@c, see http://x/y z",
 	}
 	for in, want := range cases {
