@@ -88,30 +88,6 @@ func TestDefaultAdvertiseIPIsOutboundIP(t *testing.T) {
 	}
 }
 
-// TestEventReportingTruthyValues: both env names take upstream's truthy
-// values 1, true and yes in any case; anything else disables.
-func TestEventReportingTruthyValues(t *testing.T) {
-	for _, name := range []string{coordclient.EnvL2EventReporting, coordclient.EnvEventReporting} {
-		for v, want := range map[string]bool{
-			"1": true, "true": true, "TRUE": true, "True": true, "yes": true, "YES": true, " yes ": true,
-			"0": false, "false": false, "no": false, "on": false, "y": false, "2": false,
-		} {
-			cfg, err := coordclient.FromEnv(func(k string) string {
-				if k == name {
-					return v
-				}
-				return ""
-			})
-			if err != nil || cfg.EventReporting != want {
-				t.Errorf("%s=%q: EventReporting %v, %v; want %v", name, v, cfg.EventReporting, err, want)
-			}
-			if got := coordclient.Truthy(v); got != want {
-				t.Errorf("Truthy(%q) = %v, want %v", v, got, want)
-			}
-		}
-	}
-}
-
 // TestIncarnationIsStartUnixNanos: a client's default incarnation is the
 // wall clock at New in Unix nanoseconds (not seconds), bracketed by reads
 // of the clock before and after (one nanosecond above the earlier read

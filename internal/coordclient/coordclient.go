@@ -20,11 +20,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,22 +43,11 @@ const (
 	DefaultHTTPTimeout        = 10 * time.Second
 )
 
-// Environment variables read by FromEnv (flag > env > default).
-const (
-	EnvURL                  = "LMCACHE_COORDINATOR_URL"
-	EnvAdvertiseIP          = "LMCACHE_COORDINATOR_ADVERTISE_IP"
-	EnvHeartbeatInterval    = "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL"
-	EnvL2EventReporting     = "LMCACHE_COORDINATOR_L2_EVENT_REPORTING"
-	EnvL2EventFlushInterval = "LMCACHE_COORDINATOR_L2_EVENT_FLUSH_INTERVAL"
-	EnvEventReporting       = "LMCACHE_COORDINATOR_EVENT_REPORTING"
-	EnvEventFlushInterval   = "LMCACHE_COORDINATOR_EVENT_FLUSH_INTERVAL"
-)
-
 // Config configures the client. The lead wires the flags
 // --coordinator-url, --coordinator-advertise-ip,
 // --coordinator-heartbeat-interval, --coordinator-l2-event-reporting,
-// --coordinator-l2-event-flush-interval and --instance-id onto it, over the
-// values FromEnv returns.
+// --coordinator-l2-event-flush-interval and --instance-id onto it
+// (serverconfig reads the flags and their LMCACHE_COORDINATOR_* variables).
 type Config struct {
 	// URL is the coordinator base URL; empty disables the client.
 	URL string
@@ -107,55 +94,6 @@ type Config struct {
 	Metrics *mpmetrics.Metrics
 	// Logger defaults to discarding.
 	Logger *slog.Logger
-}
-
-// FromEnv returns the defaults overridden by the LMCACHE_COORDINATOR_* env
-// vars. The renamed LMCACHE_COORDINATOR_EVENT_* names win over the older
-// L2_EVENT_* ones. Malformed values are errors, as upstream (startup fails).
-func FromEnv(getenv func(string) string) (Config, error) {
-	cfg := Config{
-		URL:                strings.TrimSpace(getenv(EnvURL)),
-		AdvertiseIP:        strings.TrimSpace(getenv(EnvAdvertiseIP)),
-		HeartbeatInterval:  DefaultHeartbeatInterval,
-		EventFlushInterval: DefaultEventFlushInterval,
-	}
-	var err error
-	if v := getenv(EnvHeartbeatInterval); v != "" {
-		if cfg.HeartbeatInterval, err = ParseSeconds(v); err != nil {
-			return cfg, fmt.Errorf("%s: %w", EnvHeartbeatInterval, err)
-		}
-	}
-	for _, name := range []string{EnvL2EventFlushInterval, EnvEventFlushInterval} {
-		if v := getenv(name); v != "" {
-			if cfg.EventFlushInterval, err = ParseSeconds(v); err != nil {
-				return cfg, fmt.Errorf("%s: %w", name, err)
-			}
-		}
-	}
-	for _, name := range []string{EnvL2EventReporting, EnvEventReporting} {
-		if v := getenv(name); v != "" {
-			cfg.EventReporting = Truthy(v)
-		}
-	}
-	return cfg, nil
-}
-
-// ParseSeconds parses a finite, positive number of seconds ("5", "0.5").
-func ParseSeconds(s string) (time.Duration, error) {
-	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f <= 0 {
-		return 0, fmt.Errorf("must be a finite number of seconds > 0 (got %q)", s)
-	}
-	return time.Duration(f * float64(time.Second)), nil
-}
-
-// Truthy is upstream's env truth test: 1, true or yes (case-insensitive).
-func Truthy(s string) bool {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "1", "true", "yes":
-		return true
-	}
-	return false
 }
 
 // Event endpoints (--coordinator-event-endpoint).

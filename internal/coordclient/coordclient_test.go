@@ -359,34 +359,6 @@ func TestBatchesSeqRetryAndBoundedQueue(t *testing.T) {
 	}
 }
 
-func TestFromEnv(t *testing.T) {
-	env := map[string]string{
-		coordclient.EnvURL: "http://c:9300", coordclient.EnvAdvertiseIP: "10.0.0.1", coordclient.EnvHeartbeatInterval: "2.5",
-		coordclient.EnvL2EventReporting: "YES", coordclient.EnvL2EventFlushInterval: "0.25",
-	}
-	cfg, err := coordclient.FromEnv(func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.URL != "http://c:9300" || cfg.AdvertiseIP != "10.0.0.1" || cfg.HeartbeatInterval != 2500*time.Millisecond || !cfg.EventReporting || cfg.EventFlushInterval != 250*time.Millisecond {
-		t.Fatalf("cfg = %+v", cfg)
-	}
-	env[coordclient.EnvEventReporting] = "on" // not truthy upstream; the newer name wins
-	if cfg, _ := coordclient.FromEnv(func(k string) string { return env[k] }); cfg.EventReporting {
-		t.Fatal("'on' must not enable reporting")
-	}
-	for _, bad := range []string{"0", "-1", "nan", "inf", "x"} {
-		env[coordclient.EnvHeartbeatInterval] = bad
-		if _, err := coordclient.FromEnv(func(k string) string { return env[k] }); err == nil {
-			t.Errorf("heartbeat %q accepted", bad)
-		}
-	}
-	def, err := coordclient.FromEnv(func(string) string { return "" })
-	if err != nil || def.URL != "" || def.HeartbeatInterval != 5*time.Second || def.EventFlushInterval != time.Second || def.EventReporting {
-		t.Fatalf("defaults = %+v, %v", def, err)
-	}
-}
-
 func TestLoopsInPeriodicRegistry(t *testing.T) {
 	rec := &recorder{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -217,3 +217,42 @@ func TestL2LookupTimeoutFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestCoordinatorEnvValues: the coordinator client's env variables as the
+// binary reads them: fractional seconds, the advertise IP, the defaults
+// when unset, and a startup error for a heartbeat or flush interval that is
+// not a finite number of seconds > 0 (upstream fails its start too).
+func TestCoordinatorEnvValues(t *testing.T) {
+	c, err := ParseEnv(nil, env(map[string]string{
+		"LMCACHE_COORDINATOR_URL":                  "http://c:9300",
+		"LMCACHE_COORDINATOR_ADVERTISE_IP":         "10.0.0.1",
+		"LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL":   "2.5",
+		"LMCACHE_COORDINATOR_EVENT_FLUSH_INTERVAL": "0.25",
+	}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.CoordinatorURL != "http://c:9300" || c.CoordinatorAdvertiseIP != "10.0.0.1" ||
+		c.CoordinatorHeartbeatInterval != 2.5 || c.CoordinatorEventFlushInterval != 0.25 {
+		t.Fatalf("env: url %q ip %q heartbeat %v flush %v", c.CoordinatorURL, c.CoordinatorAdvertiseIP,
+			c.CoordinatorHeartbeatInterval, c.CoordinatorEventFlushInterval)
+	}
+	def, err := ParseEnv(nil, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def.CoordinatorURL != "" || def.CoordinatorAdvertiseIP != "" || def.CoordinatorHeartbeatInterval != 5 ||
+		def.CoordinatorEventFlushInterval != 1 || def.CoordinatorEventReporting {
+		t.Fatalf("defaults: url %q ip %q heartbeat %v flush %v reporting %v", def.CoordinatorURL, def.CoordinatorAdvertiseIP,
+			def.CoordinatorHeartbeatInterval, def.CoordinatorEventFlushInterval, def.CoordinatorEventReporting)
+	}
+	for _, name := range []string{"LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL", "LMCACHE_COORDINATOR_EVENT_FLUSH_INTERVAL",
+		"LMCACHE_COORDINATOR_L2_EVENT_FLUSH_INTERVAL"} {
+		for _, bad := range []string{"0", "-1", "nan", "inf", "x"} {
+			_, err := ParseEnv(nil, env(map[string]string{name: bad}), nil)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), name) {
+				t.Errorf("%s=%q: err %v, want ErrInvalid naming the variable", name, bad, err)
+			}
+		}
+	}
+}
