@@ -141,8 +141,12 @@ type Client struct {
 	id         atomic.Pointer[string] // current instance id (desired, then assigned)
 	registered atomic.Bool
 
-	mu    sync.Mutex // guards queue
+	mu    sync.Mutex // guards queue and closed
 	queue []Event
+	// closed is set once the final flush at the end of Run is done: no
+	// flush will run again, so later events are dropped and counted at
+	// once instead of waiting in a queue nobody reads.
+	closed bool
 	// seq numbers /quota/events POSTs. evSeq numbers /events batches
 	// within this incarnation.
 	seq     atomic.Int64
@@ -260,7 +264,8 @@ func (c *Client) Registered() bool { return c.registered.Load() }
 // Dropped is the number of events dropped: queue full, a failed batch with
 // no room to requeue it, batches the coordinator answered stale (a newer
 // incarnation of this instance id reports there), or an event the
-// coordinator (or the Publisher) refused on its own (a 4xx such as 422).
+// coordinator (or the Publisher) refused on its own (a 4xx such as 422),
+// and events still undelivered when Run ends or enqueued after it did.
 func (c *Client) Dropped() int64 { return c.dropped.Load() }
 
 // SentBatches is the number of batches the coordinator accepted.
@@ -299,6 +304,9 @@ func (c *Client) Run(ctx context.Context) error {
 			defer cancel()
 			if err := c.Flush(fctx); err != nil {
 				c.log.Warn("final coordinator event flush failed", "err", err, "pending", c.Pending())
+			}
+			if n := c.abandon(); n > 0 {
+				c.log.Warn("coordinator events undelivered at shutdown, dropped", "events", n)
 			}
 		}()
 	}
@@ -525,6 +533,9 @@ func (c *Client) enqueue(typ, backend string, shared bool, keys []objkey.Key, si
 	}
 	c.mu.Lock()
 	room := c.cfg.QueueSize - len(c.queue)
+	if c.closed {
+		room = 0
+	}
 	n := min(room, len(keys))
 	for i := 0; i < n; i++ {
 		ev := Event{Type: typ, Key: keys[i].Encode(), Backend: backend, Shared: shared}
@@ -705,6 +716,28 @@ func (c *Client) requeue(events []Event) int {
 	c.mu.Unlock()
 	c.countDropped(len(events) - keep)
 	return keep
+}
+
+// abandon ends event delivery after Run's final flush: what is still queued
+// or awaiting a resend is dropped and counted (a flush that failed at
+// shutdown loses these events; counting them keeps Dropped the whole
+// loss), and later events are refused (see closed). It returns the number
+// dropped.
+func (c *Client) abandon() int {
+	c.flushMu.Lock()
+	defer c.flushMu.Unlock()
+	n := 0
+	if r := c.retry; r != nil {
+		n += len(r.events)
+		c.setRetry(nil)
+	}
+	c.mu.Lock()
+	n += len(c.queue)
+	c.queue, c.closed = nil, true
+	c.mu.Unlock()
+	c.split, c.suspect = 0, 0
+	c.countDropped(n)
+	return n
 }
 
 // countDropped counts n lost events in Dropped and the metric.

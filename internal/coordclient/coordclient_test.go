@@ -484,3 +484,41 @@ func TestURLPasswordNeverLogged(t *testing.T) {
 		t.Fatalf("password not masked:\n%s", out)
 	}
 }
+
+// TestUndeliveredAtShutdownCountedDropped: events the final flush cannot
+// deliver (the coordinator answers 500 to every batch) are counted as
+// dropped when Run ends, in Dropped and the metric, and so is an event
+// enqueued after Run returned, which no flush would ever send.
+func TestUndeliveredAtShutdownCountedDropped(t *testing.T) {
+	rec := &recorder{fail: 1 << 30}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	m := mpmetrics.New("mp-x", nil)
+	c, err := coordclient.New(coordclient.Config{URL: srv.URL, HTTPPort: 8080, InstanceID: "mp-x", EventReporting: true,
+		EventEndpoint: coordclient.EndpointQuotaEvents, HeartbeatInterval: time.Hour, EventFlushInterval: time.Hour,
+		Metrics: m, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := func(i int) objkey.Key {
+		key, _ := objkey.New([]byte{byte(i)}, "m", 0, 0, "")
+		return key
+	}
+	c.OnStored([]objkey.Key{k(1), k(2)}, []int64{10, 20})
+	c.OnDeleted([]objkey.Key{k(3)})
+	stop := runClient(t, c)
+	stop()
+	if c.Pending() != 0 || c.Dropped() != 3 || m.CoordEventsDropped.Value() != 3 {
+		t.Fatalf("after Run: pending %d, dropped %d, metric %v; want 0, 3, 3", c.Pending(), c.Dropped(), m.CoordEventsDropped.Value())
+	}
+	rec.mu.Lock()
+	attempts := len(rec.batches)
+	rec.mu.Unlock()
+	if attempts == 0 {
+		t.Fatal("the final flush never tried to deliver")
+	}
+	c.OnAccessed([]objkey.Key{k(4)})
+	if c.Pending() != 0 || c.Dropped() != 4 || m.CoordEventsDropped.Value() != 4 {
+		t.Fatalf("after a late event: pending %d, dropped %d, metric %v; want 0, 4, 4", c.Pending(), c.Dropped(), m.CoordEventsDropped.Value())
+	}
+}

@@ -150,7 +150,7 @@ func New(instanceID string, src Source) *Metrics {
 		return rc
 	}
 	m.CoordEventsQueued = c(Namespace+"_coordinator_events_queued_total", "L2 events queued for the coordinator.")
-	m.CoordEventsDropped = c(Namespace+"_coordinator_events_dropped_total", "L2 events dropped: the reporting queue was full, a failed batch had no room to be requeued, the coordinator answered the batch stale, or it refused the event itself (a 4xx such as 422).")
+	m.CoordEventsDropped = c(Namespace+"_coordinator_events_dropped_total", "L2 events dropped: the reporting queue was full, a failed batch had no room to be requeued, the coordinator answered the batch stale, it refused the event itself (a 4xx such as 422), or the event was still undelivered when the server stopped.")
 	m.CoordBatchesSent = c(Namespace+"_coordinator_batches_sent_total", "Event batches the coordinator accepted.")
 	m.CoordBatchesFailed = c(Namespace+"_coordinator_batches_failed_total", "Event batches that failed to reach the coordinator.")
 	m.CoordRegistrations = c(Namespace+"_coordinator_registrations_total", "Successful (re-)registrations with the coordinator.")
