@@ -400,6 +400,13 @@ func (s *Server) applyIntent(apply func()) error {
 	quotas, pins := s.quotas.Snapshot(), s.ledger.Pins()
 	apply()
 	if err := s.state.Save(s.stateSnapshot); err != nil {
+		if errors.Is(err, checkpoint.ErrNotDurable) {
+			// The file already holds the change: undoing it here would
+			// leave memory and file disagreeing, and a restart would bring
+			// back what the caller was told failed.
+			s.log.Error("state file replaced but its directory fsync failed; the change is in effect and may not survive a power loss", "path", s.cfg.StateFile, "err", err)
+			return nil
+		}
 		s.quotas.Restore(quotas)
 		s.ledger.ReplacePins(pins)
 		s.log.Error("writing state file failed; change undone", "path", s.cfg.StateFile, "err", err)

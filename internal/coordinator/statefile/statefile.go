@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/checkpoint"
@@ -95,39 +94,13 @@ func (w *Writer) Save(snapshot func() State) error {
 	s.Version = Version
 	b, err := json.MarshalIndent(s, "", " ")
 	if err != nil {
-		return err
+		return fmt.Errorf("statefile: encode: %w", err)
 	}
-	dir := filepath.Dir(w.path)
-	// Named after the file (checkpoint.TempPrefix), so that the one left
-	// by a crash between here and the rename is found and removed at the
-	// next start (checkpoint.RemoveStaleTemps) without touching another
-	// file's in the same directory.
-	f, err := os.CreateTemp(dir, checkpoint.TempPrefix(w.path)+"*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, w.path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
+	// checkpoint.WriteAtomic names its temporary file after w.path, so
+	// the one a crash leaves is removed at the next start
+	// (checkpoint.RemoveStaleTemps) without touching another file's.
+	if err := checkpoint.WriteAtomic(w.path, b); err != nil {
+		return fmt.Errorf("statefile: save: %w", err)
 	}
 	return nil
 }
