@@ -259,7 +259,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.scriptFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lmcache_mp_run_script_failures_total",
-		Help: "POST /run_script runs that failed, by reason: memory_limit, deadline, output_limit, busy (refused: too many running), import_not_allowed, sandbox, error (the script raised).",
+		Help: "POST /run_script runs that failed, by reason: memory_limit, deadline, output_limit, busy (refused: no slot free for the whole deadline), cancelled (the client went away while waiting for a slot or while the script ran), import_not_allowed, sandbox, error (the script raised).",
 	}, []string{"reason"})
 	var err error
 	if s.scriptFailures, err = register(s.metrics.Registry(), s.scriptFailures); err != nil {

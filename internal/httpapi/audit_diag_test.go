@@ -169,6 +169,14 @@ func TestRunScriptFailureReasons(t *testing.T) {
 	if busy != "Error executing script: too many scripts running (limit 2)" {
 		t.Fatalf("busy body = %q", busy)
 	}
+	// The holders' clients went away while their scripts ran: cancelled,
+	// not busy and not a script error.
+	waitFor(t, "the holders counted cancelled", func() bool {
+		return strings.Contains(string(holder.expect(200, "GET", "/metrics", nil).body), `lmcache_mp_run_script_failures_total{reason="cancelled"} 2`)
+	})
+	if m := string(holder.expect(200, "GET", "/metrics", nil).body); strings.Contains(m, `reason="error"`) || strings.Contains(m, `reason="busy"`) {
+		t.Fatalf("holder counted its cancelled runs under another reason:\n%s", m)
+	}
 
 	e.expect(200, "POST", "/metrics/reset", nil)
 	metrics := string(e.expect(200, "GET", "/metrics", nil).body)

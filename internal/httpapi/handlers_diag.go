@@ -246,6 +246,8 @@ func scriptFailureReason(err error) string {
 		return "deadline"
 	case errors.Is(err, script.ErrOutputLimit):
 		return "output_limit"
+	case errors.Is(err, script.ErrCancelled):
+		return "cancelled"
 	case errors.Is(err, script.ErrBusy):
 		return "busy"
 	case errors.Is(err, script.ErrImportNotAllowed):

@@ -76,9 +76,12 @@ type Loop struct {
 	// worker still records runs). See RegisterWorker.
 	worker bool
 
-	mu      sync.Mutex // guards everything below; held only for bookkeeping, never across fn
-	running bool
-	started time.Time
+	mu sync.Mutex // guards everything below; held only for bookkeeping, never across fn
+	// live counts the calls of Run in progress: a loop Run twice at once
+	// (two owners, or a restart overlapping the old run's exit) stays
+	// running until the last of them returns, not the first.
+	live    int
+	started time.Time // when live last went from 0 to 1
 	lastRun time.Time
 	lastOK  time.Time // start of the last successful cycle
 	runs    int64
@@ -99,16 +102,21 @@ func (l *Loop) Name() string { return l.name }
 
 // Run executes the loop until ctx is cancelled or a cycle fails with
 // ErrIrrecoverable. The goroutine that calls Run owns the loop; the goroutine
-// carries the pprof label name=<loop name>.
+// carries the pprof label name=<loop name>. Run may be entered again while
+// a call is still in progress (Run returns nothing a refusal could be
+// reported through); the loop then reports running until every call has
+// returned, and the calls' cycles are counted together.
 func (l *Loop) Run(ctx context.Context) {
 	pprof.Do(ctx, pprof.Labels(LabelKey, l.name), func(ctx context.Context) {
 		l.mu.Lock()
-		l.running = true
-		l.started = l.now()
+		if l.live == 0 {
+			l.started = l.now()
+		}
+		l.live++
 		l.mu.Unlock()
 		defer func() {
 			l.mu.Lock()
-			l.running = false
+			l.live--
 			l.mu.Unlock()
 		}()
 		if !sleep(ctx, l.initWait) {
@@ -207,10 +215,10 @@ func (l *Loop) Status() Status {
 	s := Status{
 		Name: l.name, Level: l.level,
 		Interval: l.interval.Seconds(), InitWait: l.initWait.Seconds(),
-		IsRunning: l.running, TotalRuns: l.runs, FailedRuns: l.failed,
+		IsRunning: l.live > 0, TotalRuns: l.runs, FailedRuns: l.failed,
 	}
 	window := time.Duration(activeFactor) * l.interval
-	if l.running {
+	if l.live > 0 {
 		if l.lastRun.IsZero() {
 			s.IsActive = now.Sub(l.started) < l.initWait+window
 		} else {
@@ -368,7 +376,7 @@ func (l *Loop) sinceSuccess() time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
-	case !l.running:
+	case l.live == 0:
 		return 0
 	case l.lastOK.IsZero():
 		return now.Sub(l.started)

@@ -166,3 +166,55 @@ func TestWorkerLoop(t *testing.T) {
 		t.Fatalf("stopped worker still running: %+v", st)
 	}
 }
+
+// TestConcurrentRunsStayRunning: one loop whose Run is entered twice at
+// once reports running until the second call returns too; the first call
+// returning does not mark the live loop stopped (before, it did: the page
+// said is_running false while a run was still cycling).
+func TestConcurrentRunsStayRunning(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	r := NewRegistry()
+	r.SetClock(clk.now)
+	entered := make(chan struct{})
+	l := r.Register("twice", High, time.Hour, 0, func(ctx context.Context) (Summary, error) {
+		entered <- struct{}{}
+		<-ctx.Done()
+		return Summary{}, ctx.Err()
+	})
+	run := func(ctx context.Context) chan struct{} {
+		done := make(chan struct{})
+		go func() { defer close(done); l.Run(ctx) }()
+		return done
+	}
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	done1, done2 := run(ctx1), run(ctx2)
+	<-entered // both calls are inside a cycle
+	<-entered
+	cancel1()
+	<-done1
+	st, _ := r.Get("twice")
+	if !st.IsRunning || !st.IsActive || st.TotalRuns != 1 {
+		t.Fatalf("one of two runs returned: is_running=%v is_active=%v total_runs=%d, want true true 1", st.IsRunning, st.IsActive, st.TotalRuns)
+	}
+	if s := Summarize(r.All()); s.RunningCount != 1 || s.ByLevel[High].Running != 1 {
+		t.Fatalf("summary with one live run = %+v", s)
+	}
+	if got := l.sinceSuccess(); got != 0 { // running, no success: since start, 0 s on the fake clock
+		t.Fatalf("sinceSuccess = %v, want 0 (live, started now)", got)
+	}
+	clk.add(5 * time.Second)
+	if got := l.sinceSuccess(); got != 5*time.Second {
+		t.Fatalf("sinceSuccess = %v, want 5s (still live)", got)
+	}
+	cancel2()
+	<-done2
+	st, _ = r.Get("twice")
+	if st.IsRunning || st.IsActive || st.TotalRuns != 2 {
+		t.Fatalf("both runs returned: %+v", st)
+	}
+	if got := l.sinceSuccess(); got != 0 {
+		t.Fatalf("stopped loop sinceSuccess = %v, want 0", got)
+	}
+}

@@ -56,10 +56,14 @@ type request struct {
 	Src            string
 	AllowedImports []string
 	MaxSteps       uint64
-	Timeout        time.Duration
-	MaxOutput      int
-	MemoryBytes    int64
-	App            map[string]appMember
+	// Timeout is how long the script may run: what is left of the
+	// configured deadline after the wait for a slot.
+	Timeout time.Duration
+	// Limit is the configured deadline, the one the deadline error names.
+	Limit       time.Duration
+	MaxOutput   int
+	MemoryBytes int64
+	App         map[string]appMember
 }
 
 type appMember struct {
@@ -225,7 +229,7 @@ func execute(req request) response {
 	var expired atomic.Bool
 	timer := time.AfterFunc(req.Timeout, func() {
 		expired.Store(true)
-		th.Cancel(fmt.Sprintf("script ran past %v", req.Timeout))
+		th.Cancel(fmt.Sprintf("script ran past %v", req.Limit))
 	})
 	defer timer.Stop()
 	opts := &syntax.FileOptions{Set: true, While: true, TopLevelControl: true, GlobalReassign: true, Recursion: true}

@@ -61,6 +61,10 @@ var (
 	ErrDeadline = errors.New("deadline exceeded")
 	// ErrBusy: MaxConcurrent scripts were running for the whole deadline.
 	ErrBusy = errors.New("too many scripts running")
+	// ErrCancelled: the caller's context ended (the client went away)
+	// while the script waited for a slot or ran; it wraps the context's
+	// error too. It is not ErrBusy: no slot was refused.
+	ErrCancelled = errors.New("script cancelled")
 	// ErrSandbox: the sandbox process could not be started or died for
 	// another reason.
 	ErrSandbox = errors.New("script sandbox failed")
@@ -84,7 +88,8 @@ type Config struct {
 	App map[string]any
 	// MaxSteps caps Starlark execution steps.
 	MaxSteps uint64
-	// Timeout is the wall-clock deadline.
+	// Timeout is the wall-clock deadline of the whole run: the wait for
+	// a free slot counts against it, and the sandbox gets what is left.
 	Timeout time.Duration
 	// MaxOutput caps printed bytes plus the result's bytes; error texts
 	// (tracebacks) are cut to it as well.
@@ -126,9 +131,16 @@ var slots = make(chan struct{}, MaxConcurrent)
 // "Error executing script: …".
 func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) {
 	cfg = cfg.withDefaults()
+	// The deadline starts now and covers the slot wait as well as the
+	// sandbox, so a request never takes longer than Timeout (plus the
+	// kill grace) however long it queued.
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
 	req := request{
 		Filename: filename, Src: src, AllowedImports: cfg.AllowedImports,
-		MaxSteps: cfg.MaxSteps, Timeout: cfg.Timeout, MaxOutput: cfg.MaxOutput, MemoryBytes: cfg.MemoryBytes,
+		MaxSteps: cfg.MaxSteps, Limit: cfg.Timeout, MaxOutput: cfg.MaxOutput, MemoryBytes: cfg.MemoryBytes,
 		App: map[string]appMember{},
 	}
 	for name, v := range cfg.App {
@@ -147,24 +159,26 @@ func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) 
 			req.App[name] = appMember{Value: b}
 		}
 	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return Result{}, fmt.Errorf("%w: encode request: %v", ErrSandbox, err)
-	}
-
-	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	defer cancel()
 	select {
 	case slots <- struct{}{}:
 		defer func() { <-slots }()
 	case <-ctx.Done():
-		return Result{}, fmt.Errorf("%w (limit %d)", ErrBusy, MaxConcurrent)
+		return Result{}, refused(parent)
 	}
-	// The child stops itself at the deadline (thread.Cancel); the parent
-	// kills it a little later in case it cannot (a builtin looping).
-	// A client that goes away (parent cancelled) kills it at once.
-	kctx, kcancel := context.WithTimeout(parent, cfg.Timeout+killGrace)
+	// A slot freed just as the deadline passed: nothing is left to run in.
+	if ctx.Err() != nil {
+		return Result{}, refused(parent)
+	}
+	// The child stops itself at the deadline (thread.Cancel) after what is
+	// left of Timeout; the parent kills it a little later in case it
+	// cannot (a builtin looping). A client that goes away (parent
+	// cancelled) kills it at once.
+	req.Timeout = time.Until(deadline)
+	body, err := json.Marshal(req)
+	if err != nil {
+		return Result{}, fmt.Errorf("%w: encode request: %v", ErrSandbox, err)
+	}
+	kctx, kcancel := context.WithDeadline(parent, deadline.Add(killGrace))
 	defer kcancel()
 	cmd := exec.CommandContext(kctx, sandboxExe)
 	cmd.Args = []string{SandboxName}
@@ -189,7 +203,7 @@ func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) 
 	errText := stderr.buf.String()
 	switch {
 	case parent.Err() != nil:
-		return Result{}, fmt.Errorf("script cancelled: %w", parent.Err())
+		return Result{}, fmt.Errorf("%w: %w", ErrCancelled, parent.Err())
 	case kctx.Err() != nil:
 		return Result{}, fmt.Errorf("%w: script ran past %v", ErrDeadline, cfg.Timeout)
 	case outOfMemory(errText, cmd.ProcessState, cfg.MemoryBytes):
@@ -199,6 +213,15 @@ func Run(ctx context.Context, cfg Config, filename, src string) (Result, error) 
 		return Result{}, fmt.Errorf("%w: %v: %s", ErrSandbox, runErr, cut(first, 200))
 	}
 	return Result{}, fmt.Errorf("%w: %v", ErrSandbox, runErr)
+}
+
+// refused is why Run got no slot: the caller went away (ErrCancelled),
+// else every slot stayed in use for the whole deadline (ErrBusy).
+func refused(parent context.Context) error {
+	if err := parent.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrCancelled, err)
+	}
+	return fmt.Errorf("%w (limit %d)", ErrBusy, MaxConcurrent)
 }
 
 // outOfMemory reports whether a sandbox died of its memory limit: the Go

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -211,4 +212,109 @@ func TestSandboxFailures(t *testing.T) {
 	if res, err := Run(context.Background(), Config{}, "f.star", "result = 'ok'"); err != nil || res.Text != "ok" {
 		t.Fatalf("real sandbox after the failures: %+v %v", res, err)
 	}
+}
+
+// holdSlots replaces the package's slots with a channel made here (inside
+// a synctest bubble, so a Run waiting on it is durably blocked and fake
+// time can pass) with every slot taken; the old channel comes back at
+// cleanup.
+func holdSlots(t *testing.T) {
+	t.Helper()
+	old := slots
+	slots = make(chan struct{}, MaxConcurrent)
+	t.Cleanup(func() { slots = old })
+	for range MaxConcurrent {
+		slots <- struct{}{}
+	}
+}
+
+type runResult struct {
+	res Result
+	err error
+}
+
+func runAsync(ctx context.Context, cfg Config, src string) chan runResult {
+	ch := make(chan runResult, 1)
+	go func() {
+		res, err := Run(ctx, cfg, "w.star", src)
+		ch <- runResult{res, err}
+	}()
+	return ch
+}
+
+// TestSlotWaitCountsAgainstDeadline: Timeout covers the whole run. A run
+// that waits 4 s (fake time) for a slot under a 10 s deadline gives the
+// sandbox the 6 s left, not another 10 s (before: slot wait + Timeout),
+// while the deadline error still names the configured 10 s; one that
+// finds no slot for the whole 10 s is ErrBusy exactly at the deadline.
+func TestSlotWaitCountsAgainstDeadline(t *testing.T) {
+	dir := t.TempDir()
+	reqFile := filepath.Join(dir, "request.json")
+	// The stand-in sandbox records the request it was sent and succeeds.
+	exe := filepath.Join(dir, "record")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\ncat >'"+reqFile+"'\necho '{\"Text\":\"ok\"}'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sandboxExe = "/proc/self/exe" })
+	sandboxExe = exe
+	synctest.Test(t, func(t *testing.T) {
+		holdSlots(t)
+		got := runAsync(context.Background(), Config{Timeout: 10 * time.Second}, "result = 'ok'")
+		synctest.Wait() // Run is waiting for a slot
+		time.Sleep(4 * time.Second)
+		<-slots // one holder finishes
+		r := <-got
+		if r.err != nil || r.res.Text != "ok" {
+			t.Fatalf("run after the wait: %+v %v", r.res, r.err)
+		}
+		b, err := os.ReadFile(reqFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sent struct{ Timeout time.Duration }
+		if err := json.Unmarshal(b, &sent); err != nil {
+			t.Fatal(err)
+		}
+		if sent.Timeout != 6*time.Second {
+			t.Fatalf("sandbox timeout after a 4s slot wait = %v, want 6s (10s deadline minus the wait)", sent.Timeout)
+		}
+		if !strings.Contains(string(b), `"Limit":10000000000`) {
+			t.Fatalf("request lacks the configured limit (10s) for the deadline message: %s", b)
+		}
+
+		// The other slot stays taken, and this one is taken again: no slot
+		// for the whole deadline.
+		slots <- struct{}{}
+		start := time.Now()
+		r = <-runAsync(context.Background(), Config{Timeout: 10 * time.Second}, "result = 'ok'")
+		if !errors.Is(r.err, ErrBusy) || r.err.Error() != "too many scripts running (limit 2)" || time.Since(start) != 10*time.Second {
+			t.Fatalf("no slot: %v after %v, want ErrBusy after 10s", r.err, time.Since(start))
+		}
+	})
+}
+
+// TestCancelledWhileWaitingIsNotBusy: a caller that goes away while every
+// slot is taken gets ErrCancelled wrapping its context's error, not
+// ErrBusy (before: "too many scripts running", counted as busy although
+// nothing was refused), whether it left before calling or while waiting.
+func TestCancelledWhileWaitingIsNotBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		holdSlots(t)
+		check := func(when string, err error) {
+			t.Helper()
+			if !errors.Is(err, ErrCancelled) || !errors.Is(err, context.Canceled) || errors.Is(err, ErrBusy) || err.Error() != "script cancelled: context canceled" {
+				t.Errorf("%s: %v, want ErrCancelled wrapping context.Canceled, not ErrBusy", when, err)
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, err := Run(ctx, Config{Timeout: 10 * time.Second}, "c.star", "result = 1")
+		check("cancelled before the call", err)
+
+		ctx, cancel = context.WithCancel(context.Background())
+		got := runAsync(ctx, Config{Timeout: 10 * time.Second}, "result = 1")
+		synctest.Wait() // waiting for a slot
+		cancel()
+		check("cancelled while waiting", (<-got).err)
+	})
 }
