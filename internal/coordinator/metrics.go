@@ -85,9 +85,10 @@ func newMetrics(s *Server) *metrics {
 	m.gateFences = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "event_gate_fences_total", Help: "POST /events incarnation changes: the emitter restarted and the L1 facts of its previous incarnation were dropped (L2 facts kept)."})
 	m.l1FactsFenced = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "l1_facts_fenced_total", Help: "L1 key facts dropped because their emitter's incarnation changed, or it deregistered or was swept."})
 	m.l1FactsDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "l1_facts_dropped_total", Help: "L1 store facts from POST /events not recorded because the L1 view was full (1,000,000 keys)."})
-	m.spansDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "trace_spans_dropped_total", Help: "OpenTelemetry spans lost (--enable-tracing), by reason: export_failed (the OTLP collector refused them or could not be reached), queue_full (2048 spans, or OTEL_BSP_MAX_QUEUE_SIZE, were already waiting for export)."}, []string{"reason"})
+	m.spansDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPrefix + "trace_spans_dropped_total", Help: "OpenTelemetry spans lost (--enable-tracing), by reason: export_failed (the OTLP collector refused them or could not be reached), queue_full (2048 spans, or OTEL_BSP_MAX_QUEUE_SIZE, were already waiting for export), shutdown (the span ended after tracing shutdown had begun, too late to be exported)."}, []string{"reason"})
 	m.spansDropped.WithLabelValues("export_failed")
 	m.spansDropped.WithLabelValues("queue_full")
+	m.spansDropped.WithLabelValues("shutdown")
 	m.superseded = prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "events_superseded_total", Help: "L2 store events (POST /events, Kafka) not applied: a delete of the key with the same or a newer ts was read before them (the stream has no order across instances), so the object is gone."})
 	// s.tombs may be replaced by a checkpoint restore before the first
 	// scrape, so the gauges read it through s.

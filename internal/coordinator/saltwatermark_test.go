@@ -44,11 +44,12 @@ func TestSaltEvictionThresholdMetric(t *testing.T) {
 
 // TestDroppedSpansCounted: spans the OTLP exporter lost (tracing.Config.Dropped,
 // wired to CountDroppedSpans by `lmcache coordinator`) show on /metrics; the
-// export_failed and queue_full series exist at 0 before any loss.
+// export_failed, queue_full and shutdown series exist at 0 before any loss.
 func TestDroppedSpansCounted(t *testing.T) {
 	c := startCoord(t, nil)
 	metric(t, c, `lmcache_coordinator_trace_spans_dropped_total{reason="export_failed"} 0`)
 	metric(t, c, `lmcache_coordinator_trace_spans_dropped_total{reason="queue_full"} 0`)
+	metric(t, c, `lmcache_coordinator_trace_spans_dropped_total{reason="shutdown"} 0`)
 	c.srv.CountDroppedSpans("export_failed", 3)
 	c.srv.CountDroppedSpans("export_failed", 4)
 	metric(t, c, `lmcache_coordinator_trace_spans_dropped_total{reason="export_failed"} 7`)

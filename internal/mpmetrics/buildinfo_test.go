@@ -20,12 +20,12 @@ func TestBuildInfoScraped(t *testing.T) {
 	}
 }
 
-// TestTraceSpansDroppedStartAtZero: GET /metrics serves both reasons of
+// TestTraceSpansDroppedStartAtZero: GET /metrics serves every reason of
 // lmcache_mp_trace_spans_dropped_total at 0 before any span was lost, so
 // a dashboard or alert sees the series from start.
 func TestTraceSpansDroppedStartAtZero(t *testing.T) {
 	body := scrapeNew(t)
-	for _, reason := range []string{"export_failed", "queue_full"} {
+	for _, reason := range []string{"export_failed", "queue_full", "shutdown"} {
 		if want := `lmcache_mp_trace_spans_dropped_total{reason="` + reason + `"} 0` + "\n"; !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}

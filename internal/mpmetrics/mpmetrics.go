@@ -185,11 +185,12 @@ func New(instanceID string, src Source) *Metrics {
 		ConstLabels: buildinfo.Labels()})
 	bi.Set(1)
 	m.reg.MustRegister(bi)
-	m.TraceSpansDropped = cv(Namespace+"_trace_spans_dropped_total", "OpenTelemetry spans lost (--enable-tracing), by reason: export_failed (the OTLP collector refused them or could not be reached), queue_full (2048 spans, or OTEL_BSP_MAX_QUEUE_SIZE, were already waiting for export).", "reason")
-	// Both reasons exist at 0, so a dashboard sees the series before the
+	m.TraceSpansDropped = cv(Namespace+"_trace_spans_dropped_total", "OpenTelemetry spans lost (--enable-tracing), by reason: export_failed (the OTLP collector refused them or could not be reached), queue_full (2048 spans, or OTEL_BSP_MAX_QUEUE_SIZE, were already waiting for export), shutdown (the span ended after tracing shutdown had begun, too late to be exported).", "reason")
+	// The reasons exist at 0, so a dashboard sees the series before the
 	// first loss.
 	m.TraceSpansDropped.WithLabelValues("export_failed")
 	m.TraceSpansDropped.WithLabelValues("queue_full")
+	m.TraceSpansDropped.WithLabelValues("shutdown")
 	return m
 }
 

@@ -132,17 +132,20 @@ func String(s string) string {
 }
 
 // urlSecretSpans returns the byte ranges of s, in order, that hold a URL's
-// credentials: the userinfo password and the values of secret-named query
-// parameters. s counts as a URL when, leading space aside, it starts with
-// a scheme and "://". nil means nothing to hide.
+// credentials: the userinfo password (or, with no password, the user name:
+// "https://TOKEN@host" carries a token there; "user:pw@" keeps the user
+// visible) and the values of secret-named query parameters. s counts as a
+// URL when, leading space aside, it starts with a scheme and "://". nil
+// means nothing to hide.
 //
 // The search is textual, not url.Parse: a password holding a character
 // that URL syntax reserves ("#", "/", "?", "@", a space, a bad "%" escape)
 // makes url.Parse fail or read the password as a port, path or fragment,
 // and a redactor that trusts the parse then passes the password through.
 // So the userinfo ends at the last "@" (as url.Parse and Python's urllib
-// split it) unless the text before the first ":" already holds "/", "?" or
-// "#" (then the "@" is in the path or query, and there is no password).
+// split it) unless the text before the first ":" (the whole text before the
+// "@" when it has no ":") already holds "/", "?" or "#" (then the "@" is in
+// the path or query, and there is no userinfo).
 // The price is a false positive on a URL with a port and an "@" later
 // (http://h:9000/a@b hides "9000/a"), which hides nothing secret.
 func urlSecretSpans(s string) [][2]int {
@@ -157,10 +160,20 @@ func urlSecretSpans(s string) [][2]int {
 	queryFrom := start
 	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
 		userinfo := rest[:at]
-		if colon := strings.IndexByte(userinfo, ':'); colon >= 0 && !strings.ContainsAny(userinfo[:colon], "/?#") {
+		colon := strings.IndexByte(userinfo, ':')
+		switch {
+		case colon >= 0 && !strings.ContainsAny(userinfo[:colon], "/?#"):
 			if colon+1 < at {
 				spans = append(spans, [2]int{start + colon + 1, start + at})
+			} else if colon > 0 {
+				// "TOKEN:@host": no password, so the user is the credential.
+				spans = append(spans, [2]int{start, start + colon})
 			}
+			queryFrom = start + at + 1
+		case colon < 0 && at > 0 && !strings.ContainsAny(userinfo, "/?#"):
+			// A user name alone ("https://ghp_x@github.com/", an API key
+			// passed as the user) is most often a token, not a name.
+			spans = append(spans, [2]int{start, start + at})
 			queryFrom = start + at + 1
 		}
 	}
@@ -182,13 +195,24 @@ func urlSecretSpans(s string) [][2]int {
 			if k, err := url.QueryUnescape(key); err == nil {
 				key = k
 			}
-			if IsSecretName(key) {
+			if IsSecretName(key) || isSecretQueryName(key) {
 				spans = append(spans, [2]int{pos + eq + 1, end})
 			}
 		}
 		pos = end + 1
 	}
 	return spans
+}
+
+// isSecretQueryName reports whether a query parameter is a credential
+// though IsSecretName, which also judges configuration fields, passes it:
+// "key" alone is an API key in a URL (Google's ?key=, many REST APIs) but
+// a cache or object key in configuration. Matched exactly, ignoring case,
+// so "keys", "key_count" or "monkey" are not hidden; the credential forms
+// that contain it (api_key, access_key, key_id, ...) are IsSecretName's
+// substrings already.
+func isSecretQueryName(name string) bool {
+	return strings.EqualFold(name, "key")
 }
 
 // isScheme reports whether s is a URL scheme (RFC 3986: a letter, then

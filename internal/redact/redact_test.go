@@ -220,3 +220,60 @@ func FuzzString(f *testing.F) {
 		}
 	})
 }
+
+// TestURLUserOnlyCredential: a userinfo with no password (a GitHub-style
+// token or an API key passed as the user, "TOKEN:" with an empty password
+// too) is hidden whole, scheme, host and path kept; a user with a
+// password stays visible, and an "@" in the path or query is not
+// userinfo. The old code hid only passwords and returned these URLs
+// unchanged.
+func TestURLUserOnlyCredential(t *testing.T) {
+	cases := map[string]string{
+		"https://ghp_tok3n@github.com/org/repo.git": "https://" + redact.Marker + "@github.com/org/repo.git",
+		"https://ghp_tok3n:@github.com/org/repo":    "https://" + redact.Marker + ":@github.com/org/repo",
+		"http://apik3y@coord:9000/?x=1":             "http://" + redact.Marker + "@coord:9000/?x=1",
+		"  redis://s3cr3t@cache:6379/0":             "  redis://" + redact.Marker + "@cache:6379/0",
+		"postgres://app:hunter2@db/x":               "postgres://app:" + redact.Marker + "@db/x",
+		"https://host/users/a@b.example/x":          "https://host/users/a@b.example/x",
+		"https://host?mail=a@b.example":             "https://host?mail=a@b.example",
+		"https://host#a@b":                          "https://host#a@b",
+		"redis://@cache:6379/0":                     "redis://@cache:6379/0",
+		"redis://:@cache:6379/0":                    "redis://:@cache:6379/0",
+	}
+	for in, want := range cases {
+		if got := redact.String(in); got != want {
+			t.Errorf("String(%q) = %q, want %q", in, got, want)
+		}
+	}
+	// Collected as written and decoded, so an error quoting it is scrubbed.
+	secrets := redact.Collect(map[string]any{"remote": "https://ghp%2Ftok@github.com/x"})
+	if got := redact.Secrets("clone ghp%2Ftok / ghp/tok failed", secrets...); got != "clone "+redact.Marker+" / "+redact.Marker+" failed" {
+		t.Errorf("Secrets with Collect %q = %q", secrets, got)
+	}
+}
+
+// TestURLQueryKey: a query parameter named exactly "key" (any case) is an
+// API key and is hidden; names that merely contain "key" and are not one
+// of IsSecretName's credential forms (keys, key_count, monkey) stay
+// visible, and api_key / access_key / key_id are hidden as before. The
+// old code passed ?key= through.
+func TestURLQueryKey(t *testing.T) {
+	cases := map[string]string{
+		"https://maps.example/api?key=AIzaS3cret&q=x":          "https://maps.example/api?key=" + redact.Marker + "&q=x",
+		"https://h/p?KEY=k1":                                   "https://h/p?KEY=" + redact.Marker,
+		"https://h/p?Key=k1;x=2":                               "https://h/p?Key=" + redact.Marker + ";x=2",
+		"https://h/p?k%65y=k1":                                 "https://h/p?k%65y=" + redact.Marker,
+		"https://h/p?keys=a,b&key_count=2&monkey=m&cachekey=c": "https://h/p?keys=a,b&key_count=2&monkey=m&cachekey=c",
+		"https://h/p?apikey=a&api-key=b&access_key=c&key_id=d": "https://h/p?apikey=" + redact.Marker + "&api-key=" + redact.Marker + "&access_key=" + redact.Marker + "&key_id=" + redact.Marker,
+	}
+	for in, want := range cases {
+		if got := redact.String(in); got != want {
+			t.Errorf("String(%q) = %q, want %q", in, got, want)
+		}
+	}
+	// Only in a URL's query: a configuration field named "key" (an object
+	// or cache key) is not a credential.
+	if redact.IsSecretName("key") {
+		t.Error(`IsSecretName("key") = true, want false`)
+	}
+}

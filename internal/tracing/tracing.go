@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -77,7 +78,8 @@ type Config struct {
 	// Dropped, when set, is told how many spans were lost and why
 	// ("export_failed": the collector refused or could not be reached;
 	// "queue_full": OTEL_BSP_MAX_QUEUE_SIZE spans, 2048 by default, were
-	// already waiting for export).
+	// already waiting for export; "shutdown": the span ended once
+	// Provider.Shutdown had begun, too late to be queued).
 	Dropped func(reason string, n int)
 	// Logger receives the OpenTelemetry SDK's own errors (a failed
 	// export, an exporter that gave up) at WARN, at most one every
@@ -94,6 +96,7 @@ type Provider struct {
 
 type state struct {
 	tp     *sdktrace.TracerProvider
+	adm    *admission
 	tracer trace.Tracer
 	level  Level
 }
@@ -146,7 +149,7 @@ func Start(ctx context.Context, cfg Config) (*Provider, error) {
 		sdktrace.WithSpanProcessor(adm),
 		sdktrace.WithResource(resource.NewSchemaless(attrs...)),
 	)
-	st := &state{tp: tp, tracer: tp.Tracer("github.com/lmcache-go/lmcache"), level: level}
+	st := &state{tp: tp, adm: adm, tracer: tp.Tracer("github.com/lmcache-go/lmcache"), level: level}
 	if !active.CompareAndSwap(nil, st) {
 		_ = tp.Shutdown(ctx)
 		return nil, errors.New("tracing: a provider is already active in this process")
@@ -197,13 +200,19 @@ func endpointOptions(ep string) ([]otlptracegrpc.Option, error) {
 func (p *Provider) Enabled() bool { return p != nil && p.st != nil }
 
 // Shutdown flushes queued spans (bounded by ctx) and uninstalls the
-// provider. Safe on an inert Provider and when called twice.
+// provider. Safe on an inert Provider and when called twice. A span
+// started before and ended during or after Shutdown is counted as dropped
+// ("shutdown").
+//
+// It shuts down the span processor rather than the SDK's TracerProvider:
+// TracerProvider.Shutdown unregisters its processors, after which a
+// span's End reaches no processor and the span vanishes uncounted.
 func (p *Provider) Shutdown(ctx context.Context) error {
 	if !p.Enabled() {
 		return nil
 	}
 	active.CompareAndSwap(p.st, nil)
-	if err := p.st.tp.Shutdown(ctx); err != nil {
+	if err := p.st.adm.Shutdown(ctx); err != nil {
 		return fmt.Errorf("tracing shutdown: %w", err)
 	}
 	return nil
@@ -292,12 +301,24 @@ type admission struct {
 	limit    int64
 	inFlight atomic.Int64
 	dropped  func(reason string, n int)
+	// mu orders OnEnd against Shutdown: the batch processor silently
+	// drops a span handed to it once its Shutdown has begun, so each
+	// OnEnd checks closed and hands the span over under the read lock,
+	// and Shutdown sets closed under the write lock before it starts.
+	mu     sync.RWMutex
+	closed bool
 }
 
 // OnEnd admits a sampled span or counts it dropped. Unsampled spans are
 // passed through: the batch processor ignores them.
 func (a *admission) OnEnd(s sdktrace.ReadOnlySpan) {
 	if s.SpanContext().IsSampled() {
+		a.mu.RLock()
+		defer a.mu.RUnlock()
+		if a.closed {
+			a.dropped("shutdown", 1)
+			return
+		}
 		if a.inFlight.Add(1) > a.limit {
 			a.inFlight.Add(-1)
 			a.dropped("queue_full", 1)
@@ -305,6 +326,15 @@ func (a *admission) OnEnd(s sdktrace.ReadOnlySpan) {
 		}
 	}
 	a.SpanProcessor.OnEnd(s)
+}
+
+// Shutdown turns away spans that end from now on, counted as "shutdown",
+// then flushes and stops the batch processor.
+func (a *admission) Shutdown(ctx context.Context) error {
+	a.mu.Lock()
+	a.closed = true
+	a.mu.Unlock()
+	return a.SpanProcessor.Shutdown(ctx)
 }
 
 // done releases n exported (or failed) spans' places.

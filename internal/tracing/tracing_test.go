@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -247,6 +248,44 @@ func TestQueueFullCounted(t *testing.T) {
 	}
 	if queueFull.Load() != extra || failed.Load() != 0 {
 		t.Fatalf("after the flush: queue_full %d, export_failed %d; want %d and 0", queueFull.Load(), failed.Load(), extra)
+	}
+}
+
+// TestSpanEndedAfterShutdownCounted: a span started before Shutdown and
+// ended after it cannot be exported; it is reported to Dropped as
+// "shutdown", exactly once, and nothing else is counted. The old Shutdown
+// unregistered the span processors, so the late span reached none and was
+// lost uncounted.
+func TestSpanEndedAfterShutdownCounted(t *testing.T) {
+	rcv := otlptest.Start(t)
+	var mu sync.Mutex
+	counts := map[string]int{}
+	p, err := tracing.Start(context.Background(), tracing.Config{Enabled: true, Endpoint: "http://" + rcv.Addr,
+		Dropped: func(reason string, n int) {
+			mu.Lock()
+			counts[reason] += n
+			mu.Unlock()
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, early := tracing.Request(context.Background(), "early")
+	tracing.End(early, nil)
+	_, late := tracing.Request(context.Background(), "late")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tracing.End(late, nil)
+	mu.Lock()
+	got := fmt.Sprint(counts)
+	mu.Unlock()
+	if got != "map[shutdown:1]" {
+		t.Fatalf("dropped = %s, want map[shutdown:1]", got)
+	}
+	if spans := rcv.Spans(); len(spans) != 1 || spans[0].Name != "early" {
+		t.Fatalf("received %+v, want only the span ended before Shutdown", spans)
 	}
 }
 
