@@ -23,11 +23,10 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"math"
-	"math/bits"
 	"slices"
 	"strings"
 
+	"github.com/lmcache-go/lmcache/internal/overflow"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
@@ -295,13 +294,17 @@ func checkView(t Tensor) error {
 		if a.stride <= span {
 			return fmt.Errorf("%w: shape %v stride %v maps several elements to one address", ErrUnsupported, t.Shape, t.Stride)
 		}
-		hi, lo := bits.Mul64(uint64(a.size-1), uint64(a.stride))
-		if hi != 0 || lo > uint64(math.MaxInt64-span) {
+		step, ok := overflow.Mul(a.size-1, a.stride)
+		if ok {
+			span, ok = overflow.Add(span, step)
+		}
+		if !ok {
 			return fmt.Errorf("%w: shape %v stride %v spans more than 2^63 elements", ErrUnsupported, t.Shape, t.Stride)
 		}
-		span += int64(lo)
 	}
-	if hi, lo := bits.Mul64(uint64(span)+1, uint64(t.ItemSize)); hi != 0 || lo > math.MaxInt64 {
+	// span+1 wraps only for span = MaxInt64, to a negative operand that
+	// overflow.Mul refuses.
+	if _, ok := overflow.Mul(span+1, t.ItemSize); !ok {
 		return fmt.Errorf("%w: shape %v stride %v of %d-byte items spans more than 2^63 bytes", ErrUnsupported, t.Shape, t.Stride, t.ItemSize)
 	}
 	return nil

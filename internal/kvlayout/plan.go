@@ -1,6 +1,10 @@
 package kvlayout
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/lmcache-go/lmcache/internal/overflow"
+)
 
 // Run is Count equal-length byte copies between a paged segment and an
 // object: copy k moves Len bytes from SegOff+k·SegStep to ObjOff+k·ObjStep
@@ -18,14 +22,16 @@ type Run struct {
 }
 
 // fits reports whether count copies of n bytes from off, step apart,
-// end within size. All arguments are non-negative and count ≥ 1; the test
-// divides instead of multiplying, since (count-1)·step of two values
-// each below 2^50 can pass 2^63 and wrap to a small end.
+// end within size. All arguments are non-negative and count ≥ 1. The
+// first test is a range check (n > size-off cannot wrap); the product
+// goes through overflow.Mul, since (count-1)·step of two values each below 2^50
+// can pass 2^63 and wrap to a small end.
 func fits(off, step, n, count, size int64) bool {
 	if off > size || n > size-off {
 		return false
 	}
-	return step == 0 || count-1 <= (size-off-n)/step
+	span, ok := overflow.Mul(count-1, step)
+	return ok && span <= size-off-n
 }
 
 // Plan is a list of copies between paged blocks and chunk objects. The
@@ -145,10 +151,11 @@ func (l *Layout) Plan(chunkSize int64, blockIDs []int64, chunks []Chunk, skipTok
 		if c.Index < 0 || c.Obj < 0 || c.Obj > 1<<30 {
 			return nil, fmt.Errorf("%w: chunk %d object %d", ErrBadRequest, c.Index, c.Obj)
 		}
-		// Compared by division: (Index+1)·bpc of a huge index wraps, to a
-		// small count (the chunk would read chunk 0's blocks) or a
-		// negative one (a slice panic).
-		if int64(c.Index) >= int64(len(blockIDs))/bpc {
+		// Through overflow.Mul: (Index+1)·bpc of a huge index wraps, to a small
+		// count (the chunk would read chunk 0's blocks) or a negative one
+		// (a slice panic). Index+1 wraps only for Index = MaxInt64, to a
+		// negative operand that overflow.Mul refuses.
+		if end, ok := overflow.Mul(int64(c.Index)+1, bpc); !ok || end > int64(len(blockIDs)) {
 			return nil, fmt.Errorf("%w: chunk %d needs %d block ids from id %d·%d, got %d", ErrBadRequest, c.Index, bpc, c.Index, bpc, len(blockIDs))
 		}
 		for _, b := range blockIDs[int64(c.Index)*bpc : (int64(c.Index)+1)*bpc] {

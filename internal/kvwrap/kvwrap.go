@@ -30,6 +30,7 @@ import (
 	"github.com/nlpodyssey/gopickle/pickle"
 	"github.com/nlpodyssey/gopickle/types"
 
+	"github.com/lmcache-go/lmcache/internal/overflow"
 	"github.com/lmcache-go/lmcache/internal/wire"
 )
 
@@ -149,32 +150,21 @@ func extent(shape, stride []int64, off, item int64) (int64, error) {
 		if d == 0 {
 			return 0, nil
 		}
-		step, ok := mulOK(d-1, stride[i])
+		step, ok := overflow.Mul(d-1, stride[i])
 		if !ok {
 			return 0, fmt.Errorf("%w: view extent overflows", ErrMalformed)
 		}
-		if last, ok = addOK(last, step); !ok {
+		if last, ok = overflow.Add(last, step); !ok {
 			return 0, fmt.Errorf("%w: view extent overflows", ErrMalformed)
 		}
 	}
-	n, ok := mulOK(last+1, item)
+	// last+1 wraps only for last = MaxInt64, to a negative operand that
+	// overflow.Mul refuses.
+	n, ok := overflow.Mul(last+1, item)
 	if !ok {
 		return 0, fmt.Errorf("%w: view extent overflows", ErrMalformed)
 	}
 	return n, nil
-}
-
-func mulOK(a, b int64) (int64, bool) {
-	if a == 0 || b == 0 {
-		return 0, true
-	}
-	c := a * b
-	return c, c/b == a && a > 0 && b > 0
-}
-
-func addOK(a, b int64) (int64, bool) {
-	c := a + b
-	return c, c >= a
 }
 
 // wrapperClass is the Go stand-in for a wrapper class global. NEWOBJ with
@@ -393,7 +383,7 @@ func cudaHandle(v any) (*CUDAHandle, error) {
 		}
 	}
 	// Backends address the storage's end, offset + size: it must fit.
-	if _, ok := addOK(h.StorageOffsetBytes, h.StorageBytes); !ok {
+	if _, ok := overflow.Add(h.StorageOffsetBytes, h.StorageBytes); !ok {
 		return nil, fmt.Errorf("%w: CUDA storage of %d bytes at offset %d ends past 2^63", ErrMalformed, h.StorageBytes, h.StorageOffsetBytes)
 	}
 	var okb bool

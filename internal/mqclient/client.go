@@ -32,7 +32,9 @@ type Options struct {
 	Profile *wire.Profile
 	// SendNames sends operation names as strings instead of numbers.
 	SendNames bool
-	// Timeout bounds each call (default 30 s); Dial refuses a negative one.
+	// Timeout bounds each call, counted from the call's start whatever
+	// late replies to earlier calls arrive meanwhile (default 30 s); Dial
+	// refuses a negative one.
 	Timeout time.Duration
 }
 
@@ -103,14 +105,25 @@ func (c *Client) Close() error {
 func (c *Client) Raw(frames ...[]byte) ([][]byte, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	deadline := time.Now().Add(c.opts.Timeout)
 	if _, err := c.sock.SendMessage(frames); err != nil {
 		return nil, fmt.Errorf("mqclient: send: %w", err)
 	}
-	return c.recv()
+	return c.recv(deadline)
 }
 
-func (c *Client) recv() ([][]byte, error) {
-	polled, err := c.poller.Poll(c.opts.Timeout)
+// recv waits for one message until deadline. The deadline is fixed by the
+// caller at the start of its call, so the late replies callLocked skips
+// do not extend the wait: a server that keeps sending them still times
+// the call out after Options.Timeout.
+func (c *Client) recv(deadline time.Time) ([][]byte, error) {
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		return nil, ErrTimeout
+	}
+	// The poller counts whole milliseconds and reads 0 as "do not wait":
+	// round up so the wait never ends before the deadline.
+	polled, err := c.poller.Poll((wait + time.Millisecond - 1).Truncate(time.Millisecond))
 	if err != nil {
 		return nil, fmt.Errorf("mqclient: poll: %w", err)
 	}
@@ -166,6 +179,7 @@ func (c *Client) callLocked(op wire.Op, opf []byte, payloads [][]byte) ([]byte, 
 	if c.closed {
 		return nil, errors.New("mqclient: closed")
 	}
+	deadline := time.Now().Add(c.opts.Timeout)
 	uid := wire.EncodeInt(c.uid)
 	c.uid++
 	frames := append([][]byte{uid, opf}, payloads...)
@@ -173,7 +187,7 @@ func (c *Client) callLocked(op wire.Op, opf []byte, payloads [][]byte) ([]byte, 
 		return nil, fmt.Errorf("mqclient: send %s: %w", op, err)
 	}
 	for {
-		msg, err := c.recv()
+		msg, err := c.recv(deadline)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", op, err)
 		}
