@@ -7,7 +7,6 @@ import (
 	"html/template"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -19,6 +18,8 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgsvg"
+
+	"github.com/lmcache-go/lmcache/internal/atomicfile"
 )
 
 // Point is one value of a Timeline series: X seconds since the run began
@@ -208,19 +209,7 @@ func WriteReport(path string, o Options, r *Result) error {
 			return fmt.Errorf("bench: report page: %w", err)
 		}
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".bench-report-*")
-	if err != nil {
-		return fmt.Errorf("bench: report: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := tmp.Write(out.Bytes()); err != nil {
-		tmp.Close()
-		return fmt.Errorf("bench: report: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("bench: report: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := atomicfile.Write(path, out.Bytes()); err != nil {
 		return fmt.Errorf("bench: report: %w", err)
 	}
 	return nil

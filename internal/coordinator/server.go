@@ -19,7 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/lmcache-go/lmcache/internal/coordinator/checkpoint"
+	"github.com/lmcache-go/lmcache/internal/atomicfile"
 	"github.com/lmcache-go/lmcache/internal/coordinator/config"
 	"github.com/lmcache-go/lmcache/internal/coordinator/eventgate"
 	"github.com/lmcache-go/lmcache/internal/coordinator/ledger"
@@ -400,7 +400,7 @@ func (s *Server) applyIntent(apply func()) error {
 	quotas, pins := s.quotas.Snapshot(), s.ledger.Pins()
 	apply()
 	if err := s.state.Save(s.stateSnapshot); err != nil {
-		if errors.Is(err, checkpoint.ErrNotDurable) {
+		if errors.Is(err, atomicfile.ErrNotDurable) {
 			// The file already holds the change: undoing it here would
 			// leave memory and file disagreeing, and a restart would bring
 			// back what the caller was told failed.
@@ -416,10 +416,10 @@ func (s *Server) applyIntent(apply func()) error {
 }
 
 // removeStaleTemps deletes the temporary files an interrupted write of path
-// left (checkpoint.RemoveStaleTemps) and logs what it did; a failure only
+// left (atomicfile.RemoveStaleTemps) and logs what it did; a failure only
 // leaves them.
 func (s *Server) removeStaleTemps(path string) {
-	n, err := checkpoint.RemoveStaleTemps(path)
+	n, err := atomicfile.RemoveStaleTemps(path)
 	if n > 0 {
 		s.log.Warn("removed temporary files an interrupted write left", "path", path, "files", n)
 	}

@@ -23,9 +23,9 @@ import (
 	"hash/crc32"
 	"math"
 	"os"
-	"path/filepath"
-	"strings"
 	"time"
+
+	"github.com/lmcache-go/lmcache/internal/atomicfile"
 )
 
 // Version is the artifact format version Load accepts.
@@ -220,110 +220,18 @@ func (d *Decoder) Sections(readers map[string]func(*Decoder)) error {
 	return d.err
 }
 
-// Save writes payload to path atomically and durably (WriteAtomic).
+// Save writes payload to path atomically and durably (atomicfile.Write;
+// a failed directory fsync is atomicfile.ErrNotDurable).
 func Save(path string, e *Encoder) error {
 	hdr := make([]byte, headerSize)
 	copy(hdr, magic)
 	binary.LittleEndian.PutUint32(hdr[8:], Version)
 	binary.LittleEndian.PutUint64(hdr[12:], uint64(len(e.buf)))
 	binary.LittleEndian.PutUint32(hdr[20:], crc32.Checksum(e.buf, castagnoli))
-	return WriteAtomic(path, hdr, e.buf)
-}
-
-// WriteAtomic replaces path with the concatenation of parts so that a
-// crash leaves either the old file or the new one, never a mix: it writes a
-// temporary file next to path (named with TempPrefix, so RemoveStaleTemps
-// finds one a crash left), fsyncs it, renames it over path and fsyncs the
-// directory. A directory fsync that fails is an error even though the new
-// file is already in place (ErrNotDurable): the rename may not survive a
-// power loss, and a caller told "saved" would believe it does.
-func WriteAtomic(path string, parts ...[]byte) (err error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, TempPrefix(path)+"*")
-	if err != nil {
+	if err := atomicfile.Write(path, hdr, e.buf); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
-	tmp := f.Name()
-	renamed := false
-	defer func() {
-		if err != nil && !renamed {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	for _, p := range parts {
-		if _, err = f.Write(p); err != nil {
-			return fmt.Errorf("checkpoint: write %s: %w", tmp, err)
-		}
-	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("checkpoint: fsync %s: %w", tmp, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("checkpoint: close %s: %w", tmp, err)
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("checkpoint: rename over %s: %w", path, err)
-	}
-	renamed = true
-	if err = syncDir(dir); err != nil {
-		return fmt.Errorf("%w: fsync directory %s after replacing %s: %w", ErrNotDurable, dir, filepath.Base(path), err)
-	}
 	return nil
-}
-
-// ErrNotDurable marks a WriteAtomic that replaced the file but could not
-// fsync its directory: readers see the new content now, but the rename may
-// be lost in a power failure. A caller that undoes its change on a failed
-// write should not undo it on this one, since the file already holds it.
-var ErrNotDurable = errors.New("checkpoint: file replaced but not durable")
-
-// syncDir fsyncs directory dir, making a rename in it durable. A variable
-// so that tests can make it fail (no real file system fails on demand).
-var syncDir = func(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-// TempPrefix is how the names of the temporary files written next to path
-// (by Save, and by the coordinator's state file) begin: "." + its base name
-// + ".tmp-".
-func TempPrefix(path string) string { return "." + filepath.Base(path) + ".tmp-" }
-
-// RemoveStaleTemps deletes the temporary files (TempPrefix) an interrupted
-// write left next to path and returns how many. A process killed between
-// creating one and renaming it over path leaves it behind, as large as the
-// artifact, and each crash of a crash loop would leave another until the
-// disk is full. Call it at startup, before this process writes to path.
-func RemoveStaleTemps(path string) (int, error) {
-	dir, prefix := filepath.Dir(path), TempPrefix(path)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, fmt.Errorf("checkpoint: read %s: %w", dir, err)
-	}
-	n := 0
-	var errs []error
-	for _, e := range ents {
-		if !e.Type().IsRegular() || !strings.HasPrefix(e.Name(), prefix) {
-			continue
-		}
-		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-			continue
-		}
-		n++
-	}
-	if err := errors.Join(errs...); err != nil {
-		return n, fmt.Errorf("checkpoint: remove stale temporary files: %w", err)
-	}
-	return n, nil
 }
 
 // Load reads and verifies the artifact at path and returns a decoder over

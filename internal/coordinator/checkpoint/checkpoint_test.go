@@ -49,35 +49,3 @@ func TestSaveLoadSections(t *testing.T) {
 		t.Errorf("missing file: %v", err)
 	}
 }
-
-// TestDirectoryFsyncFailureIsAnError: when the directory fsync after the
-// rename fails, the write reports it (wrapping the cause) although the new
-// content is in place, and no temporary file is left behind. The old code
-// ignored that error and reported a durable save.
-func TestDirectoryFsyncFailureIsAnError(t *testing.T) {
-	injected := errors.New("injected EIO")
-	var synced []string
-	orig := syncDir
-	syncDir = func(dir string) error { synced = append(synced, dir); return injected }
-	defer func() { syncDir = orig }()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "state.json")
-	err := WriteAtomic(path, []byte("new "), []byte("content"))
-	if !errors.Is(err, injected) || !errors.Is(err, ErrNotDurable) {
-		t.Fatalf("WriteAtomic = %v, want ErrNotDurable wrapping the injected fsync error", err)
-	}
-	if len(synced) != 1 || synced[0] != dir {
-		t.Fatalf("directories fsynced: %q, want [%q]", synced, dir)
-	}
-	if b, rerr := os.ReadFile(path); rerr != nil || string(b) != "new content" {
-		t.Fatalf("file after the failed fsync: %q, %v", b, rerr)
-	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
-		t.Fatalf("directory holds %d entries, want only state.json", len(entries))
-	}
-	var e Encoder
-	e.Section("a", func(e *Encoder) { e.Uvarint(1) })
-	if err := Save(filepath.Join(dir, "c.ckpt"), &e); !errors.Is(err, injected) {
-		t.Fatalf("Save = %v, want the injected fsync error", err)
-	}
-}

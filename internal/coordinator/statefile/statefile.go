@@ -11,7 +11,7 @@ import (
 	"os"
 	"sync"
 
-	"github.com/lmcache-go/lmcache/internal/coordinator/checkpoint"
+	"github.com/lmcache-go/lmcache/internal/atomicfile"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
@@ -96,10 +96,10 @@ func (w *Writer) Save(snapshot func() State) error {
 	if err != nil {
 		return fmt.Errorf("statefile: encode: %w", err)
 	}
-	// checkpoint.WriteAtomic names its temporary file after w.path, so
-	// the one a crash leaves is removed at the next start
-	// (checkpoint.RemoveStaleTemps) without touching another file's.
-	if err := checkpoint.WriteAtomic(w.path, b); err != nil {
+	// atomicfile.Write names its temporary file after w.path, so the one
+	// a crash leaves is removed at the next start
+	// (atomicfile.RemoveStaleTemps) without touching another file's.
+	if err := atomicfile.Write(w.path, b); err != nil {
 		return fmt.Errorf("statefile: save: %w", err)
 	}
 	return nil

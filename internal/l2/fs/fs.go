@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lmcache-go/lmcache/internal/atomicfile"
 	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/bookkeep"
 	"github.com/lmcache-go/lmcache/internal/objkey"
@@ -347,16 +348,10 @@ func (a *Adapter) writeAtomic(dst string, data []byte) (renamed bool, err error)
 	return true, nil
 }
 
-// syncDir fsyncs directory dir, making the names in it durable.
+// syncDir fsyncs directory dir, making the names in it durable, and tells
+// the test hook.
 func (a *Adapter) syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
+	err := atomicfile.SyncDir(dir)
 	if err == nil && a.dirSynced != nil {
 		a.dirSynced(dir)
 	}
