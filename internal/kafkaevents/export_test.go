@@ -15,3 +15,6 @@ var Partition = librdkafkaPartition
 
 // SetWarnClock drives the clock of s's WARN throttle.
 func SetWarnClock(s *Sink, now func() time.Time) { s.warns.SetClock(now) }
+
+// SetMaxBufferedRecords lowers the record cap Publish enforces for s.
+func SetMaxBufferedRecords(s *Sink, n int64) { s.maxRecords = n }

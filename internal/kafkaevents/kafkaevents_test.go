@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/lmcache-go/lmcache/internal/objkey"
 	"github.com/lmcache-go/lmcache/internal/polltest"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -355,7 +358,8 @@ func TestSourceSkipsUndecodableAndRetriesTransient(t *testing.T) {
 	}
 	wantMetrics := map[string]float64{"lmcache_coordinator_kafka_apply_retries_total": 2, "lmcache_coordinator_kafka_records_applied_total": 2,
 		"lmcache_coordinator_kafka_records_rejected_total": 1, "lmcache_coordinator_kafka_records_undecodable_total": 2,
-		"lmcache_coordinator_kafka_consumer_errors_total": 0, "lmcache_coordinator_kafka_commit_errors_total": 0}
+		"lmcache_coordinator_kafka_consumer_errors_total": 0, "lmcache_coordinator_kafka_commit_errors_total": 0,
+		"lmcache_coordinator_kafka_records_lost_total": 0}
 	if diff := cmp.Diff(wantMetrics, gotMetrics); diff != "" {
 		t.Errorf("exported counters (-want +got):\n%s", diff)
 	}
@@ -590,6 +594,66 @@ func TestSourceLag(t *testing.T) {
 	defer dcancel()
 	if lag, err := dead.Lag(dctx); err == nil || lag != kafkaevents.UnknownLag {
 		t.Fatalf("lag from an unreachable broker: %d %v, want %d and an error", lag, err, kafkaevents.UnknownLag)
+	}
+}
+
+// countingListener counts the connections a kfake broker accepts.
+type countingListener struct {
+	net.Listener
+	accepted *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.accepted.Add(1)
+	}
+	return c, err
+}
+
+// While the Source runs, Lag asks through the consumer's own client: a
+// readiness loop calling it every second opens no connection per call (a
+// client per call connected to the seed broker and the partition leaders
+// each time). Lag still answers before Open and after Close (TestSourceLag).
+//
+// This test counts the broker's connections, which only the in-process
+// kfake cluster can do, so it does not run against LMCACHE_TEST_KAFKA_BROKERS.
+func TestSourceLagReusesTheConsumersConnections(t *testing.T) {
+	const topic, calls = "lag-reuse", 5
+	var accepted atomic.Int64
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic),
+		kfake.ListenFn(func(network, address string) (net.Listener, error) {
+			l, err := net.Listen(network, address)
+			if err != nil {
+				return nil, err
+			}
+			return countingListener{Listener: l, accepted: &accepted}, nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := c.ListenAddrs()
+	publishEach(t, newSink(t, brokers, topic), []string{"mp-a"}, 1, 3)
+	coll := newCollector()
+	src := newSource(t, brokers, topic, "g-lag-reuse", coll)
+	runSource(t, src)
+	coll.wait(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	// The first call may open the consumer's connection for requests
+	// other than fetches and group membership.
+	if lag, err := src.Lag(ctx); err != nil || lag != 0 {
+		t.Fatalf("lag after applying all 3 records: %d %v, want 0", lag, err)
+	}
+	before := accepted.Load()
+	for i := range calls {
+		if lag, err := src.Lag(ctx); err != nil || lag != 0 {
+			t.Fatalf("Lag call %d: %d %v, want 0", i+2, lag, err)
+		}
+	}
+	if opened := accepted.Load() - before; opened != 0 {
+		t.Errorf("%d more Lag calls opened %d connections to the broker, want 0", calls, opened)
 	}
 }
 

@@ -22,14 +22,21 @@ const UnknownLag = -1
 // offset, since the records before it are gone. Because the Source commits
 // only past applied records, this is an upper bound on what is still to
 // apply, for a readiness gate such as upstream's --max-ready-lag. It may be
-// called before or during Run; each call uses its own short-lived
-// connection. On any error it returns UnknownLag.
+// called from any goroutine, before, during or after Run. Between Open and
+// Close it asks through the consumer's client, so a readiness loop polling
+// it every second opens no connection per call; otherwise it uses a
+// short-lived client of its own (a call racing Close fails). On any error
+// it returns UnknownLag.
 func (s *Source) Lag(ctx context.Context) (int64, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(sourceClientID))
-	if err != nil {
-		return UnknownLag, fmt.Errorf("kafkaevents: lag client: %w", err)
+	cl := s.live.Load()
+	if cl == nil {
+		own, err := kgo.NewClient(kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(sourceClientID))
+		if err != nil {
+			return UnknownLag, fmt.Errorf("kafkaevents: lag client: %w", err)
+		}
+		defer own.Close()
+		cl = own
 	}
-	defer cl.Close()
 	adm := kadm.NewClient(cl)
 	ends, err := adm.ListEndOffsets(ctx, s.cfg.Topic)
 	if err == nil {

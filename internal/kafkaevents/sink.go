@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -67,11 +68,21 @@ type Sink struct {
 	// warns throttles the per-record delivery WARN: at the delivery
 	// timeout of an outage every held record (up to MaxBufferedRecords)
 	// fails at once; the dropped counter still counts each.
-	warns   *logthrottle.Limiter
-	topic   string
-	closed  atomic.Bool
-	dropped atomic.Int64
-	sent    atomic.Int64
+	warns *logthrottle.Limiter
+	topic string
+	// produceMu makes Publish's check of the buffer caps and the
+	// TryProduce that fills the slot one step: franz-go counts a record
+	// as buffered inside TryProduce, so two Publish calls checking at
+	// once could both see the last free slot, and the producer would drop
+	// the second record through its promise while Publish returned nil
+	// (and let the rest of that list in behind the gap). Close sets
+	// closed under it, so no record is queued after Close began.
+	produceMu sync.Mutex
+	// maxRecords is MaxBufferedRecords (tests lower it).
+	maxRecords int64
+	closed     atomic.Bool
+	dropped    atomic.Int64
+	sent       atomic.Int64
 }
 
 // ParseBrokers splits a comma-separated bootstrap-servers value, the form
@@ -132,7 +143,7 @@ func NewSink(cfg SinkConfig) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafkaevents: new producer: %w", err)
 	}
-	return &Sink{cl: cl, log: cfg.Logger, warns: logthrottle.New(), topic: cfg.Topic}, nil
+	return &Sink{cl: cl, log: cfg.Logger, warns: logthrottle.New(), topic: cfg.Topic, maxRecords: MaxBufferedRecords}, nil
 }
 
 // Publish validates every batch, then queues one record per batch in list
@@ -153,21 +164,24 @@ func (s *Sink) Publish(ctx context.Context, batches []Batch) error {
 		}
 		values[i] = v
 	}
+	s.produceMu.Lock()
+	defer s.produceMu.Unlock()
 	for i, v := range values {
+		key := []byte(batches[i].InstanceID)
 		// Both of the producer's caps are checked here so that a full
 		// buffer refuses the rest of the list with ErrRefused; TryProduce
 		// would drop the record through its promise (still counted, in
 		// delivered) and let later batches of the list in behind the gap.
-		// Concurrent Publish calls can still race past this check; those
-		// drops are the promise's to count.
-		if s.closed.Load() || s.cl.BufferedProduceRecords() >= MaxBufferedRecords ||
-			s.cl.BufferedProduceBytes()+int64(len(v)) > MaxBufferedBytes {
+		// The byte cap counts key and value, as franz-go does. Deliveries
+		// only lower the producer's counts, so under produceMu a record
+		// that passes the check is one TryProduce buffers.
+		if s.closed.Load() || s.cl.BufferedProduceRecords() >= s.maxRecords ||
+			s.cl.BufferedProduceBytes()+int64(len(key)+len(v)) > MaxBufferedBytes {
 			n := int64(len(values) - i)
 			s.dropped.Add(n)
 			return fmt.Errorf("%w: %d of %d for topic %q (buffer full or sink closed)", ErrRefused, n, len(values), s.topic)
 		}
-		rec := &kgo.Record{Key: []byte(batches[i].InstanceID), Value: v}
-		s.cl.TryProduce(ctx, rec, s.delivered)
+		s.cl.TryProduce(ctx, &kgo.Record{Key: key, Value: v}, s.delivered)
 	}
 	return nil
 }
@@ -212,7 +226,10 @@ func (s *Sink) Collectors() []prometheus.Collector {
 // Close flushes queued records for at most CloseFlushTimeout, then closes the
 // producer. Records still queued after that are dropped, counted and logged.
 func (s *Sink) Close() error {
-	if s.closed.Swap(true) {
+	s.produceMu.Lock()
+	wasClosed := s.closed.Swap(true)
+	s.produceMu.Unlock()
+	if wasClosed {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), CloseFlushTimeout)

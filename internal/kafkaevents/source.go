@@ -99,7 +99,7 @@ type Source struct {
 	app Applier
 	log *slog.Logger
 
-	applied, undecodable, rejected, retries, consumerErrors, commitErrors atomic.Int64
+	applied, undecodable, rejected, retries, consumerErrors, commitErrors, lost atomic.Int64
 
 	// crashed makes Run return without its final commit (tests simulate a
 	// crash with it; see export_test.go).
@@ -108,8 +108,10 @@ type Source struct {
 	pollRecords int
 
 	// cl is the consumer between Open and Close; only the goroutine that
-	// calls Open, Poll and Close uses it.
-	cl *kgo.Client
+	// calls Open, Poll and Close uses it. live is the same client for Lag,
+	// which runs on other goroutines and reuses its connections.
+	cl   *kgo.Client
+	live atomic.Pointer[kgo.Client]
 
 	// posMu guards pos: the next offset to read per partition, advanced
 	// after a record is handled (applied, rejected or undecodable), read by
@@ -133,6 +135,11 @@ type SourceStats struct {
 	ApplyRetries   int64 // transient Apply failures retried
 	ConsumerErrors int64 // fetch errors reported by the client
 	CommitErrors   int64 // offset commits that failed (records redelivered later)
+	// RecordsLost counts records lost to the stream: skipped unread
+	// because retention or DeleteRecords removed them first, or spanned by
+	// franz-go's data-loss reports (kgo.ErrDataLoss: the broker lost
+	// records the consumer had read; each report is also a ConsumerError).
+	RecordsLost int64
 }
 
 // NewSource validates cfg. Nothing connects until Run.
@@ -200,10 +207,34 @@ func (s *Source) Positions() map[int32]int64 {
 // again, or the checkpoint is another cluster's), and keeping the stale
 // position would make Lag read 0 over unread records and be checkpointed
 // again.
+//
+// A record past the position means the records between were never read:
+// retention or DeleteRecords removed them first (the consumer fell below
+// the log start, or a checkpoint's position is below it) and franz-go
+// resumed at the log start without reporting an error. They are counted as
+// lost. (A compacted or transactional topic has such gaps too; the
+// cache-event topic is neither.)
 func (s *Source) advance(r *kgo.Record) {
 	s.posMu.Lock()
+	next, ok := s.pos[r.Partition]
 	s.pos[r.Partition] = r.Offset + 1
 	s.posMu.Unlock()
+	if ok && r.Offset > next {
+		n := r.Offset - next
+		s.lost.Add(n)
+		s.log.Warn("kafka cache-event records were removed before the consumer read them", "topic", r.Topic,
+			"partition", r.Partition, "from_offset", next, "to_offset", r.Offset, "records_lost", n)
+	}
+}
+
+// dataLoss is how many records a data-loss report spans. Reset back
+// (the broker's log ends or diverged before where the consumer was), the
+// records from ResetTo to ConsumedTo were lost after the consumer read them;
+// where franz-go could not locate the divergence, ConsumeResetOffset (the
+// log start) chose ResetTo and this is an upper bound. A reset forward
+// skips records unread, which advance counts when the next record arrives.
+func dataLoss(dl *kgo.ErrDataLoss) int64 {
+	return max(dl.ConsumedTo-dl.ResetTo, 0)
 }
 
 // adjustOffsets seeks newly assigned partitions to the Source's positions
@@ -230,7 +261,8 @@ func (s *Source) adjustOffsets(_ context.Context, assigned map[string]map[int32]
 // Stats returns a snapshot of the counters.
 func (s *Source) Stats() SourceStats {
 	return SourceStats{Applied: s.applied.Load(), Undecodable: s.undecodable.Load(), Rejected: s.rejected.Load(),
-		ApplyRetries: s.retries.Load(), ConsumerErrors: s.consumerErrors.Load(), CommitErrors: s.commitErrors.Load()}
+		ApplyRetries: s.retries.Load(), ConsumerErrors: s.consumerErrors.Load(), CommitErrors: s.commitErrors.Load(),
+		RecordsLost: s.lost.Load()}
 }
 
 // Collectors exposes the counters as Prometheus metrics for the caller to
@@ -247,6 +279,7 @@ func (s *Source) Collectors() []prometheus.Collector {
 		c("apply_retries_total", "Transient event-gate failures on a Kafka record, retried with backoff.", &s.retries),
 		c("consumer_errors_total", "Fetch errors reported by the Kafka consumer.", &s.consumerErrors),
 		c("commit_errors_total", "Offset commits that failed; the records after the last good commit are redelivered.", &s.commitErrors),
+		c("records_lost_total", "Kafka cache-event records lost to the stream: removed by retention (or DeleteRecords) before the consumer read them, or lost by the broker after it read them (the client's data-loss reports; an upper bound where it could not locate the loss).", &s.lost),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lmcache_coordinator_kafka_partitions_assigned",
 			Help: "Partitions of the cache-event topic this coordinator's consumer holds; below lmcache_coordinator_kafka_topic_partitions after a rebalance, another consumer shares its group and this ledger misses the rest."},
 			func() float64 { return float64(s.assigned.Load()) }),
@@ -308,12 +341,14 @@ func (s *Source) Open() error {
 		return fmt.Errorf("kafkaevents: new consumer: %w", err)
 	}
 	s.cl = cl
+	s.live.Store(cl)
 	return nil
 }
 
 // Close leaves the group and closes the consumer (after Open).
 func (s *Source) Close() {
 	if s.cl != nil {
+		s.live.Store(nil)
 		s.cl.CloseAllowingRebalance()
 		s.cl = nil
 	}
@@ -342,6 +377,16 @@ func (s *Source) Poll(ctx context.Context, wait time.Duration) (int, error) {
 			return
 		}
 		s.consumerErrors.Add(1)
+		if dl, ok := errors.AsType[*kgo.ErrDataLoss](err); ok {
+			// The records between where the consumer was and where the
+			// client reset it are the loss; one error count alone
+			// would not say whether one record or a million went.
+			n := dataLoss(dl)
+			s.lost.Add(n)
+			s.log.Warn("kafka lost cache-event records under the consumer", "topic", topic, "partition", p,
+				"consumed_to", dl.ConsumedTo, "reset_to", dl.ResetTo, "records_lost", n, "err", err)
+			return
+		}
 		s.log.Warn("kafka cache-event consumer error", "topic", topic, "partition", p, "err", err)
 	})
 	var done []*kgo.Record
