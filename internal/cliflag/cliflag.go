@@ -421,11 +421,11 @@ func isBool(v flag.Value) bool {
 type negated struct{ v flag.Value }
 
 func (n negated) Set(v string) error {
-	var b boolValue
-	if err := b.Set(v); err != nil {
+	var on bool
+	if err := (&boolValue{p: &on}).Set(v); err != nil {
 		return err
 	}
-	return n.v.Set(fmt.Sprint(!bool(b)))
+	return n.v.Set(fmt.Sprint(!on))
 }
 func (n negated) String() string   { return "" }
 func (n negated) IsBoolFlag() bool { return true }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -106,7 +107,7 @@ func parseConfig(path string, data []byte) ([]item, error) {
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, fmt.Errorf("%s: %s", path, firstLine(err.Error()))
+		return nil, yamlSyntaxError(path, err)
 	}
 	if len(doc.Content) == 0 { // an empty file sets nothing
 		return nil, nil
@@ -131,7 +132,7 @@ func parseTOML(path string, data []byte) ([]item, error) {
 	var doc map[string]any
 	md, err := toml.Decode(string(data), &doc)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %s", path, firstLine(err.Error()))
+		return nil, tomlSyntaxError(path, err)
 	}
 	var items []item
 	for _, k := range md.Keys() {
@@ -142,6 +143,39 @@ func parseTOML(path string, data []byte) ([]item, error) {
 		items = append(items, item{key: k[0], where: path, values: func(list bool) ([]string, error) { return tomlValues(v, list) }})
 	}
 	return items, nil
+}
+
+// The parsers' own messages quote the text they stopped at (TOML's
+// "expected value but found \"s\" instead", "invalid escape in string
+// '\\q'", YAML's "unknown anchor 'x' referenced"), and a config file holds
+// secrets (coordinator_auth_token, URLs with passwords). So a malformed
+// file is reported by position only: the parser's error is neither
+// quoted nor wrapped, since the Error built from it is shown to operators.
+
+// tomlSyntaxError names the file, line, column and the last key read
+// before the error, from toml.ParseError's fields.
+func tomlSyntaxError(path string, err error) error {
+	var pe toml.ParseError
+	if !errors.As(err, &pe) {
+		return fmt.Errorf("%s: malformed TOML", path)
+	}
+	msg := fmt.Sprintf("%s line %d column %d: malformed TOML", path, pe.Position.Line, pe.Position.Col)
+	if pe.LastKey != "" {
+		msg += fmt.Sprintf(" (after key %q)", pe.LastKey)
+	}
+	return errors.New(msg)
+}
+
+// yamlLine is the "line N" yaml.v3 puts in a syntax error's text (it
+// exposes no position fields, and no column at all).
+var yamlLine = regexp.MustCompile(`^yaml: line ([0-9]+): `)
+
+// yamlSyntaxError names the file and, when yaml.v3 reported one, the line.
+func yamlSyntaxError(path string, err error) error {
+	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+		return fmt.Errorf("%s line %s: malformed YAML", path, m[1])
+	}
+	return fmt.Errorf("%s: malformed YAML", path)
 }
 
 // tomlValues is nodeValues for a decoded TOML value.
@@ -224,7 +258,9 @@ func nodeValues(n *yaml.Node, list bool) ([]string, error) {
 func nodeJSON(n *yaml.Node) (string, error) {
 	var v any
 	if err := n.Decode(&v); err != nil {
-		return "", fmt.Errorf("decode: %w", err)
+		// yaml.v3 quotes the offending value ("invalid map key:
+		// []interface {}{\"a\", \"secret\"}"), so its text is not kept.
+		return "", errors.New("cannot decode the mapping (a key that is a list or mapping, or a repeated key)")
 	}
 	b, err := json.Marshal(v)
 	if err != nil {

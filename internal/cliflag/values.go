@@ -23,13 +23,13 @@ func Float(p *float64) flag.Value { return (*floatValue)(p) }
 
 // Bool returns a boolean Value: a bare flag is true, and text may be
 // 1/true/yes/on or 0/false/no/off (any case); anything else is refused.
-func Bool(p *bool) flag.Value { return (*boolValue)(p) }
+func Bool(p *bool) flag.Value { return &boolValue{p: p} }
 
 // Truthy returns a boolean Value with upstream's environment truth test
 // for the settings it reads with `value.lower() in ("1", "true", "yes")`:
 // those values are true and every other one, "on" and "" included, is
 // false and never an error. As a flag it is a plain switch.
-func Truthy(p *bool) flag.Value { return (*truthyValue)(p) }
+func Truthy(p *bool) flag.Value { return &boolValue{p: p, truthy: true} }
 
 // List returns a repeatable Value that appends to *p; an explicit empty
 // value ("--f=") makes the list empty rather than absent.
@@ -103,35 +103,41 @@ func (d *durationValue) Set(v string) error {
 }
 func (d *durationValue) String() string { return time.Duration(*d).String() }
 
-type boolValue bool
+// boolValue is both boolean Values: Bool's strict switch and, with
+// truthy set, Truthy's upstream truth test. One type keeps the flag
+// behaviour (a bare flag is true) and the text form identical for both.
+type boolValue struct {
+	p *bool
+	// truthy takes 1/true/yes (any case) as true and every other text as
+	// false, never an error, as upstream's `value.lower() in (...)` does.
+	truthy bool
+}
 
 func (b *boolValue) Set(v string) error {
-	switch strings.ToLower(strings.TrimSpace(v)) {
+	t := strings.ToLower(strings.TrimSpace(v))
+	if b.truthy {
+		*b.p = t == "1" || t == "true" || t == "yes"
+		return nil
+	}
+	switch t {
 	case "1", "true", "yes", "on", "":
-		*b = true
+		*b.p = true
 	case "0", "false", "no", "off":
-		*b = false
+		*b.p = false
 	default:
 		return fmt.Errorf("not a boolean (got %q)", v)
 	}
 	return nil
 }
-func (b *boolValue) String() string   { return strconv.FormatBool(bool(*b)) }
-func (b *boolValue) IsBoolFlag() bool { return true }
 
-type truthyValue bool
-
-func (b *truthyValue) Set(v string) error {
-	switch strings.ToLower(strings.TrimSpace(v)) {
-	case "1", "true", "yes":
-		*b = true
-	default:
-		*b = false
+// String is nil-safe: the flag package may call it on a zero Value.
+func (b *boolValue) String() string {
+	if b.p == nil {
+		return "false"
 	}
-	return nil
+	return strconv.FormatBool(*b.p)
 }
-func (b *truthyValue) String() string   { return strconv.FormatBool(bool(*b)) }
-func (b *truthyValue) IsBoolFlag() bool { return true }
+func (b *boolValue) IsBoolFlag() bool { return true }
 
 type listValue []string
 

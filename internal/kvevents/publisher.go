@@ -171,6 +171,12 @@ func (p *Publisher) open() error {
 	if p.pub, err = p.zctx.NewSocket(zmq.PUB); err != nil {
 		return fmt.Errorf("kvevents: pub socket: %w", err)
 	}
+	// At this mark PUB drops for the one subscriber whose queue is full,
+	// with no error (libzmq's lossy distribution reports nothing), so the
+	// loss cannot be counted; the subscriber sees a sequence gap and
+	// replays. ZMQ_XPUB_NODROP would report it (EAGAIN on a DONTWAIT send)
+	// but refuse the batch to every subscriber at once: one stopped reader
+	// would halt the live stream for all (TestXPubNodropHaltsEverySubscriber).
 	if err := p.pub.SetSndhwm(p.cfg.HWM); err != nil {
 		return fmt.Errorf("kvevents: pub hwm: %w", err)
 	}
