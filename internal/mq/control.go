@@ -227,9 +227,16 @@ func (st *state) queryStatus(req *request, consume bool) ([]byte, error) {
 	return wire.EncodeInt(int64(res.PrefixChunks)), nil
 }
 
+// logJobError logs a consumed job's error at most every protocolWarnEvery:
+// while an adapter fails (an L2 outage), every LOOKUP's job carries its
+// error, and a line per request would flood the log from the socket
+// goroutine, which answers QUERY_PREFETCH_STATUS inline. The line after
+// held-back ones says how many (suppressed); each job still answers with
+// the chunks it had.
 func (st *state) logJobError(id string, res engine.PrefetchResult) {
 	if res.Err != nil {
-		st.log.Warn("prefetch job failed", "request_id", id, "prefix_chunks", res.PrefixChunks, "err", res.Err)
+		st.warnEvery("prefetch-failed", protocolWarnEvery, "prefetch job failed; it answered with the chunks it had (logged at most every 10 s)",
+			"request_id", id, "prefix_chunks", res.PrefixChunks, "err", res.Err)
 	}
 }
 

@@ -449,8 +449,8 @@ func (st *state) serveLMDriven(req *request) []byte {
 		case req.op == wire.OpRegisterKVCache:
 			st.s.metrics.ZMQRefused.WithLabelValues("lmcache_driven_registration").Inc()
 			st.warnEvery("lmd/register/"+req.peer.idString(), protocolWarnEvery,
-				"refused REGISTER_KV_CACHE: "+err.Error()+"; its stores and retrieves are refused. The lmcache-driven path serves CPU shared-memory KV caches, and CUDA ones where libcuda.so.1 loads and a device has the wrapper's UUID (not yet run on a GPU); otherwise "+hintEngineDriven,
-				"peer", req.peer.idString())
+				"refused REGISTER_KV_CACHE; its stores and retrieves are refused. The lmcache-driven path serves CPU shared-memory KV caches, and CUDA ones where libcuda.so.1 loads and a device has the wrapper's UUID (not yet run on a GPU); otherwise "+hintEngineDriven,
+				"peer", req.peer.idString(), "err", err)
 		default:
 			st.s.metrics.ZMQRefused.WithLabelValues("lmcache_driven_transfer").Inc()
 			st.warnEvery("lmd/"+req.op.String()+"/"+req.peer.idString(), protocolWarnEvery,

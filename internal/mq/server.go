@@ -175,7 +175,8 @@ func New(cfg Config, eng Engine, logger *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mq: --hash-algorithm: %w", err)
 	}
-	s := &Server{cfg: cfg, eng: eng, log: logger.With("component", "mq"), hasher: hasher,
+	// Clipped: several lines quote what a peer sent (clipHandler).
+	s := &Server{cfg: cfg, eng: eng, log: slog.New(clipHandler{logger.Handler()}).With("component", "mq"), hasher: hasher,
 		sem: make(chan struct{}, cfg.MaxControlInFlight), admitted: make(chan struct{}, cfg.MaxControlInFlight+cfg.MaxQueued),
 		peers: map[string]*peer{}, metrics: cfg.Metrics, loops: cfg.Periodic, bootToken: newBootToken()}
 	if s.metrics == nil {

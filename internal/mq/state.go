@@ -331,10 +331,6 @@ func (st *state) register(req *request) ([]byte, error) {
 		msg := fmt.Sprintf("layout conflict for (%s, world_size %d): registered chunk objects are %d bytes, this worker's are %d", p.ModelName, p.WorldSize, lr.objectBytes, objBytes)
 		return registerError(msg), errors.New(msg)
 	}
-	var dropped transfers
-	if old != nil {
-		dropped = st.dropLocked(old)
-	}
 	r := &registration{instanceID: int64(p.InstanceID), model: p.ModelName, world: int(p.WorldSize),
 		slotShape: make([]wire.Int, len(shape)), dtype: p.DtypeStr, objBytes: objBytes, tag: fmt.Sprintf("instance-%d", p.InstanceID), lastPing: now}
 	for i, d := range shape {
@@ -360,7 +356,15 @@ func (st *state) register(req *request) ([]byte, error) {
 			lr.refs++
 		}
 	}
+	// The earlier registration goes only once this one holds its layout:
+	// a refused re-registration leaves the worker's registration and its
+	// open transfers as they were. Dropped after the acquire, a layout the
+	// two share keeps its reference count above zero throughout.
+	var dropped transfers
 	if layoutErr == nil {
+		if old != nil {
+			dropped = st.dropLocked(old)
+		}
 		st.regs[r.instanceID] = r
 	}
 	st.mu.Unlock()
