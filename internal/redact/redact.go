@@ -233,6 +233,26 @@ func isScheme(s string) bool {
 	return true
 }
 
+// Endpoint is a host or URL setting (an S3 endpoint, a broker address) as
+// an error may quote it: any userinfo, with or without a scheme
+// ("minio:pw@host:9000", "http://minio:pw@host:9000"), is replaced by
+// Marker, user name included. Unlike String it needs no scheme to know the
+// text is an address, and it hides everything before the last "@" (a
+// password holding "#", "/" or a bad "%" escape is hidden whole). A scheme
+// is kept only when it is one: in "user:p://w@host" the "p://w" is the
+// password's.
+func Endpoint(ep string) string {
+	at := strings.LastIndexByte(ep, '@')
+	if at < 0 {
+		return ep
+	}
+	scheme := ""
+	if i := strings.Index(ep, "://"); i > 0 && i < at && isScheme(ep[:i]) {
+		scheme = ep[:i+3]
+	}
+	return scheme + Marker + ep[at:]
+}
+
 // JSON redacts a JSON document. Input that is not valid JSON cannot be
 // inspected field by field, so it is replaced by Marker whole rather than
 // risk passing a secret through.

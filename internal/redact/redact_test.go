@@ -277,3 +277,22 @@ func TestURLQueryKey(t *testing.T) {
 		t.Error(`IsSecretName("key") = true, want false`)
 	}
 }
+
+// TestEndpointHidesUserinfo: an address setting's userinfo is hidden with
+// or without a scheme, whole when the password holds reserved characters,
+// and a "scheme" that is really part of the password is not kept.
+func TestEndpointHidesUserinfo(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://minio:hunter2@localhost:9000": "http://" + redact.Marker + "@localhost:9000",
+		"minio:hunter2@localhost:9000":        redact.Marker + "@localhost:9000",
+		"https://tok3n@s3.example":            "https://" + redact.Marker + "@s3.example",
+		"http://u:p#w/x@h:1":                  "http://" + redact.Marker + "@h:1",
+		"user:p://w@host":                     redact.Marker + "@host",
+		"http://localhost:9000":               "http://localhost:9000",
+		"s3.us-east-1.amazonaws.com":          "s3.us-east-1.amazonaws.com",
+	} {
+		if got := redact.Endpoint(in); got != want {
+			t.Errorf("Endpoint(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -99,6 +99,20 @@ func (a *Adapter) addDevice(path string, size int64) (*device, error) {
 	if err := a.checkSlots(path, size); err != nil {
 		return nil, err
 	}
+	// One file or node under two paths (a symlink, a hard link, "d/./f")
+	// would be mapped twice, each mapping handing out the same slots to
+	// different keys: a load would return another key's bytes as loaded.
+	// Add refuses this itself; this covers the configured devices of New.
+	if id, _, err := identity(path); err == nil {
+		a.mu.Lock()
+		for _, d := range a.devices {
+			if live(d.state) && d.id == id {
+				a.mu.Unlock()
+				return nil, fmt.Errorf("device %s is the same device as %s", path, d.path)
+			}
+		}
+		a.mu.Unlock()
+	}
 	f, mem, id, err := mapDevice(path, size)
 	if err != nil {
 		return nil, fmt.Errorf("map device %s: %w", path, err)

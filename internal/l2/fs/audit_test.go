@@ -137,7 +137,8 @@ func TestStartRemovesBaseTempsWithTmpDir(t *testing.T) {
 	if err := os.WriteFile(stale, []byte("partial"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	live := filepath.Join(dir, fs.TmpPrefix+fs.TmpHost()+"."+strconv.Itoa(os.Getpid())+".00bb")
+	// The parent (go test) is a live process on this host.
+	live := filepath.Join(dir, fs.TmpPrefix+fs.TmpHost()+"."+strconv.Itoa(os.Getppid())+".00bb")
 	if err := os.WriteFile(live, []byte("partial"), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,9 @@ var TmpHost = tmpHost
 
 const TmpPrefix = tmpPrefix
 
+// TmpOwner is this process's part of its temp file names.
+var TmpOwner = tmpOwner
+
 // SetHooks installs the store and delete interleaving hooks.
 func SetHooks(a *Adapter, afterRename, afterRemove func(objkey.Key)) {
 	a.afterRename, a.afterRemove = afterRename, afterRemove

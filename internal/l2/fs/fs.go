@@ -36,9 +36,9 @@ import (
 
 // tmpPrefix marks our temp files; they never end in ".data", so neither we
 // nor upstream mistake them for objects. A temp file is named
-// tmpPrefix + <host>.<pid>. + <random hex>, so a starting adapter can tell
-// the leftovers of a dead process on this host from the writes in progress
-// of a live server sharing the directory.
+// tmpPrefix + <host>.<pid>.<process nonce>. + <random hex>, so a starting
+// adapter can tell the leftovers of a dead process on this host from the
+// writes in progress of a live server sharing the directory.
 const tmpPrefix = ".lmcache-tmp-"
 
 // staleTmpAge is how old a temp file of another host (or of the older,
@@ -184,8 +184,18 @@ func (a *Adapter) log() *slog.Logger {
 	return slog.Default()
 }
 
-// tmpOwner is this process's part of its temp file names.
-var tmpOwner = tmpHost() + "." + strconv.Itoa(os.Getpid()) + "."
+// tmpOwner is this process's part of its temp file names. The nonce tells
+// this process from an earlier one that had the same pid on the same host:
+// a container's entrypoint runs as the same pid, under the same host name,
+// at every restart.
+var tmpOwner = tmpHost() + "." + strconv.Itoa(os.Getpid()) + "." + tmpNonce + "."
+
+// tmpNonce is random per process.
+var tmpNonce = func() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}()
 
 // tmpHost is the host name reduced to characters safe in a file name
 // (without dots, which separate the owner fields).
@@ -231,9 +241,18 @@ func (a *Adapter) removeStaleTempsIn(dir string, ents []os.DirEntry) {
 		}
 		stale := false
 		if h, rest, ok := strings.Cut(name, "."); ok && h == host {
-			pidStr, _, _ := strings.Cut(rest, ".")
-			if pid, err := strconv.Atoi(pidStr); err == nil && !processAlive(pid) {
-				stale = true
+			pidStr, rest, _ := strings.Cut(rest, ".")
+			if pid, err := strconv.Atoi(pidStr); err == nil {
+				if pid == os.Getpid() {
+					// Our pid is alive, but the writer is this process
+					// (another adapter on the directory) only with its
+					// nonce; otherwise an earlier process with the same
+					// pid (restarted container) left it, and kept, it
+					// held disk space until a start an hour later.
+					stale = !strings.HasPrefix(rest, tmpNonce+".")
+				} else {
+					stale = !processAlive(pid)
+				}
 			}
 		}
 		if !stale {

@@ -270,13 +270,13 @@ func TestStartRemovesInterruptedTemps(t *testing.T) {
 		dead := cmd.Process.Pid
 		host := fs.TmpHost()
 		files := map[string]bool{ // name -> survives start
-			fs.TmpPrefix + host + "." + strconv.Itoa(dead) + ".00aa":        false,
-			fs.TmpPrefix + host + "." + strconv.Itoa(os.Getpid()) + ".00bb": true,
-			fs.TmpPrefix + "otherhost.1.00cc":                               true,
-			fs.TmpPrefix + "0011223344556677":                               true,  // the older ownerless form, young
-			fs.TmpPrefix + "8899aabbccddeeff":                               false, // ownerless, two hours old
-			fs.TmpPrefix + "otherhost.2.00dd":                               false, // other host, two hours old
-			goldenKey(t, "s").FSName():                                      true,
+			fs.TmpPrefix + host + "." + strconv.Itoa(dead) + ".00aa":         false,
+			fs.TmpPrefix + host + "." + strconv.Itoa(os.Getppid()) + ".00bb": true, // the parent (go test): live
+			fs.TmpPrefix + "otherhost.1.00cc":                                true,
+			fs.TmpPrefix + "0011223344556677":                                true,  // the older ownerless form, young
+			fs.TmpPrefix + "8899aabbccddeeff":                                false, // ownerless, two hours old
+			fs.TmpPrefix + "otherhost.2.00dd":                                false, // other host, two hours old
+			goldenKey(t, "s").FSName():                                       true,
 		}
 		old := time.Now().Add(-2 * time.Hour)
 		for name, keep := range files {
@@ -316,7 +316,7 @@ func TestStartRemovesInterruptedTemps(t *testing.T) {
 			}
 		}
 		slices.Sort(temps)
-		want := []string{fs.TmpPrefix + "0011223344556677", fs.TmpPrefix + host + "." + strconv.Itoa(os.Getpid()) + ".00bb", fs.TmpPrefix + "otherhost.1.00cc"}
+		want := []string{fs.TmpPrefix + "0011223344556677", fs.TmpPrefix + host + "." + strconv.Itoa(os.Getppid()) + ".00bb", fs.TmpPrefix + "otherhost.1.00cc"}
 		slices.Sort(want)
 		if !slices.Equal(temps, want) {
 			t.Errorf("temps after a store: %q, want %q", temps, want)

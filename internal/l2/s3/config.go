@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/l2"
+	"github.com/lmcache-go/lmcache/internal/redact"
 )
 
 // TypeName is the registered --l2-adapter type.
@@ -178,7 +179,7 @@ func (c Config) resolve() (target, error) {
 	}
 	host = strings.TrimSuffix(host, "/")
 	if host == "" || strings.ContainsAny(host, "/?#@ ") {
-		return target{}, fmt.Errorf("s3_endpoint %q is not a host or s3://bucket form", c.Endpoint)
+		return target{}, fmt.Errorf("s3_endpoint %q is not a host or s3://bucket form", redact.Endpoint(c.Endpoint))
 	}
 	switch c.AddressingStyle {
 	case "path":
@@ -199,7 +200,7 @@ func (c Config) resolve() (target, error) {
 	bucket, service, found := strings.Cut(host, ".")
 	if !found {
 		if strings.Contains(host, ":") {
-			return target{}, fmt.Errorf("s3_endpoint %q names no bucket; use \"<bucket>.<host>\" or s3_addressing_style \"path\" with s3_bucket", c.Endpoint)
+			return target{}, fmt.Errorf("s3_endpoint %q names no bucket; use \"<bucket>.<host>\" or s3_addressing_style \"path\" with s3_bucket", redact.Endpoint(c.Endpoint))
 		}
 		return target{bucket: host}, nil // s3://<bucket> on AWS
 	}
