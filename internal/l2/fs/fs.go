@@ -415,14 +415,18 @@ func (a *Adapter) Load(ctx context.Context, keys []objkey.Key, dst [][]byte) ([]
 	return ok, nil
 }
 
+// loadOne reads the object at path into dst; a file of another size, or
+// anything but a regular file, is a miss. The open does not block: a FIFO
+// or device put under an object's name (after the lookup saw a regular
+// file) would otherwise hold Load, and Close after it, until a writer came.
 func (a *Adapter) loadOne(path string, dst []byte) bool {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
 	info, err := f.Stat()
-	if err != nil || info.Size() != int64(len(dst)) {
+	if err != nil || !info.Mode().IsRegular() || info.Size() != int64(len(dst)) {
 		return false
 	}
 	_, err = io.ReadFull(f, dst)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -324,5 +325,42 @@ func TestStartRemovesInterruptedTemps(t *testing.T) {
 		if err := a.Close(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestLoadOfAFIFOIsAMissWithoutBlocking: a FIFO under an object's name (put
+// there after a lookup saw a regular file) is a miss, and Load returns at
+// once: a blocking open would wait for a writer that never comes.
+func TestLoadOfAFIFOIsAMissWithoutBlocking(t *testing.T) {
+	a := newAdapter(t, nil)
+	defer a.Close()
+	keys := l2test.Keys(t, 1, "")
+	if err := os.MkdirAll(filepath.Dir(a.Path(keys[0])), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(a.Path(keys[0]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		ok  []bool
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ok, err := a.Load(context.Background(), keys, [][]byte{make([]byte, 1)})
+		done <- result{ok, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil || len(r.ok) != 1 || r.ok[0] {
+			t.Fatalf("Load of a FIFO = %v, %v; want [false], nil", r.ok, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		// Unblock the stuck open so the goroutine can end.
+		if w, err := os.OpenFile(a.Path(keys[0]), os.O_WRONLY, 0); err == nil {
+			w.Close()
+		}
+		<-done
+		t.Fatal("Load of a FIFO blocked for 10s in open")
 	}
 }
