@@ -175,6 +175,11 @@ func (c Config) resolve() (target, error) {
 	}
 	host := strings.TrimPrefix(c.Endpoint, "s3://")
 	if u, err := url.Parse(host); err == nil && (u.Scheme == "http" || u.Scheme == "https") {
+		if u.User != nil {
+			// The SDK never sends URL credentials: taken silently, the
+			// adapter would sign as whatever the default chain finds.
+			return target{}, fmt.Errorf("s3_endpoint %q carries credentials, which are not used; set aws_access_key_id and aws_secret_access_key (or the AWS environment variables) instead", redact.Endpoint(c.Endpoint))
+		}
 		scheme, host = u.Scheme, u.Host
 	}
 	host = strings.TrimSuffix(host, "/")

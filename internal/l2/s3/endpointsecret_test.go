@@ -11,11 +11,15 @@ import (
 // TestEndpointErrorsHideCredentials: an s3_endpoint carrying credentials
 // ("http://minioadmin:pw@localhost:9000", a common MinIO form) that is
 // refused used to be quoted whole in the error, which reaches the start-up
-// log: the password with it. The error still names the host.
+// log: the password with it. The error still names the host. Such
+// credentials in an http(s) URL are refused: the SDK does not use them.
 func TestEndpointErrorsHideCredentials(t *testing.T) {
 	for ep, want := range map[string]string{
-		// virtual style without a bucket: "names no bucket"
-		"http://minioadmin:hunter2@localhost:9000": `s3_endpoint "http://` + redact.Marker + `@localhost:9000" names no bucket`,
+		// credentials in an http(s) URL are refused, not dropped (the SDK
+		// would sign with the default chain's instead), with or without
+		// a bucket in the host
+		"http://minioadmin:hunter2@localhost:9000": `s3_endpoint "http://` + redact.Marker + `@localhost:9000" carries credentials, which are not used`,
+		"https://AKIAX:hunter2@kv.s3.example":      `s3_endpoint "https://` + redact.Marker + `@kv.s3.example" carries credentials, which are not used`,
 		// no scheme: url.Parse reads "minio" as the scheme
 		"minio:hunter2@localhost:9000": `s3_endpoint "` + redact.Marker + `@localhost:9000" is not a host`,
 		// a bad escape fails url.Parse
