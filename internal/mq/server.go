@@ -309,6 +309,12 @@ func (s *Server) run(ctx context.Context) error {
 	defer func() {
 		cancel()
 		s.wg.Wait() // handlers see hctx cancelled and finish
+		// Replies handed off after the loop stopped reading them (a
+		// request refused at shutdown while it waited for a slot, one that
+		// finished meanwhile) still go out, or count as dropped when they
+		// cannot: left in the queue, they would vanish with the sockets
+		// and their clients wait for ever.
+		s.flushReplies()
 		// Transfers whose COMMIT will never come now: abort their staged
 		// writes and release their read locks, so the engine holds nothing
 		// for this server once Run returns.
@@ -413,6 +419,18 @@ func (s *Server) drainRequests() {
 
 func (s *Server) drainReplies() {
 	for range 1024 {
+		msg, err := s.pull.RecvMessageBytes(zmq.DONTWAIT)
+		if err != nil {
+			return
+		}
+		s.sendRouter(msg)
+	}
+}
+
+// flushReplies sends every reply still queued from the handlers; Run calls
+// it once no handler runs any more, so the queue only empties.
+func (s *Server) flushReplies() {
+	for {
 		msg, err := s.pull.RecvMessageBytes(zmq.DONTWAIT)
 		if err != nil {
 			return
