@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -560,11 +561,11 @@ func (t *Table) ContainsChunks(chunks [][]objkey.Key, hit []bool) int {
 }
 
 // Release drops up to n read locks per key. With an owner, only locks that
-// owner took and still holds are released, on the resident object or on a
-// detached one (deleted or cleared while held); a lease that expired took
-// the owner's locks with it. Owner "" releases anonymous locks only.
-// Temporary objects whose last reader left are deleted; their keys are
-// returned.
+// owner took and still holds are released: first on the resident object,
+// then on detached ones (deleted or cleared while held), until n are
+// released; a lease that expired took the owner's locks with it. Owner ""
+// releases anonymous locks only. Temporary objects whose last reader left
+// are deleted; their keys are returned.
 func (t *Table) Release(owner string, keys []objkey.Key, n int) (released int, deleted []objkey.Key) {
 	// Counts are int32 in the table: a larger n (a client's reader count)
 	// would wrap, negative at 2^31, and release nothing or corrupt a
@@ -576,51 +577,77 @@ func (t *Table) Release(owner string, keys []objkey.Key, n int) (released int, d
 	now := now()
 	for _, k := range keys {
 		o := t.resident[k]
-		var m int32
 		if owner == "" {
 			if o == nil {
 				continue
 			}
-			m = min(n32, t.liveReaders(o, now)-o.held())
-		} else {
-			hi := -1
-			if o != nil {
-				t.liveReaders(o, now)
-				hi = o.holder(owner)
+			m := min(n32, t.liveReaders(o, now)-o.held())
+			released += int(m)
+			if t.unlock(o, m, now) {
+				deleted = append(deleted, o.key)
 			}
-			if hi < 0 {
-				for _, d := range t.heldDetached[k] {
-					t.liveReaders(d, now)
-					if hi = d.holder(owner); hi >= 0 {
-						o = d
-						break
-					}
-				}
-			}
-			if hi < 0 {
-				continue
-			}
-			m = min(n32, o.holders[hi].n)
-			if o.holders[hi].n -= m; o.holders[hi].n == 0 {
-				o.holders = append(o.holders[:hi], o.holders[hi+1:]...)
-				if len(o.holders) == 0 {
-					o.holders = nil
-				}
-			}
-		}
-		if m <= 0 {
 			continue
 		}
-		o.readers -= m
-		released += int(m)
-		if o.readers == 0 {
-			delete(t.readHeld, o)
+		left := n32
+		if o != nil {
+			m := t.releaseHeld(o, owner, left, now)
+			left -= m
+			released += int(m)
+			if t.unlock(o, m, now) {
+				deleted = append(deleted, o.key)
+			}
 		}
-		if o.readers == 0 && t.maybeFree(o, now) {
-			deleted = append(deleted, o.key)
+		// The owner may hold locks on the resident object and on copies
+		// of the key deleted or cleared meanwhile (it locked the key again
+		// after a Clear). Stopping at the first copy left the others'
+		// locks, and their memory, held until the lease ran out although n
+		// covered them. Freeing a copy edits the index, so walk a copy.
+		if held := t.heldDetached[k]; left > 0 && len(held) > 0 {
+			for _, d := range slices.Clone(held) {
+				m := t.releaseHeld(d, owner, left, now)
+				left -= m
+				released += int(m)
+				t.unlock(d, m, now)
+				if left == 0 {
+					break
+				}
+			}
 		}
 	}
 	return released, deleted
+}
+
+// releaseHeld takes up to n of owner's read locks off o's holders (first
+// expiring a lease that ran out) and returns how many; unlock must then
+// drop them from the reader count.
+func (t *Table) releaseHeld(o *object, owner string, n int32, now int64) int32 {
+	t.liveReaders(o, now)
+	hi := o.holder(owner)
+	if hi < 0 {
+		return 0
+	}
+	m := min(n, o.holders[hi].n)
+	if o.holders[hi].n -= m; o.holders[hi].n == 0 {
+		o.holders = append(o.holders[:hi], o.holders[hi+1:]...)
+		if len(o.holders) == 0 {
+			o.holders = nil
+		}
+	}
+	return m
+}
+
+// unlock drops m read locks from o and frees it when that was the last
+// reference; it reports whether a resident (temporary) key left the table.
+func (t *Table) unlock(o *object, m int32, now int64) bool {
+	if m <= 0 {
+		return false
+	}
+	o.readers -= m
+	if o.readers != 0 {
+		return false
+	}
+	delete(t.readHeld, o)
+	return t.maybeFree(o, now)
 }
 
 // maybeFree frees an unreferenced detached object or temporary resident
@@ -875,8 +902,11 @@ func (t *Table) Sweep() (deleted []objkey.Key) {
 	}
 	for sk, o := range t.cleared {
 		if now > o.writeExp {
+			// A reservation Clear removed and whose writer never came
+			// back is an abandoned write like any other: count it.
 			delete(t.cleared, sk)
 			t.free(o)
+			t.expiredWrites++
 		}
 	}
 	for o := range t.detached {
