@@ -230,7 +230,10 @@ func (s *Server) handlePollPrefetch(w http.ResponseWriter, r *http.Request) erro
 	}
 	out := PrefetchPollResponse{RequestID: id, Status: "completed", FoundKeys: &res.L2Keys, TotalKeys: &res.TotalKeys}
 	if res.Err != nil {
-		out.Error = res.Err.Error()
+		// The job's first L2 error, in a 200 body the route table's
+		// OnError scrub never sees (as DELETE /cache/objects' error):
+		// an adapter's text may echo a configured secret.
+		out.Error = s.scrub(res.Err.Error())
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

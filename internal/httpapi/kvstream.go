@@ -429,11 +429,19 @@ func (s *Server) handleKVStoreStream(w http.ResponseWriter, r *http.Request) err
 		return errf(ErrBadRequest, "payload shape %s does not match expected %s", shapeStr(m.shape), shapeStr(want))
 	}
 	chunkBytes := world * g.bytes()
+	need := int64(len(chunks)) * chunkBytes
+	// Chunks the manifest announces past the per-request limit can never
+	// arrive (LimitBody stops the body first): refuse them now, as the
+	// raw-body form does, instead of taking up to the whole budget for a
+	// store that can only end in 413 after its client has sent the limit.
+	if need > s.opts.MaxKVBodyBytes {
+		return errf(ErrTooLarge, "store of %d bytes exceeds the %d-byte limit", need, s.opts.MaxKVBodyBytes)
+	}
 	// The chunks are kept until the whole stream is valid, so the budget
 	// is taken for all of them (known from the manifest) before the first
 	// chunk frame is read; more chunks, or larger ones, are refused below.
 	// The manifest frame itself (at most 2 MiB) is not counted.
-	release, err := s.reserve(w, "store", int64(len(chunks))*chunkBytes)
+	release, err := s.reserve(w, "store", need)
 	if err != nil {
 		return err
 	}
