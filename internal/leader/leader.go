@@ -435,6 +435,18 @@ func (e *Elector) term(ctx context.Context) error {
 		}
 		return fmt.Errorf("campaign: %w", err)
 	}
+	// The key's create revision can be long compacted by now (a standby
+	// queued for hours), so the watch below cannot start there: read the
+	// key at the current revision, proving it is still ours, and watch
+	// from just after that read. A delete at any revision after it is then
+	// seen; one before it is seen here.
+	watchFrom, err := e.confirmKey(cctx, key, rev)
+	if err != nil {
+		if ctx.Err() == nil && cctx.Err() != nil {
+			return fmt.Errorf("elected, lease %x lost: %w", lease, errLost)
+		}
+		return err
+	}
 	elect := concurrency.ResumeElection(sess, e.cfg.Prefix+"/", key, rev)
 	if !e.become(rev, key) {
 		// The renew deadline passed while campaigning: the lease may be
@@ -443,7 +455,15 @@ func (e *Elector) term(ctx context.Context) error {
 	}
 	e.log.Info("became leader", "id", e.cfg.ID, "revision", rev, "key", key)
 
-	wch := cli.Watch(tctx, key, clientv3.WithRev(rev+1))
+	stopWatch := func() {}
+	defer func() { stopWatch() }()
+	watch := func(from int64) clientv3.WatchChan { // ends the previous watch
+		stopWatch()
+		wctx, wcancel := context.WithCancel(tctx)
+		stopWatch = wcancel
+		return cli.Watch(wctx, key, clientv3.WithRev(from))
+	}
+	wch := watch(watchFrom)
 	for {
 		e.mu.Lock()
 		wait := time.Until(e.validUntil)
@@ -469,6 +489,25 @@ func (e *Elector) term(ctx context.Context) error {
 			return fmt.Errorf("etcd session ended: %w", errLost)
 		case wr, ok := <-wch:
 			timer.Stop()
+			if ok && wr.CompactRevision != 0 {
+				// A quiet key's watch resumes, after a reconnect, from
+				// the revision it started at, which etcd may have
+				// compacted since. Compaction deletes nothing: the key
+				// still there with this term's create revision was never
+				// deleted (a re-created key has a new one), so confirm
+				// it and watch again from now.
+				from, err := e.confirmKey(tctx, key, rev)
+				if err != nil {
+					e.stepDown("election key unconfirmable after a compacted watch", time.Now())
+					if !errors.Is(err, errLost) {
+						err = fmt.Errorf("%w (%w)", errLost, err)
+					}
+					return err
+				}
+				e.log.Info("election key watch compacted; key confirmed, watching again", "id", e.cfg.ID, "revision", rev, "compacted", wr.CompactRevision, "from", from)
+				wch = watch(from)
+				continue
+			}
 			if !ok || wr.Err() != nil || hasDelete(wr) {
 				e.stepDown("election key gone or unwatchable", time.Now())
 				return fmt.Errorf("election key %s deleted or watch failed: %w", key, errLost)
@@ -527,6 +566,22 @@ func (e *Elector) campaign(ctx context.Context, lease clientv3.LeaseID) (rev int
 			return 0, "", err
 		}
 	}
+}
+
+// confirmKey reads the elected key (bounded by RenewDeadline) and returns
+// the revision to watch it from: one past the read. It fails with errLost
+// when the key is gone or is no longer the one created at rev.
+func (e *Elector) confirmKey(ctx context.Context, key string, rev int64) (int64, error) {
+	gctx, cancel := context.WithTimeout(ctx, e.cfg.RenewDeadline)
+	defer cancel()
+	resp, err := e.cfg.Client.Get(gctx, key)
+	if err != nil {
+		return 0, fmt.Errorf("read election key %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != rev {
+		return 0, fmt.Errorf("election key %s deleted before the term began: %w", key, errLost)
+	}
+	return resp.Header.Revision + 1, nil
 }
 
 // waitDelete waits until key is deleted after revision rev.

@@ -241,6 +241,11 @@ func (s *Store) Pin(ctx context.Context, f Fence, g PinGroup, delta int64) (int6
 
 func decodePin(b []byte) (PinRecord, error) {
 	var r PinRecord
+	// Nothing this store writes is larger; a bigger record is someone
+	// else's, and every coordinator would fan out and pin all of it.
+	if len(b) > MaxPinRecordBytes {
+		return r, fmt.Errorf("%w: pin record of %d bytes over the %d-byte limit", ErrCorrupt, len(b), MaxPinRecordBytes)
+	}
 	if err := json.Unmarshal(b, &r); err != nil {
 		return r, fmt.Errorf("%w: pin record: %w", ErrCorrupt, err)
 	}
@@ -250,10 +255,23 @@ func decodePin(b []byte) (PinRecord, error) {
 	return r, nil
 }
 
+// maxQuoted is how much of a key or value read from etcd an error quotes.
+const maxQuoted = 128
+
+// clip quotes at most maxQuoted bytes of s, noting the full length: keys and
+// values under the prefix may be anyone's, up to etcd's request limit, and
+// their errors are logged on every coordinator at every reload.
+func clip(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", s[:maxQuoted], len(s))
+}
+
 func decodeBytes(b []byte) (int64, error) {
 	v, err := strconv.ParseInt(string(b), 10, 64)
 	if err != nil || v < 0 {
-		return 0, fmt.Errorf("%w: limit %q", ErrCorrupt, b)
+		return 0, fmt.Errorf("%w: limit %s", ErrCorrupt, clip(string(b)))
 	}
 	return v, nil
 }
@@ -342,7 +360,7 @@ func (c Change) applyTo(st *State) {
 func (s *Store) decode(key string, val []byte, deleted bool) (Change, error) {
 	rest, ok := strings.CutPrefix(key, s.prefix)
 	if !ok {
-		return Change{}, fmt.Errorf("%w: key %q outside %q", ErrCorrupt, key, s.prefix)
+		return Change{}, fmt.Errorf("%w: key %s outside %q", ErrCorrupt, clip(key), s.prefix)
 	}
 	var c Change
 	var err error
@@ -363,10 +381,10 @@ func (s *Store) decode(key string, val []byte, deleted bool) (Change, error) {
 			c.Pin, err = decodePin(val)
 		}
 	default:
-		return Change{}, fmt.Errorf("%w: unknown key %q", ErrCorrupt, key)
+		return Change{}, fmt.Errorf("%w: unknown key %s", ErrCorrupt, clip(key))
 	}
 	if err != nil {
-		return Change{}, fmt.Errorf("%s: %w", key, err)
+		return Change{}, fmt.Errorf("%s: %w", clip(key), err)
 	}
 	c.Deleted = deleted
 	return c, nil
