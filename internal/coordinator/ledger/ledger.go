@@ -228,8 +228,40 @@ type saltState struct {
 	name        string
 	lru, parked list
 	count       int
-	bytes       int64
+	bytes       byteSum
 }
+
+// byteSum is a sum of entry sizes, exact in 128 bits. Sizes are any int64
+// >= 0 (the doors check only the sign), so an int64 sum of two absurd
+// ones wrapped negative, and a salt with negative usage was skipped by
+// every plan and left out of Usage: exempt from its quota. Reads saturate
+// at math.MaxInt64; deletes bring the sum back exactly.
+type byteSum struct {
+	hi int64
+	lo uint64
+}
+
+// add adds v (a size, or a negative size change) to b.
+func (b *byteSum) add(v int64) {
+	var carry uint64
+	b.lo, carry = bits.Add64(b.lo, uint64(v), 0)
+	// v>>63 is v's sign extended into the high word.
+	b.hi += v>>63 + int64(carry)
+}
+
+// get is b clamped to [0, math.MaxInt64].
+func (b byteSum) get() int64 {
+	switch {
+	case b.hi < 0:
+		return 0
+	case b.hi > 0 || b.lo > math.MaxInt64:
+		return math.MaxInt64
+	}
+	return int64(b.lo)
+}
+
+// float is b as a float64, not saturated, for the watermark comparison.
+func (b byteSum) float() float64 { return float64(b.hi)*(1<<64) + float64(b.lo) }
 
 // inOrder is s's two lists, least recent first: a parked key is older than
 // every key in lru but the victims planned ahead of it.
@@ -439,7 +471,7 @@ type Ledger struct {
 	salts     []*saltState
 	longs     names
 
-	total int64
+	total byteSum
 	pins  map[ckey]int32
 
 	// listings counts the listings in progress (BeginListing) and
@@ -912,8 +944,8 @@ func (l *Ledger) storeH(cp *ckey, h uint64, size int64) {
 		// without a delete event are no evidence that it is gone; the
 		// in-flight stamp stays.
 		e.sent &= stampMask | parkedBit
-		s.bytes += delta
-		l.total += delta
+		s.bytes.add(delta)
+		l.total.add(delta)
 		l.toMRU(s, i, e)
 		return
 	}
@@ -924,8 +956,8 @@ func (l *Ledger) storeH(cp *ckey, h uint64, size int64) {
 	l.pushTail(&s.lru, i, e)
 	l.hold(&c)
 	s.count++
-	s.bytes += size
-	l.total += size
+	s.bytes.add(size)
+	l.total.add(size)
 	l.live++
 	switch n, size := uint64(l.live), uint64(len(l.index)); {
 	case n*4 > size*3:
@@ -956,14 +988,8 @@ func (l *Ledger) removeH(c *ckey, h uint64) bool {
 	s := l.salts[c.salt]
 	l.unlink(s, i, e)
 	s.count--
-	s.bytes -= e.size
-	if s.bytes < 0 {
-		s.bytes = 0
-	}
-	l.total -= e.size
-	if l.total < 0 {
-		l.total = 0
-	}
+	s.bytes.add(-e.size)
+	l.total.add(-e.size)
 	if inOld {
 		unindex(l.old, l.oldMask, slot)
 	} else {
@@ -1125,27 +1151,29 @@ func (l *Ledger) StoreListed(k Key, size int64, keepKnown bool) (stored, superse
 	return true, false
 }
 
-// SaltUsage is one salt's tracked bytes.
+// SaltUsage is one salt's tracked bytes (math.MaxInt64 when they sum to
+// more, see byteSum).
 func (l *Ledger) SaltUsage(salt string) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if id, ok := l.saltNames.ids[salt]; ok {
-		return l.salts[id].bytes
+		return l.salts[id].bytes.get()
 	}
 	return 0
 }
 
-// Usage returns every salt with positive usage, and the total.
+// Usage returns every salt with positive usage, and the total, each
+// saturated at math.MaxInt64.
 func (l *Ledger) Usage() (map[string]int64, int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	m := map[string]int64{}
 	for _, s := range l.salts {
-		if s.bytes > 0 {
-			m[s.name] = s.bytes
+		if b := s.bytes.get(); b > 0 {
+			m[s.name] = b
 		}
 	}
-	return m, l.total
+	return m, l.total.get()
 }
 
 // Stats is a summary for metrics.
@@ -1159,7 +1187,7 @@ type Stats struct {
 func (l *Ledger) Stats() Stats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return Stats{Keys: l.live, Bytes: l.total, PinnedKeys: len(l.pins)}
+	return Stats{Keys: l.live, Bytes: l.total.get(), PinnedKeys: len(l.pins)}
 }
 
 // Pin adds delta (+1 pin, -1 unpin) to each key's reference count. An unpin
@@ -1354,7 +1382,10 @@ func (p *Plan) Len() int {
 }
 
 // Materialize resolves victims to object keys, dropping any whose entry was
-// deleted since planning; live is the surviving victims, parallel to keys.
+// deleted since planning, and any pinned since (a pin the plan could not
+// see: it came while the plan let ingest in, or before this chunk), whose
+// dispatch it takes back as Unmark does; live is the surviving victims,
+// parallel to keys.
 // It holds the lock only to copy this slice's compact keys and their
 // names, so a large plan is expanded in dispatch-sized chunks while ingest
 // goes on; the keys are built after unlocking (from the copied names: a
@@ -1364,9 +1395,14 @@ func (l *Ledger) Materialize(vs []Victim) (keys []objkey.Key, live []Victim) {
 	ns := make([]keyNames, 0, len(vs))
 	live = make([]Victim, 0, len(vs))
 	l.mu.Lock()
+	checkPins := len(l.pins) > 0
 	for _, v := range vs {
 		if v.idx < l.n {
 			if e := l.at(v.idx); e.gen == v.gen {
+				if checkPins && l.pins[e.k] > 0 {
+					e.unmark()
+					continue
+				}
 				cks = append(cks, e.k)
 				ns = append(ns, l.namesOf(&e.k))
 				live = append(live, v)
@@ -1415,7 +1451,8 @@ func (e *entry) dispatches() int { return int(e.sent &^ parkedBit >> stampBits) 
 // million pinned keys. A salt a plan is walking cannot be swept meanwhile
 // (the plan holds a reference to its name), and a lane whose next entry
 // was deleted meanwhile ends its salt's share there, short of its target:
-// the next cycle plans the rest.
+// the next cycle plans the rest. A key the walk took and that a store or
+// lookup moved meanwhile to its salt's MRU end is not taken again there.
 func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 	now := o.Now
 	if now.IsZero() {
@@ -1440,14 +1477,14 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 	var jobs []job
 	total := 0
 	for id, s := range l.salts {
-		if s.bytes <= 0 || s.count == 0 {
+		if s.bytes.get() <= 0 || s.count == 0 {
 			continue
 		}
 		limit, ok := limits.Effective(s.name)
 		if !ok {
 			continue
 		}
-		if float64(s.bytes) < o.Watermark*float64(limit) {
+		if s.bytes.float() < o.Watermark*float64(limit) {
 			continue
 		}
 		ratio := o.Ratio
@@ -1483,6 +1520,19 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 	nextJob, nextOff := 0, 0
 	counts := make([]int, len(jobs))
 	offs := make([]int, len(jobs))
+	// taken is the entries this plan took (chose, or withheld as in
+	// flight), from its first yield on: a taken key looked up or stored
+	// while the lock was given up moves to its salt's MRU end, where the
+	// walk can meet it again, and was then planned twice (sent twice, its
+	// dispatch count raised twice). Before the first yield nothing moves,
+	// so the set is only built then, from all and withheld. A plan that
+	// marks with a TTL (the coordinator's default) keeps none: its victims
+	// read as in flight when met again, so they are never chosen twice
+	// (only counted in InFlight), and the set's bit per entry costs a
+	// yielding plan 15-40 % more time (BenchmarkEvictionPlan, 10M keys).
+	dedup := !o.Mark || ttl == 0
+	var taken idxSet
+	var withheld []uint32
 	refill := func(c *cursor) bool {
 		for nextJob < len(jobs) {
 			j := nextJob
@@ -1508,7 +1558,20 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 			for li := range lane {
 				if c := &lane[li]; c.job >= 0 {
 					c.gen = l.at(c.at).gen
+					counts[c.job] = c.n
 				}
+			}
+			if dedup && taken == nil {
+				taken.grow(l.n)
+				for j := range nextJob {
+					for _, v := range all[offs[j] : offs[j]+counts[j]] {
+						taken.add(v.idx)
+					}
+				}
+				for _, i := range withheld {
+					taken.add(i)
+				}
+				withheld = nil
 			}
 			l.mu.Unlock()
 			if l.afterYield != nil {
@@ -1522,6 +1585,12 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 			l.mu.Lock()
 			held = time.Now()
 			checkPins = len(l.pins) > 0
+			// Cover the entries stored meanwhile. A taken slot freed and
+			// reused meanwhile still reads as taken: a key stored during
+			// the plan, the most recent, which the next cycle plans.
+			if dedup {
+				taken.grow(l.n)
+			}
 			for li := range lane {
 				c := &lane[li]
 				if c.job >= 0 && l.at(c.at).gen != c.gen {
@@ -1549,12 +1618,19 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 				l.unlink(s, c.at, e)
 				e.sent |= parkedBit
 				l.pushTail(&s.parked, c.at, e)
+			} else if taken.has(c.at) {
+				// Met again at the MRU end (see taken); counted already.
 			} else {
 				c.taken++
 				sent := e.sent & stampMask
 				switch {
 				case ttl > 0 && sent != 0 && (stamp-sent)&stampMask < ttl:
 					p.InFlight++
+					if taken != nil {
+						taken.add(c.at)
+					} else if dedup {
+						withheld = append(withheld, c.at)
+					}
 				case count && e.dispatches() >= maxSent:
 					p.Dropped++
 					p.DroppedBytes += e.size
@@ -1565,6 +1641,7 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 				default:
 					all[c.off+c.n] = Victim{idx: c.at, gen: e.gen}
 					c.n++
+					taken.add(c.at)
 					n := uint32(e.dispatches())
 					if count && n < maxDispatchCount {
 						n++
@@ -1601,6 +1678,28 @@ func (l *Ledger) ComputePlan(limits quota.Limits, o PlanOptions) *Plan {
 	return p
 }
 
+// idxSet is a set of entry indices, one bit each.
+type idxSet []uint64
+
+// grow makes s cover the indices below n (and non-nil).
+func (s *idxSet) grow(n uint32) {
+	if w := int(n/64) + 1; w > len(*s) {
+		*s = append(*s, make([]uint64, w-len(*s))...)
+	}
+}
+
+// add puts i in s; a nil set stays empty.
+func (s idxSet) add(i uint32) {
+	if w := int(i / 64); w < len(s) {
+		s[w] |= 1 << (i % 64)
+	}
+}
+
+func (s idxSet) has(i uint32) bool {
+	w := int(i / 64)
+	return w < len(s) && s[w]&(1<<(i%64)) != 0
+}
+
 // planHold is how long a plan holds the ledger lock before it lets ingest
 // in (section 4 of BENCHMARKS.md: no ingest request is to wait 10 ms); the
 // clock is read every planCheckEvery lane steps (16 entries each).
@@ -1629,14 +1728,20 @@ func (l *Ledger) Unmark(vs []Victim) {
 	for _, v := range vs {
 		if v.idx < l.n {
 			if e := l.at(v.idx); e.gen == v.gen {
-				n := uint32(e.dispatches())
-				if n > 0 {
-					n--
-				}
-				e.sent = n<<stampBits | e.sent&parkedBit
+				e.unmark()
 			}
 		}
 	}
+}
+
+// unmark clears e's in-flight mark and takes one dispatch back from its
+// count; must hold mu.
+func (e *entry) unmark() {
+	n := uint32(e.dispatches())
+	if n > 0 {
+		n--
+	}
+	e.sent = n<<stampBits | e.sent&parkedBit
 }
 
 // Flat returns every victim in plan order (salts in plan order, each in LRU

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lmcache-go/lmcache/internal/coordinator/quota"
+	"github.com/lmcache-go/lmcache/internal/objkey"
 )
 
 // yieldingLedger holds n keys of salt "s" (00.. in store order) and plans
@@ -129,4 +130,121 @@ func TestPlanKeepsItsSaltsDuringYield(t *testing.T) {
 	if l.SaltUsage("new") != 1 {
 		t.Fatalf("salt new usage %d, want 1", l.SaltUsage("new"))
 	}
+}
+
+// TestPlanTakesKeyMovedDuringYieldOnce: a victim looked up while the plan
+// had the lock given up moves to its salt's MRU end, where the same walk
+// meets it again. It must not be planned twice (sent twice, its dispatch
+// count raised twice toward the phantom drop). Without a TTL it was; with
+// one (and Mark) it reads as in flight when met again and is withheld.
+func TestPlanTakesKeyMovedDuringYieldOnce(t *testing.T) {
+	n := 4 * planCheckEvery
+	for _, o := range []PlanOptions{
+		{Ratio: 1, Watermark: 1, MaxDispatches: 3},
+		{Ratio: 1, Watermark: 1, InflightTTL: 30 * time.Second, Mark: true, MaxDispatches: 3},
+	} {
+		t.Run(fmt.Sprintf("ttl=%v", o.InflightTTL), func(t *testing.T) {
+			yields := 0
+			l := yieldingLedger(t, n, func(l *Ledger) {
+				yields++
+				if yields == 1 {
+					// The deleted key leaves the target one short of
+					// the keys left, so the walk reaches the moved ones.
+					l.Apply([]Event{
+						{Op: OpLookup, Key: key(t, "0000", "m", "s")},
+						{Op: OpLookup, Key: key(t, "0001", "m", "s")},
+						{Op: OpDelete, Key: key(t, fmt.Sprintf("%04x", n-1), "m", "s")},
+					})
+				}
+			})
+			p := l.ComputePlan(onlyS, o)
+			// With a TTL, 0000 met again reads as in flight (see
+			// ComputePlan's dedup).
+			wantInFlight := 0
+			if o.Mark {
+				wantInFlight = 1
+			}
+			got := hexes(planKeys(l, p))
+			if !slices.Equal(got, hexRange(0, n-1)) || p.InFlight != wantInFlight || p.Dropped != 0 {
+				t.Fatalf("victims %v (in flight %d, dropped %d), want 0000..%04x once each, %d in flight", got, p.InFlight, p.Dropped, n-2, wantInFlight)
+			}
+			for _, h := range []string{"0000", "0001"} {
+				if d := dispatchesOf(t, l, h); d != 1 {
+					t.Errorf("%s dispatched %d times by one plan, want 1", h, d)
+				}
+			}
+		})
+	}
+}
+
+// TestPlanCountsWithheldKeyMovedDuringYieldOnce: a plan that withholds
+// in-flight keys without marking (so they do not read as this plan's)
+// counts a key it withheld before its first yield once, though a lookup
+// moved it to the MRU end where the walk meets it again.
+func TestPlanCountsWithheldKeyMovedDuringYieldOnce(t *testing.T) {
+	n := 4 * planCheckEvery
+	now := time.Now()
+	marking := true
+	l := yieldingLedger(t, n, func(l *Ledger) {
+		if !marking {
+			marking = true
+			l.Apply([]Event{
+				{Op: OpLookup, Key: key(t, "0000", "m", "s")},
+				{Op: OpDelete, Key: key(t, fmt.Sprintf("%04x", n-1), "m", "s")},
+			})
+		}
+	})
+	if p := l.ComputePlan(onlyS, PlanOptions{Ratio: 1, Watermark: 1, InflightTTL: 30 * time.Second, Mark: true, Now: now}); p.Len() != n {
+		t.Fatalf("marking plan: %d victims, want %d", p.Len(), n)
+	}
+	marking = false
+	p := l.ComputePlan(onlyS, PlanOptions{Ratio: 1, Watermark: 1, InflightTTL: 30 * time.Second, Now: now.Add(time.Second)})
+	if p.Len() != 0 || p.InFlight != n-1 {
+		t.Fatalf("%d victims, %d in flight; want none and %d (each key left once)", p.Len(), p.InFlight, n-1)
+	}
+}
+
+// TestMaterializeDropsVictimsPinnedSincePlanning: a key pinned after the
+// plan chose it (while the plan let ingest in, or before its chunk was
+// materialized) is not sent for deletion, and that dispatch is taken back
+// (as Unmark), so unpinned it is planned again at once and its phantom
+// count is not raised by a dispatch that never happened.
+func TestMaterializeDropsVictimsPinnedSincePlanning(t *testing.T) {
+	n := 2 * planCheckEvery
+	first := true
+	l := yieldingLedger(t, n, func(l *Ledger) {
+		if first {
+			first = false
+			l.Pin([]objkey.Key{key(t, "0000", "m", "s").ObjectKey()}, 1)
+		}
+	})
+	o := PlanOptions{Ratio: 1, Watermark: 1, InflightTTL: 30 * time.Second, Mark: true, MaxDispatches: 3}
+	p := l.ComputePlan(onlyS, o)
+	keys, live := l.Materialize(p.Flat())
+	if got := hexes(keys); !slices.Equal(got, hexRange(1, n)) || len(live) != n-1 {
+		t.Fatalf("materialized %v, want 0001..%04x (0000 pinned during the plan)", got, n-1)
+	}
+	l.holdFor = 0
+	l.Pin([]objkey.Key{key(t, "0000", "m", "s").ObjectKey()}, -1)
+	p = l.ComputePlan(onlyS, o)
+	if got := hexes(planKeys(l, p)); !slices.Equal(got, []string{"0000"}) || p.InFlight != n-1 {
+		t.Fatalf("after the unpin: victims %v, %d in flight; want 0000 and %d in flight", got, p.InFlight, n-1)
+	}
+	if d := dispatchesOf(t, l, "0000"); d != 1 {
+		t.Fatalf("0000 counts %d dispatches after one real one, want 1", d)
+	}
+}
+
+// dispatchesOf is the dispatch count of key h of model "m", salt "s".
+func dispatchesOf(t *testing.T, l *Ledger, h string) int {
+	t.Helper()
+	k := key(t, h, "m", "s")
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c, ok := l.lookupKey(&k)
+	_, _, i, _, found := l.findH(&c, l.hashOf(&c))
+	if !ok || !found {
+		t.Fatalf("key %s not in the ledger", h)
+	}
+	return l.at(i).dispatches()
 }
