@@ -309,13 +309,9 @@ func TestBatchesSeqRetryAndBoundedQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := func(i int) objkey.Key {
-		key, _ := objkey.New([]byte{byte(i)}, "m", 0, 0, "")
-		return key
-	}
-	c.OnStored([]objkey.Key{k(1), k(2)}, []int64{10, 20})
-	c.OnAccessed([]objkey.Key{k(1)})
-	c.OnDeleted([]objkey.Key{k(2), k(3), k(4)}) // only 2 fit: 1 dropped
+	c.OnStored([]objkey.Key{chunkKey(1), chunkKey(2)}, []int64{10, 20})
+	c.OnAccessed([]objkey.Key{chunkKey(1)})
+	c.OnDeleted([]objkey.Key{chunkKey(2), chunkKey(3), chunkKey(4)}) // only 2 fit: 1 dropped
 	if c.Pending() != 5 || c.Dropped() != 1 {
 		t.Fatalf("pending %d dropped %d", c.Pending(), c.Dropped())
 	}
@@ -500,12 +496,8 @@ func TestUndeliveredAtShutdownCountedDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := func(i int) objkey.Key {
-		key, _ := objkey.New([]byte{byte(i)}, "m", 0, 0, "")
-		return key
-	}
-	c.OnStored([]objkey.Key{k(1), k(2)}, []int64{10, 20})
-	c.OnDeleted([]objkey.Key{k(3)})
+	c.OnStored([]objkey.Key{chunkKey(1), chunkKey(2)}, []int64{10, 20})
+	c.OnDeleted([]objkey.Key{chunkKey(3)})
 	stop := runClient(t, c)
 	stop()
 	if c.Pending() != 0 || c.Dropped() != 3 || m.CoordEventsDropped.Value() != 3 {
@@ -517,8 +509,14 @@ func TestUndeliveredAtShutdownCountedDropped(t *testing.T) {
 	if attempts == 0 {
 		t.Fatal("the final flush never tried to deliver")
 	}
-	c.OnAccessed([]objkey.Key{k(4)})
+	c.OnAccessed([]objkey.Key{chunkKey(4)})
 	if c.Pending() != 0 || c.Dropped() != 4 || m.CoordEventsDropped.Value() != 4 {
 		t.Fatalf("after a late event: pending %d, dropped %d, metric %v; want 0, 4, 4", c.Pending(), c.Dropped(), m.CoordEventsDropped.Value())
 	}
+}
+
+// chunkKey is model m's key of the one-byte chunk hash i.
+func chunkKey(i int) objkey.Key {
+	key, _ := objkey.New([]byte{byte(i)}, "m", 0, 0, "")
+	return key
 }

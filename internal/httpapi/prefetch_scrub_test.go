@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/lmcache-go/lmcache/internal/httpapi"
-	"github.com/lmcache-go/lmcache/internal/l2"
 	"github.com/lmcache-go/lmcache/internal/l2/fs"
 	"github.com/lmcache-go/lmcache/internal/objkey"
 )
@@ -33,13 +32,7 @@ func TestPollPrefetchScrubsAdapterError(t *testing.T) {
 	const tok, mpTok, s3Key = "http-tok-8891", "coord-tok-8892", "s3-secret-8893"
 	inner, _ := newFS(t)
 	a := lookupFails{inner, errors.New("lookup refused: bearer " + tok + ", coordinator " + mpTok + ", signing key " + s3Key)}
-	e := start(t, envOpts{noAdapters: true, extraAdapt: []l2.Adapter{a}, mutate: func(o *httpapi.Options) {
-		o.AuthToken = tok
-		o.Config = map[string]map[string]any{
-			"mp":              {"http_auth_token": tok, "coordinator_auth_token": mpTok},
-			"storage_manager": {"l2_adapter": []string{`{"type":"s3","bucket":"bkt","aws_secret_access_key":"` + s3Key + `"}`}},
-		}
-	}})
+	e := startWithSecrets(t, a, tok, mpTok, s3Key)
 	m := e.expect(202, "POST", "/cache/prefetches", map[string]any{"model_name": testModel, "world_size": 1, "token_ids": tokSlice(0, testChunk)}).json(t)
 	id, _ := m["request_id"].(string)
 	if id == "" {
